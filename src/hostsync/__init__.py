@@ -1,0 +1,1 @@
+"""Reproduce, fix and review hidden host synchronizations in PyTorch training code."""

@@ -1,0 +1,45 @@
+"""`python -m hostsync COMMAND [OPTIONS]`: what the nox sessions call.
+
+Each command is a `main(argv) -> int` in its own module, imported only when asked for, so that
+the commands that need no torch (clone, export-patches) run without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+from hostsync.errors import WorkspaceError
+
+COMMANDS = {
+    "clone": ("hostsync.upstream:clone_main", "materialise the pinned tree, apply patches/"),
+    "export-patches": ("hostsync.upstream:export_main", "write the clone's commits to patches/"),
+    "check-env": ("hostsync.environment:main", "check a prepared environment against pin.toml"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m hostsync COMMAND [OPTIONS]", "", "commands:"]
+    lines += [f"  {name:<16}{summary}" for name, (_, summary) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(usage(), file=sys.stderr)
+        return 2
+    target, _ = COMMANDS[argv[0]]
+    module_name, function_name = target.split(":")
+    command = getattr(importlib.import_module(module_name), function_name)
+    logging.basicConfig(level=logging.INFO, format="hostsync: %(message)s")
+    try:
+        return command(argv[1:])
+    except WorkspaceError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Multi-process runs that leave nothing behind: both sides of the launcher/rank protocol.
+
+The launcher side starts `torchrun` or `accelerate launch` in a session of its own, so that on a
+timeout, an error or Ctrl-C the whole process group (launcher, ranks, compilers they spawned) is
+killed and no rank outlives the run. The rank side (`rank_entry`) writes each rank's result, or
+its traceback, into the run folder, so that a failure is reported with its rank number.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hostsync.errors import WorkspaceError
+from hostsync.layout import Layout
+
+log = logging.getLogger(__name__)
+
+RUN_DIR_ENV = "HOSTSYNC_RUN_DIR"
+TREE_SRC_ENV = "HOSTSYNC_TREE_SRC"
+_KILL_GRACE_S = 10.0
+
+
+class RunFailed(WorkspaceError):
+    """A rank raised, a launcher exited non-zero, or a run hung and was killed."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """Where one multi-process run reads its inputs and leaves its outputs."""
+
+    run_dir: Path
+    tree_src: Path
+    layout: Layout = field(default_factory=Layout)
+
+    @property
+    def log_file(self) -> Path:
+        return self.run_dir / "launcher.log"
+
+    def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The ranks import transformers from the tree under test and hostsync from here."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(self.tree_src), str(self.layout.root / "src"), env.get("PYTHONPATH", "")]
+        ).rstrip(os.pathsep)
+        env[RUN_DIR_ENV] = str(self.run_dir)
+        env[TREE_SRC_ENV] = str(self.tree_src)
+        # Two ranks on two cores: one thread each, or they fight over the cores.
+        env.setdefault("OMP_NUM_THREADS", "1")
+        # DeepSpeed JIT-compiles its shared-memory op once; keep it between runs.
+        env.setdefault("TORCH_EXTENSIONS_DIR", str(self.layout.cache / "torch_extensions"))
+        env.update(extra or {})
+        return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_command(script: Path, nprocs: int, args: Sequence[str]) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--standalone", f"--nproc-per-node={nprocs}", "--max-restarts=0",
+        str(script), *args,
+    ]  # fmt: skip
+
+
+def launch(run: Run, command: Sequence[str], *, nprocs: int, timeout: float,
+           env: Mapping[str, str] | None = None) -> list[dict]:  # fmt: skip
+    """Run `command` as one process group and return the result each rank wrote, by rank.
+
+    Raises RunFailed naming the failing rank (with its traceback) or the timeout; either way
+    every process of the group is gone when this returns.
+    """
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    log.info("running %s (log: %s)", " ".join(command[:6]), run.log_file)
+    with run.log_file.open("w") as output:
+        process = subprocess.Popen(
+            command, env=run.environment(env), stdout=output, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            returncode = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            raise RunFailed(
+                f"run hung: no exit after {timeout:.0f} s, killed the launcher and its ranks;"
+                f" see {run.log_file} and raise the timeout if the machine is just slow"
+            ) from None
+        except BaseException:
+            _kill_group(process)
+            raise
+        finally:
+            _kill_group(process)
+    if returncode != 0:
+        raise RunFailed(_describe_failure(run, returncode))
+    return [_read_rank_result(run, rank) for rank in range(nprocs)]
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGTERM the group, then SIGKILL what is left: the launcher may already be gone."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + _KILL_GRACE_S
+        while time.monotonic() < deadline and _group_alive(process.pid):
+            time.sleep(0.1)
+        if not _group_alive(process.pid):
+            break
+    if process.poll() is None:
+        process.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Zombies answer signal 0 too; a group whose members have all exited counts as gone.
+    return any(_is_live_member(pid, pgid) for pid in _pids())
+
+
+def _pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def _is_live_member(pid: int, pgid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[1].split()
+    state, process_group = fields[0], int(fields[2])
+    return process_group == pgid and state != "Z"
+
+
+def _describe_failure(run: Run, returncode: int) -> str:
+    errors = sorted(run.run_dir.glob("rank-*.error"), key=lambda p: int(p.stem.split("-")[1]))
+    if not errors:
+        return (
+            f"launcher exited with status {returncode} before any rank reported; see {run.log_file}"
+        )
+    first = errors[0]
+    rank = first.stem.split("-")[1]
+    last_line = first.read_text().strip().splitlines()[-1]
+    others = f" ({len(errors) - 1} more rank(s) failed)" if len(errors) > 1 else ""
+    return f"rank {rank} raised {last_line}{others}; traceback in {first}"
+
+
+def _read_rank_result(run: Run, rank: int) -> dict:
+    path = run.run_dir / f"rank-{rank}.json"
+    if not path.exists():
+        raise RunFailed(f"rank {rank} exited cleanly but wrote no result; see {run.log_file}")
+    return json.loads(path.read_text())
+
+
+def rank_entry(main: Callable[[], dict]) -> Callable[[], None]:
+    """Decorate a rank's main: its returned dict, or its traceback, lands in the run folder."""
+
+    @functools.wraps(main)
+    def wrapper() -> None:
+        run_dir = Path(os.environ[RUN_DIR_ENV])
+        rank = int(os.environ.get("RANK", "0"))
+        try:
+            _check_transformers_origin()
+            result = main()
+        except BaseException:
+            (run_dir / f"rank-{rank}.error").write_text(traceback.format_exc())
+            raise
+        (run_dir / f"rank-{rank}.json").write_text(json.dumps(result, indent=2) + "\n")
+
+    return wrapper
+
+
+def _check_transformers_origin() -> None:
+    """Refuse to measure an installed transformers when a tree was asked for."""
+    import transformers
+
+    expected = Path(os.environ[TREE_SRC_ENV]).resolve()
+    actual = Path(transformers.__file__).resolve()
+    if expected not in actual.parents:
+        raise RuntimeError(
+            f"transformers was imported from {actual.parent}, not from the tree under test"
+            f" {expected}: something earlier on sys.path shadows it"
+        )

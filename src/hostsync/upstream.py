@@ -1,0 +1,514 @@
+"""The pinned transformers as a git repository, the patch queue on it, and the trees under test.
+
+`work/transformers` is where a contributor edits. Its base is the release tag (`v5.13.1`), from a
+`git clone` when the remote answers, otherwise from the sha256-verified PyPI sdist committed as
+one reproducible commit under that tag. The branch `patched` holds `patches/` applied in `series`
+order, one commit per patch; `export-patches` writes it back. The trees the sessions measure are
+detached worktrees under `work/trees/`, regenerated from those commits, never edited by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from hostsync import pin as pinning
+from hostsync.errors import WorkspaceError
+from hostsync.layout import Layout
+from hostsync.results import series
+
+log = logging.getLogger(__name__)
+
+PATCHED = "patched"
+TESTS_SUFFIX = "+tests"
+SERIES_SUFFIX = "+series"
+SERIES_HEADER = "# Applied in this order by `nox -s clone`; rewritten by `nox -s export_patches`.\n"
+_IDENTITY = {"name": "hostsync", "email": "hostsync@localhost"}
+_REMOTE_TIMEOUT_S = 30
+_CLONE_TIMEOUT_S = 900
+_PYPI_INDEX = "https://pypi.org/simple/transformers/"
+
+
+class PatchDoesNotApply(WorkspaceError):
+    """A patch of the series conflicts with the tree it is applied to."""
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One transformers source tree under test, chosen by path."""
+
+    label: str
+    root: Path
+    version: str
+    commit: str
+    origin: str
+
+    @property
+    def src(self) -> Path:
+        return self.root / "src"
+
+
+# --- git -----------------------------------------------------------------------------------------
+
+
+def git(repo: Path, *args: str, check: bool = True, timeout: float | None = None,
+        isolated: bool = True, env: dict[str, str] | None = None,
+        ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """Run git in `repo`.
+
+    `isolated` ignores user and system config, and commits get a fixed committer: the commits
+    and patch files the workspace makes come out the same on every machine.
+    """
+    env = dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C", **(env or {}))
+    if isolated:
+        env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull)
+    for role in ("AUTHOR", "COMMITTER"):
+        env.setdefault(f"GIT_{role}_NAME", _IDENTITY["name"])
+        env.setdefault(f"GIT_{role}_EMAIL", _IDENTITY["email"])
+    result = subprocess.run(
+        ["git", *args], cwd=repo, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if check and result.returncode != 0:
+        raise WorkspaceError(
+            f"git {' '.join(args[:3])} failed in {repo}: {_last_line(result.stderr)}"
+        )
+    return result
+
+
+def _rev(repo: Path, ref: str) -> str:
+    """The commit `ref` names, or "" when there is none."""
+    found = git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False)
+    return found.stdout.strip()
+
+
+def _state_file(repo: Path) -> Path:
+    """Bookkeeping inside the repository's git dir: invisible to `git status`, gone with it."""
+    return repo / git(repo, "rev-parse", "--git-path", "hostsync.json").stdout.strip()
+
+
+def _read_state(repo: Path) -> dict:
+    path = _state_file(repo)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _write_state(repo: Path, **updates: object) -> None:
+    state = _read_state(repo) | updates
+    _state_file(repo).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
+def _uncommitted(repo: Path) -> list[str]:
+    """Tracked files with edits, plus an interrupted `git am`: what a reset would destroy."""
+    changed = git(repo, "status", "--porcelain", "--untracked-files=no").stdout.splitlines()
+    if (repo / git(repo, "rev-parse", "--git-path", "rebase-apply").stdout.strip()).exists():
+        changed.append("an interrupted `git am` (rebase-apply)")
+    return changed
+
+
+# --- sdists --------------------------------------------------------------------------------------
+
+
+def fetch_sdist(layout: Layout, sdist: pinning.Sdist) -> Path:
+    """The verified sdist from the cache, downloading it first if needed.
+
+    A file that fails verification is deleted (it is only ever our own download) and refused.
+    """
+    cached = layout.cache / "sdists" / sdist.filename
+    if not cached.exists():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_name(cached.name + ".part")
+        log.info("downloading %s", sdist.url)
+        try:
+            with urllib.request.urlopen(sdist.url, timeout=60) as response:
+                partial.write_bytes(response.read())
+        except OSError as error:
+            partial.unlink(missing_ok=True)
+            raise WorkspaceError(
+                f"cannot download {sdist.filename} ({error}): check the network to PyPI, or put"
+                f" the verified file at {cached}"
+            ) from None
+        partial.rename(cached)
+    problem = _verify(cached, sdist)
+    if problem:
+        cached.unlink()
+        raise WorkspaceError(
+            f"refusing {sdist.filename}: {problem}; the file was removed,"
+            " rerun to download it again"
+        )
+    return cached
+
+
+def _verify(path: Path, sdist: pinning.Sdist) -> str | None:
+    size = path.stat().st_size
+    if size != sdist.size:
+        return f"{size} bytes where {sdist.size} are expected (truncated or tampered)"
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != sdist.sha256:
+        return f"sha256 {digest[:16]}... where {sdist.sha256[:16]}... is expected (tampered)"
+    return None
+
+
+def pypi_sdist(version: str) -> pinning.Sdist:
+    """The sdist of a transformers release as PyPI's JSON simple index describes it."""
+    request = urllib.request.Request(
+        _PYPI_INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            files = json.load(response)["files"]
+    except OSError as error:
+        raise WorkspaceError(f"cannot read the PyPI index for transformers ({error})") from None
+    wanted = f"transformers-{version}.tar.gz"
+    for entry in files:
+        if entry["filename"] == wanted:
+            return pinning.Sdist(entry["url"], entry["size"], entry["hashes"]["sha256"])
+    raise WorkspaceError(f"PyPI has no sdist {wanted}: check the version number")
+
+
+def release_for(pin: pinning.Pin, version: str) -> pinning.Release:
+    """A release by version: the pinned ones from pin.toml, any other from PyPI's index."""
+    for known in (pin.transformers, pin.reference):
+        if known.version == version:
+            return known
+    return pinning.Release(version=version, tag=f"v{version}", sdist=pypi_sdist(version))
+
+
+# --- materialising a release as a git repository -------------------------------------------------
+
+
+def materialise(layout: Layout, release: pinning.Release, dest: Path, remote: str) -> None:
+    """Create `dest` as a git repository whose tag `release.tag` is the release as published.
+
+    Built in a sibling folder and renamed at the end, so a failure leaves nothing half-made.
+    """
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        reason = _clone_tag(remote, release.tag, partial)
+        if reason:
+            log.info("cannot use git (%s); using the PyPI sdist %s", reason, release.sdist.filename)
+            origin = _import_sdist(layout, release, partial)
+        else:
+            origin = f"git clone of {remote} at tag {release.tag}"
+        _check_version(partial, release)
+        _write_state(partial, origin=origin)
+        partial.rename(dest)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _clone_tag(remote: str, tag: str, dest: Path) -> str | None:
+    """Clone `tag` of `remote` into `dest`; the reason it could not, or None when it did."""
+    probe = ["ls-remote", "--exit-code", remote, f"refs/tags/{tag}"]
+    try:
+        found = git(Path.cwd(), *probe, check=False, timeout=_REMOTE_TIMEOUT_S, isolated=False)
+    except subprocess.TimeoutExpired:
+        return f"{remote} did not answer within {_REMOTE_TIMEOUT_S} s"
+    if found.returncode != 0:
+        return f"{remote} has no tag {tag}" if found.returncode == 2 else _last_line(found.stderr)
+    log.info("cloning %s at %s", remote, tag)
+    clone = ["clone", "--quiet", "--depth=1", f"--branch={tag}", _as_url(remote), str(dest)]
+    git(Path.cwd(), *clone, timeout=_CLONE_TIMEOUT_S, isolated=False)
+    return None
+
+
+def _as_url(remote: str) -> str:
+    """Local paths as file:// URLs, so that --depth applies to them too."""
+    return Path(remote).resolve().as_uri() if Path(remote).exists() else remote
+
+
+def _import_sdist(layout: Layout, release: pinning.Release, dest: Path) -> str:
+    archive = fetch_sdist(layout, release.sdist)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as unpacked, tarfile.open(archive) as tar:
+        tar.extractall(unpacked, filter="data")
+        (top,) = Path(unpacked).iterdir()
+        top.rename(dest)
+        released = int(tar.getmember(f"{top.name}/PKG-INFO").mtime)
+    origin = f"PyPI sdist {release.sdist.filename} (sha256 {release.sdist.sha256})"
+    message = (
+        f"transformers {release.version} as released on PyPI\n\n"
+        f"Imported from {release.sdist.url}\nsha256 {release.sdist.sha256}, {release.sdist.size}"
+        " bytes.\n\nThe sdist holds src/ and a few tests/*_common.py, not the full test suite.\n"
+    )
+    # Fixed identity and date: the same sdist gives the same commit on every machine.
+    stamp = f"@{released} +0000"
+    git(dest, "init", "--quiet", "--initial-branch=main")
+    git(dest, "add", "--all")
+    dates = {"GIT_AUTHOR_DATE": stamp, "GIT_COMMITTER_DATE": stamp}
+    git(dest, "commit", "--quiet", "--message", message, env=dates)
+    git(dest, "tag", release.tag)
+    # Like a clone of the tag: HEAD detached at it, no branch of our own making.
+    git(dest, "checkout", "--quiet", "--detach", release.tag)
+    git(dest, "branch", "--quiet", "--delete", "main")
+    return origin
+
+
+def _check_version(repo: Path, release: pinning.Release) -> None:
+    init = (repo / "src" / "transformers" / "__init__.py").read_text()
+    match = re.search(r'^__version__ = "([^"]+)"', init, re.MULTILINE)
+    found = match[1] if match else "unknown"
+    if found != release.version:
+        raise WorkspaceError(
+            f"{release.tag} holds transformers {found}, not {release.version}: fix pin.toml"
+        )
+
+
+# --- the patch queue -----------------------------------------------------------------------------
+
+
+def touches_only_tests(patch: Path) -> bool:
+    """A test patch: every file it changes lies under tests/ (applies to any release)."""
+    paths = re.findall(r"^diff --git a/(\S+) b/(\S+)$", patch.read_text(), re.MULTILINE)
+    return bool(paths) and all(p.startswith("tests/") for pair in paths for p in pair)
+
+
+def apply_patches(repo: Path, patches: list[Path], base: str, where: str) -> None:
+    """`git am -3` each patch onto HEAD (already at `base`); on a conflict, back to `base`."""
+    for patch in patches:
+        result = git(repo, "am", "-3", "--committer-date-is-author-date", str(patch), check=False)
+        if result.returncode != 0:
+            files = _failing_files(result.stdout + result.stderr)
+            git(repo, "am", "--abort", check=False)
+            git(repo, "reset", "--quiet", "--hard", base)
+            raise PatchDoesNotApply(
+                f"{patch.parent.name}/{patch.name} does not apply to {where}"
+                f" (conflict in {', '.join(files) or 'an unknown file'}): rebase it in the clone"
+                " and run `nox -s export_patches`, or drop it from patches/series"
+            )
+
+
+def _failing_files(output: str) -> list[str]:
+    patterns = (
+        r"^error: patch failed: (\S+?):\d+$",
+        r"^CONFLICT \([^)]*\): Merge conflict in (\S+)$",
+        r"^error: (\S+): does not exist in index$",
+        r"^error: (\S+): already exists in (?:index|working directory)$",
+    )
+    found = [m for p in patterns for m in re.findall(p, output, re.MULTILINE)]
+    return sorted(set(found))
+
+
+def _series_state(layout: Layout) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in series(layout)}
+
+
+def clone(layout: Layout, remote: str | None = None) -> str:
+    """Make work/transformers the pinned tag plus patches/ on `patched`; say what was done.
+
+    Idempotent. Refuses, naming the way out, whenever going on could lose work in the clone.
+    """
+    pin = pinning.load(layout.pin_file)
+    repo, tag = layout.clone, pin.transformers.tag
+    where = f"transformers {tag}"
+    if not repo.exists():
+        materialise(layout, pin.transformers, repo, remote or pin.repository)
+        git(repo, "checkout", "--quiet", "-B", PATCHED, tag)
+        return f"{_read_state(repo)['origin']}: " + _apply_queue(layout, repo, tag, where)
+
+    if not (repo / ".git").exists() or not _rev(repo, tag):
+        raise WorkspaceError(
+            f"{repo} is not a clone of {where} (pin.toml changed?): move it aside and rerun"
+        )
+    _refuse_to_lose_work(repo, where="the clone")
+    branch = git(repo, "branch", "--show-current").stdout.strip()
+    if branch != PATCHED:
+        raise WorkspaceError(
+            f"the clone has {branch or 'a detached HEAD'} checked out, not {PATCHED}:"
+            f" run `git -C {_shown(layout, repo)} switch {PATCHED}` first"
+        )
+    state, head = _read_state(repo), _rev(repo, "HEAD")
+    if head == state.get("head"):
+        if state.get("series") == _series_state(layout):
+            return f"{_shown(layout, repo)} is up to date with patches/: nothing to do"
+        git(repo, "reset", "--quiet", "--hard", tag)
+        return "patches/ changed since the last run: " + _apply_queue(layout, repo, tag, where)
+    if _format_patches(repo, tag) == _read_patches(layout):
+        _write_state(repo, head=head, series=_series_state(layout))
+        return f"{_shown(layout, repo)} matches patches/: nothing to do"
+    commits = git(repo, "rev-list", "--count", f"{tag}..{PATCHED}").stdout.strip()
+    raise WorkspaceError(
+        f"{PATCHED} in {_shown(layout, repo)} ({commits} commits on {tag}) differs from patches/:"
+        " keep it with `nox -s export_patches`, or discard it with"
+        f" `git -C {_shown(layout, repo)} reset --hard {state.get('head', tag)}`"
+    )
+
+
+def _apply_queue(layout: Layout, repo: Path, tag: str, where: str) -> str:
+    """Apply the series on `tag`; the recorded state says what is applied, if anything."""
+    patches = series(layout)
+    try:
+        apply_patches(repo, patches, tag, where)
+    except PatchDoesNotApply:
+        _write_state(repo, head=_rev(repo, "HEAD"), series={})
+        raise
+    _write_state(repo, head=_rev(repo, "HEAD"), series=_series_state(layout))
+    return f"applied {len(patches)} patch(es) from patches/series on {PATCHED}"
+
+
+def _refuse_to_lose_work(repo: Path, where: str) -> None:
+    changed = _uncommitted(repo)
+    if changed:
+        raise WorkspaceError(
+            f"{where} has uncommitted changes ({len(changed)}: {changed[0].strip()}, ...):"
+            f" commit them and run `nox -s export_patches`, or discard them with"
+            f" `git -C {repo} checkout -- .`"
+        )
+
+
+def _shown(layout: Layout, path: Path) -> str:
+    return str(path.relative_to(layout.root)) if path.is_relative_to(layout.root) else str(path)
+
+
+# --- exporting the branch back into patches/ -----------------------------------------------------
+
+
+def _format_patches(repo: Path, base: str) -> dict[str, bytes]:
+    """The commits of `patched` as patch files, byte-stable across machines and git configs."""
+    with tempfile.TemporaryDirectory() as out:
+        git(
+            repo, "format-patch", f"{base}..{PATCHED}", "--quiet", "--output-directory", out,
+            "--no-signature", "--zero-commit", "--full-index", "--no-numbered",
+            "--diff-algorithm=myers", "--stat=72",
+        )  # fmt: skip
+        return {p.name: p.read_bytes() for p in sorted(Path(out).iterdir())}
+
+
+def _read_patches(layout: Layout) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in series(layout)}
+
+
+def export_patches(layout: Layout) -> dict[str, list[str]]:
+    """Write the clone's `patched` commits into patches/; return the names by change."""
+    pin = pinning.load(layout.pin_file)
+    repo, tag = layout.clone, pin.transformers.tag
+    if not repo.exists():
+        raise WorkspaceError(f"no clone at {_shown(layout, repo)}: run `nox -s clone` first")
+    _refuse_to_lose_work(repo, where="the clone")
+    new, old = _format_patches(repo, tag), _read_patches(layout)
+    report = {
+        "added": sorted(set(new) - set(old)),
+        "changed": sorted(n for n in set(new) & set(old) if new[n] != old[n]),
+        "removed": sorted(set(old) - set(new)),
+        "unchanged": sorted(n for n in set(new) & set(old) if new[n] == old[n]),
+    }
+    layout.patches.mkdir(exist_ok=True)
+    for name in report["added"] + report["changed"]:
+        (layout.patches / name).write_bytes(new[name])
+    for name in report["removed"]:
+        (layout.patches / name).unlink()
+    (layout.patches / "series").write_text(SERIES_HEADER + "".join(f"{n}\n" for n in sorted(new)))
+    _write_state(repo, head=_rev(repo, "HEAD"), series=_series_state(layout))
+    return report
+
+
+# --- trees under test ----------------------------------------------------------------------------
+
+
+def tree(layout: Layout, name: str) -> Tree:
+    """The tree `name` as a detached worktree under work/trees/, created or refreshed as needed.
+
+    `pinned` and `patched` come from the clone (which `clone` brings up to date first); a version
+    like `5.14.0` is that release as published. `+tests` applies only the test patches of the
+    series on top, `+series` the whole series.
+    """
+    pin = pinning.load(layout.pin_file)
+    base_name, _, extra = name.partition("+")
+    if base_name in ("pinned", PATCHED):
+        log.info("%s", clone(layout))
+        repo, base = layout.clone, (pin.transformers.tag if base_name == "pinned" else PATCHED)
+        version = pin.transformers.version
+    else:
+        version = base_name
+        repo, base = _release_repo(layout, pin, version), f"v{version}"
+    if extra not in ("", "tests", "series"):
+        raise WorkspaceError(f"unknown tree {name!r}: use NAME, NAME+tests or NAME+series")
+    patches = [p for p in series(layout) if extra == "series" or touches_only_tests(p)]
+    patches = patches if extra else []
+    where = f"transformers {version}" + (f" ({base_name})" if base_name == "pinned" else "")
+    root = _worktree(layout, repo, base, patches, layout.trees / name, where)
+    origin = _read_state(repo)["origin"]
+    if base_name == PATCHED:
+        origin += " + patches/series"
+    if extra:
+        origin += f" + {extra} patches: {', '.join(p.name for p in patches) or 'none'}"
+    return Tree(label=name, root=root, version=version, commit=_rev(root, "HEAD"), origin=origin)
+
+
+def _release_repo(layout: Layout, pin: pinning.Pin, version: str) -> Path:
+    repo = layout.releases / f"transformers-{version}"
+    if not repo.exists():
+        materialise(layout, release_for(pin, version), repo, pin.repository)
+    return repo
+
+
+def _worktree(layout: Layout, repo: Path, base: str, patches: list[Path], path: Path,
+              where: str) -> Path:  # fmt: skip
+    wanted = {
+        "base": _rev(repo, base),
+        "patches": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in patches},
+    }
+    if path.exists() and not _is_worktree_of(path, repo):
+        log.info("replacing %s: it is no worktree of %s", path, repo)
+        shutil.rmtree(path)
+    if path.exists():
+        _refuse_to_lose_work(path, where=_shown(layout, path))
+        if {k: _read_state(path).get(k) for k in wanted} == wanted:
+            return path
+        git(path, "checkout", "--quiet", "--detach", wanted["base"])
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        git(repo, "worktree", "prune")
+        git(repo, "worktree", "add", "--quiet", "--detach", str(path), wanted["base"])
+    apply_patches(path, patches, wanted["base"], where)
+    _write_state(path, **wanted)
+    return path
+
+
+def _is_worktree_of(path: Path, repo: Path) -> bool:
+    """False for a leftover whose repository was moved away or recreated."""
+    found = git(path, "rev-parse", "--path-format=absolute", "--git-common-dir", check=False)
+    return found.returncode == 0 and Path(found.stdout.strip()) == (repo / ".git").resolve()
+
+
+# --- command line --------------------------------------------------------------------------------
+
+
+def clone_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hostsync clone",
+        description="Materialise the pinned transformers in work/transformers, apply patches/.",
+    )
+    parser.add_argument("--remote", help="git remote to clone from (default: pin.toml's)")
+    args = parser.parse_args(argv)
+    log.info("%s", clone(Layout(), remote=args.remote))
+    return 0
+
+
+def export_main(argv: list[str]) -> int:
+    argparse.ArgumentParser(
+        prog="python -m hostsync export-patches",
+        description="Write the commits of `patched` in work/transformers back into patches/.",
+    ).parse_args(argv)
+    report = export_patches(Layout())
+    for change in ("added", "changed", "removed"):
+        for name in report[change]:
+            log.info("%s patches/%s", change, name)
+    if not any(report[change] for change in ("added", "changed", "removed")):
+        log.info("patches/ already matches the clone: nothing changed")
+    return 0
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"

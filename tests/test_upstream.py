@@ -1,0 +1,241 @@
+"""The pinned tree and the patch queue, for real: a local bare repository, the real PyPI sdist."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hostsync import upstream
+from hostsync.errors import WorkspaceError
+from hostsync.layout import ROOT, Layout
+from hostsync.pin import load as load_pin
+from hostsync.results import series
+
+PIN = load_pin(ROOT / "pin.toml")
+TAG = PIN.transformers.tag
+DEEPSPEED_PY = "src/transformers/integrations/deepspeed.py"
+
+
+def git(repo: Path, *args: str) -> str:
+    return upstream.git(repo, *args).stdout.strip()
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> Path:
+    """A bare repository shaped like transformers: the pinned tag, then a later commit."""
+    source = tmp_path / "upstream-src"
+    write(source / "src/transformers/__init__.py", f'__version__ = "{PIN.transformers.version}"\n')
+    write(source / DEEPSPEED_PY, "def loss(x):\n    return max(x, 1)\n")
+    write(source / "tests/test_loss.py", "def test_loss():\n    pass\n")
+    git(source.parent, "init", "--quiet", "--initial-branch=main", str(source))
+    git(source, "add", "--all")
+    git(source, "commit", "--quiet", "--message", "release")
+    git(source, "tag", "--annotate", "--message", "release", TAG)
+    write(source / DEEPSPEED_PY, "def loss(x):\n    return x.clamp(min=1)  # after the release\n")
+    git(source, "commit", "--quiet", "--all", "--message", "after the release")
+    bare = tmp_path / "transformers.git"
+    git(tmp_path, "clone", "--quiet", "--bare", str(source), str(bare))
+    return bare
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Layout:
+    layout = Layout(tmp_path / "workspace")
+    layout.patches.mkdir(parents=True)
+    shutil.copy(ROOT / "pin.toml", layout.pin_file)
+    return layout
+
+
+def make_patches(layout: Layout, remote: Path, edits: dict[str, str]) -> list[Path]:
+    """Commit each edit (subject -> new loss body) on the tag and export them as the series."""
+    scratch = layout.root.parent / "scratch"
+    git(layout.root.parent, "clone", "--quiet", "--branch", TAG, str(remote), str(scratch))
+    git(scratch, "checkout", "--quiet", "-b", upstream.PATCHED)
+    for subject, body in edits.items():
+        write(scratch / DEEPSPEED_PY, f"def loss(x):\n    {body}\n")
+        git(scratch, "commit", "--quiet", "--all", "--message", subject)
+    shutil.move(scratch, layout.clone)
+    upstream.export_patches(layout)
+    shutil.rmtree(layout.clone)
+    return series(layout)
+
+
+def add_to_series(layout: Layout, patch: Path) -> None:
+    with (layout.patches / "series").open("a") as out:
+        out.write(f"{patch.name}\n")
+
+
+def test_git_path_clones_the_tag_and_applies_the_series(workspace: Layout, remote: Path) -> None:
+    make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
+
+    said = upstream.clone(workspace, remote=str(remote))
+
+    repo = workspace.clone
+    assert said.startswith(f"git clone of {remote} at tag {TAG}")
+    assert git(repo, "branch", "--show-current") == upstream.PATCHED
+    assert git(repo, "log", "--format=%s", f"{TAG}..HEAD") == "Keep the count on the device"
+    assert "after the release" not in (repo / DEEPSPEED_PY).read_text()
+    assert "max(x, 1)" in git(repo, "show", f"{TAG}:{DEEPSPEED_PY}")
+
+
+def test_second_clone_does_nothing(workspace: Layout, remote: Path) -> None:
+    make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
+    upstream.clone(workspace, remote=str(remote))
+    head = git(workspace.clone, "rev-parse", "HEAD")
+
+    assert "nothing to do" in upstream.clone(workspace, remote=str(remote))
+    assert git(workspace.clone, "rev-parse", "HEAD") == head
+
+
+def test_patch_that_does_not_apply_names_itself_and_leaves_the_base(
+    workspace: Layout, remote: Path
+) -> None:
+    good = make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(1)"})
+    bad = workspace.patches / "0002-Edit-a-line-the-release-does-not-have.patch"
+    bad.write_text(good[0].read_text().replace("max(x, 1)", "x.clamp(min=1)  # after the release"))
+    add_to_series(workspace, bad)
+    before = {p.name: p.read_bytes() for p in workspace.patches.iterdir()}
+
+    for _ in range(2):  # a failed apply is not remembered as done
+        with pytest.raises(upstream.PatchDoesNotApply) as failure:
+            upstream.clone(workspace, remote=str(remote))
+        assert bad.name in str(failure.value)
+        assert DEEPSPEED_PY in str(failure.value)
+
+    repo = workspace.clone
+    assert git(repo, "rev-parse", "HEAD") == git(repo, "rev-parse", f"{TAG}^{{commit}}")
+    assert not (repo / git(repo, "rev-parse", "--git-path", "rebase-apply")).exists()
+    assert {p.name: p.read_bytes() for p in workspace.patches.iterdir()} == before
+
+
+def test_round_trip_without_edits_changes_no_byte(workspace: Layout, remote: Path) -> None:
+    make_patches(
+        workspace,
+        remote,
+        {"Keep the count on the device": "return x.clamp(min=1)", "Name it": "return x.clamp(1)"},
+    )
+    before = {p.name: p.read_bytes() for p in workspace.patches.iterdir()}
+    upstream.clone(workspace, remote=str(remote))
+
+    report = upstream.export_patches(workspace)
+
+    assert report["unchanged"] == sorted(n for n in before if n != "series")
+    assert not report["added"] + report["changed"] + report["removed"]
+    assert {p.name: p.read_bytes() for p in workspace.patches.iterdir()} == before
+
+
+def test_commit_in_the_clone_is_protected_then_exported(workspace: Layout, remote: Path) -> None:
+    make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
+    upstream.clone(workspace, remote=str(remote))
+    write(workspace.clone / "tests/test_loss.py", "def test_loss():\n    assert True\n")
+    git(workspace.clone, "commit", "--quiet", "--all", "--message", "Test the loss")
+
+    with pytest.raises(WorkspaceError, match="export_patches"):
+        upstream.clone(workspace, remote=str(remote))
+    report = upstream.export_patches(workspace)
+
+    assert report["added"] == ["0002-Test-the-loss.patch"]
+    assert not report["changed"] + report["removed"]
+    assert series(workspace)[-1].name == "0002-Test-the-loss.patch"
+    assert "nothing to do" in upstream.clone(workspace, remote=str(remote))
+
+
+def test_uncommitted_edits_stop_clone_and_export(workspace: Layout, remote: Path) -> None:
+    make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
+    upstream.clone(workspace, remote=str(remote))
+    edited = workspace.clone / DEEPSPEED_PY
+    edited.write_text("# work in progress\n")
+
+    with pytest.raises(WorkspaceError, match="uncommitted changes"):
+        upstream.clone(workspace, remote=str(remote))
+    with pytest.raises(WorkspaceError, match="uncommitted changes"):
+        upstream.export_patches(workspace)
+    assert edited.read_text() == "# work in progress\n"
+
+
+def test_changed_series_is_reapplied(workspace: Layout, remote: Path) -> None:
+    first = make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(1)"})
+    upstream.clone(workspace, remote=str(remote))
+    first[0].write_text(first[0].read_text().replace("x.clamp(1)", "x.clamp(min=1)"))
+
+    assert "patches/ changed" in upstream.clone(workspace, remote=str(remote))
+    assert "x.clamp(min=1)" in (workspace.clone / DEEPSPEED_PY).read_text()
+
+
+def test_trees_are_worktrees_of_the_tag_and_the_series(workspace: Layout, remote: Path) -> None:
+    make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
+    test_patch = workspace.patches / "0002-Test-the-loss.patch"
+    upstream.clone(workspace, remote=str(remote))
+    write(workspace.clone / "tests/test_loss.py", "def test_loss():\n    assert False\n")
+    git(workspace.clone, "commit", "--quiet", "--all", "--message", "Test the loss")
+    upstream.export_patches(workspace)
+
+    pinned = upstream.tree(workspace, "pinned")
+    patched = upstream.tree(workspace, "patched")
+    tests_only = upstream.tree(workspace, "pinned+tests")
+
+    assert upstream.touches_only_tests(test_patch)
+    assert "max(x, 1)" in (pinned.src / "transformers/integrations/deepspeed.py").read_text()
+    assert "clamp" in (patched.src / "transformers/integrations/deepspeed.py").read_text()
+    assert "max(x, 1)" in (tests_only.src / "transformers/integrations/deepspeed.py").read_text()
+    assert "assert False" in (tests_only.root / "tests/test_loss.py").read_text()
+    assert patched.commit == git(workspace.clone, "rev-parse", "HEAD")
+    assert upstream.tree(workspace, "pinned+tests").commit == tests_only.commit
+
+
+# --- the PyPI sdist path --------------------------------------------------------------------
+
+
+@pytest.fixture
+def sdist_cache(workspace: Layout) -> Path:
+    """The real sdist, downloaded once into the workspace's own cache and shared by test runs."""
+    shared = ROOT / "work" / "cache" / "sdists"
+    shared.mkdir(parents=True, exist_ok=True)
+    upstream.fetch_sdist(Layout(ROOT), PIN.transformers.sdist)
+    workspace.cache.mkdir(parents=True)
+    (workspace.cache / "sdists").symlink_to(shared)
+    return shared
+
+
+@pytest.mark.network
+def test_sdist_path_when_the_remote_is_unreachable(workspace: Layout, sdist_cache: Path) -> None:
+    said = upstream.clone(workspace, remote=str(workspace.root / "nowhere.git"))
+
+    repo = workspace.clone
+    assert said.startswith(f"PyPI sdist {PIN.transformers.sdist.filename}")
+    assert PIN.transformers.sdist.sha256 in git(repo, "log", "-1", "--format=%B", TAG)
+    assert "if good_tokens_per_rank[rank] > 0" in (repo / DEEPSPEED_PY).read_text()
+    # Fixed identity and date: the same sdist gives the same base commit anywhere.
+    other = Layout(workspace.root.parent / "other")
+    upstream.materialise(other, PIN.transformers, other.clone, str(workspace.root / "nowhere"))
+    assert git(other.clone, "rev-parse", TAG) == git(repo, "rev-parse", TAG)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [(lambda b: b[: len(b) // 2], "truncated"), (lambda b: b[:-1] + b"\0", "tampered")],
+    ids=["truncated", "tampered"],
+)
+@pytest.mark.network
+def test_damaged_sdist_is_refused_and_nothing_is_left(
+    workspace: Layout, sdist_cache: Path, damage, message: str
+) -> None:
+    own_cache = workspace.cache / "sdists"
+    own_cache.unlink()
+    own_cache.mkdir()
+    archive = own_cache / PIN.transformers.sdist.filename
+    archive.write_bytes(damage((sdist_cache / archive.name).read_bytes()))
+
+    with pytest.raises(WorkspaceError, match=f"refusing {archive.name}: .*{message}"):
+        upstream.clone(workspace, remote=str(workspace.root / "nowhere.git"))
+    assert not workspace.clone.exists()
+    assert not list(workspace.work.glob("*.partial"))
+    assert not archive.exists()
