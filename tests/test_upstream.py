@@ -91,7 +91,7 @@ def test_second_clone_does_nothing(workspace: Layout, remote: Path) -> None:
     upstream.clone(workspace, remote=str(remote))
     head = git(workspace.clone, "rev-parse", "HEAD")
 
-    assert "nothing to do" in upstream.clone(workspace, remote=str(remote))
+    assert upstream.clone(workspace, remote=str(remote)) is None
     assert git(workspace.clone, "rev-parse", "HEAD") == head
 
 
@@ -145,7 +145,7 @@ def test_commit_in_the_clone_is_protected_then_exported(workspace: Layout, remot
     assert report["added"] == ["0002-Test-the-loss.patch"]
     assert not report["changed"] + report["removed"]
     assert series(workspace)[-1].name == "0002-Test-the-loss.patch"
-    assert "nothing to do" in upstream.clone(workspace, remote=str(remote))
+    assert upstream.clone(workspace, remote=str(remote)) is None
 
 
 def test_uncommitted_edits_stop_clone_and_export(workspace: Layout, remote: Path) -> None:

@@ -44,7 +44,7 @@ def check() -> None:
 def versions() -> dict[str, str]:
     """Installed versions of what a run depends on (the tree under test reports its own)."""
     found = {"python": platform.python_version()}
-    for name in ("torch", "accelerate", "deepspeed"):
+    for name in ("torch", "accelerate", "deepspeed", "tokenizers", "huggingface_hub"):
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -267,10 +267,16 @@ def _check_version(repo: Path, release: pinning.Release) -> None:
 # --- the patch queue -----------------------------------------------------------------------------
 
 
+def touched_files(patch: Path) -> list[str]:
+    """The files a patch changes, both names of a rename."""
+    pairs = re.findall(r"^diff --git a/(\S+) b/(\S+)$", patch.read_text(), re.MULTILINE)
+    return sorted({path for pair in pairs for path in pair})
+
+
 def touches_only_tests(patch: Path) -> bool:
     """A test patch: every file it changes lies under tests/ (applies to any release)."""
-    paths = re.findall(r"^diff --git a/(\S+) b/(\S+)$", patch.read_text(), re.MULTILINE)
-    return bool(paths) and all(p.startswith("tests/") for pair in paths for p in pair)
+    files = touched_files(patch)
+    return bool(files) and all(path.startswith("tests/") for path in files)
 
 
 def apply_patches(repo: Path, patches: list[Path], base: str, where: str) -> None:
@@ -303,10 +309,11 @@ def _series_state(layout: Layout) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in series(layout)}
 
 
-def clone(layout: Layout, remote: str | None = None) -> str:
+def clone(layout: Layout, remote: str | None = None) -> str | None:
     """Make work/transformers the pinned tag plus patches/ on `patched`; say what was done.
 
-    Idempotent. Refuses, naming the way out, whenever going on could lose work in the clone.
+    Idempotent: None when there was nothing to do. Refuses, naming the way out, whenever going
+    on could lose work in the clone.
     """
     pin = pinning.load(layout.pin_file)
     repo, tag = layout.clone, pin.transformers.tag
@@ -330,12 +337,12 @@ def clone(layout: Layout, remote: str | None = None) -> str:
     state, head = _read_state(repo), _rev(repo, "HEAD")
     if head == state.get("head"):
         if state.get("series") == _series_state(layout):
-            return f"{_shown(layout, repo)} is up to date with patches/: nothing to do"
+            return None
         git(repo, "reset", "--quiet", "--hard", tag)
         return "patches/ changed since the last run: " + _apply_queue(layout, repo, tag, where)
     if _format_patches(repo, tag) == _read_patches(layout):
         _write_state(repo, head=head, series=_series_state(layout))
-        return f"{_shown(layout, repo)} matches patches/: nothing to do"
+        return None
     commits = git(repo, "rev-list", "--count", f"{tag}..{PATCHED}").stdout.strip()
     raise WorkspaceError(
         f"{PATCHED} in {_shown(layout, repo)} ({commits} commits on {tag}) differs from patches/:"
@@ -379,7 +386,7 @@ def _format_patches(repo: Path, base: str) -> dict[str, bytes]:
         git(
             repo, "format-patch", f"{base}..{PATCHED}", "--quiet", "--output-directory", out,
             "--no-signature", "--zero-commit", "--full-index", "--no-numbered",
-            "--diff-algorithm=myers", "--stat=72",
+            "--diff-algorithm=myers", "--stat=72", "--summary",
         )  # fmt: skip
         return {p.name: p.read_bytes() for p in sorted(Path(out).iterdir())}
 
@@ -425,7 +432,9 @@ def tree(layout: Layout, name: str) -> Tree:
     pin = pinning.load(layout.pin_file)
     base_name, _, extra = name.partition("+")
     if base_name in ("pinned", PATCHED):
-        log.info("%s", clone(layout))
+        said = clone(layout)
+        if said:
+            log.info("%s", said)
         repo, base = layout.clone, (pin.transformers.tag if base_name == "pinned" else PATCHED)
         version = pin.transformers.version
     else:
@@ -491,7 +500,9 @@ def clone_main(argv: list[str]) -> int:
     )
     parser.add_argument("--remote", help="git remote to clone from (default: pin.toml's)")
     args = parser.parse_args(argv)
-    log.info("%s", clone(Layout(), remote=args.remote))
+    layout = Layout()
+    said = clone(layout, remote=args.remote)
+    log.info("%s", said or f"{_shown(layout, layout.clone)} matches patches/: nothing to do")
     return 0
 
 
