@@ -1,0 +1,266 @@
+"""The red/green proof of the series: its verdicts, then the real thing on the real trees."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hostsync import patch_proof, upstream
+from hostsync.errors import WorkspaceError
+from hostsync.launch import Run
+from hostsync.layout import ROOT, Layout
+from hostsync.patch_proof import (
+    FAILED,
+    GREEN,
+    NOT_APPLICABLE,
+    OK,
+    PASS_OR_SKIP,
+    PASSED,
+    RED,
+    RED_ON_BUGGY_RELEASE,
+    SKIPPED,
+    WRONG,
+    Case,
+    judge,
+)
+from hostsync.pin import load as load_pin
+
+PIN = load_pin(ROOT / "pin.toml")
+SYNC_TEST = "TestDeepSpeedSPComputeLoss::test_no_host_sync_in_loss_aggregation"
+ALL_MASKED_TEST = (
+    "TestDeepSpeedSPComputeLoss::test_all_masked_batch_gives_zero_loss_that_backpropagates"
+)
+GUARD_TEST = "TestDeepSpeedSPComputeLoss::test_weighted_mean_matches_full_sequence_loss"
+
+
+def junit(tmp_path: Path, cases: str) -> Path:
+    path = tmp_path / "junit.xml"
+    path.write_text(f'<testsuites><testsuite name="pytest">{cases}</testsuite></testsuites>')
+    return path
+
+
+def case(name: str, body: str = "") -> str:
+    classname = "tests.deepspeed.test_deepspeed_sp_loss." + name.split("::")[0]
+    return f'<testcase classname="{classname}" name="{name.split("::")[1]}">{body}</testcase>'
+
+
+def fake_tree(root: Path, files: dict[str, str]) -> upstream.Tree:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(textwrap.dedent(text))
+    return upstream.Tree(label="fake", root=root, version="0", commit="", origin="a test")
+
+
+# --- verdicts ------------------------------------------------------------------------------------
+
+
+def test_everything_passing_on_the_pinned_tree_proves_nothing(tmp_path: Path) -> None:
+    report = junit(tmp_path, case(SYNC_TEST) + case(ALL_MASKED_TEST) + case(GUARD_TEST))
+
+    verdict, reason = judge(RED, patch_proof.read_junit(report), returncode=0)
+
+    assert verdict == WRONG
+    assert f"{SYNC_TEST} passed: it proves nothing" in reason
+    assert f"{ALL_MASKED_TEST} passed: it proves nothing" in reason
+
+
+def test_the_bug_failing_on_assertions_is_the_expected_red(tmp_path: Path) -> None:
+    failure = '<failure message="AssertionError: 3 != 0 : uneven_tokens, rank 0">trace</failure>'
+    report = junit(
+        tmp_path, case(SYNC_TEST, failure) + case(ALL_MASKED_TEST, failure) + case(GUARD_TEST)
+    )
+
+    tests = patch_proof.read_junit(report)
+    verdict, reason = judge(RED, tests, returncode=1)
+
+    assert verdict == OK, reason
+    assert Case(SYNC_TEST, FAILED, "AssertionError: 3 != 0 : uneven_tokens, rank 0") in tests
+
+
+@pytest.mark.parametrize(
+    ("tests", "problem"),
+    [
+        (
+            [Case(SYNC_TEST, FAILED, "RuntimeError: 'torchrun ...' failed with returncode 1")],
+            f"{SYNC_TEST} failed without an assertion (RuntimeError",
+        ),
+        (
+            [
+                Case(SYNC_TEST, FAILED, "AssertionError: 3 != 0"),
+                Case(GUARD_TEST, FAILED, "AssertionError: 4.1 != 4.2"),
+            ],
+            f"{GUARD_TEST} failed: AssertionError: 4.1 != 4.2",
+        ),
+        (
+            [Case(SYNC_TEST, FAILED, "AssertionError: 3 != 0")],
+            f"{ALL_MASKED_TEST} was not collected",
+        ),
+        (
+            [Case(SYNC_TEST, SKIPPED, "test requires deepspeed")],
+            "was skipped (test requires deepspeed)",
+        ),
+    ],
+    ids=["crash-is-no-red", "guard-broken", "red-test-missing", "red-test-skipped"],
+)
+def test_a_red_that_is_not_the_bug_is_wrong(tests: list[Case], problem: str) -> None:
+    verdict, reason = judge(RED, tests, returncode=1)
+
+    assert verdict == WRONG
+    assert problem in reason
+
+
+def test_a_skipped_test_is_no_green() -> None:
+    tests = [Case(GUARD_TEST, PASSED), Case(SYNC_TEST, SKIPPED, "needs 2 accelerators")]
+
+    verdict, reason = judge(GREEN, tests, returncode=0)
+
+    assert verdict == WRONG
+    assert "skipped (needs 2 accelerators): a skipped test proves nothing" in reason
+
+
+@pytest.mark.parametrize("returncode", [5, 0], ids=["pytest", "upstream-conftest"])
+def test_nothing_collected_is_never_a_pass(returncode: int) -> None:
+    for expect in (GREEN, PASS_OR_SKIP):
+        verdict, reason = judge(expect, [], returncode)
+
+        assert verdict == WRONG
+        assert reason.startswith(f"nothing collected (pytest exit code {returncode})")
+
+
+def test_skipped_neighbours_are_reported_with_their_reason() -> None:
+    tests = [Case("T::test_sp_equivalence", SKIPPED, "test is slow"), Case("T::b", PASSED)]
+
+    assert judge(PASS_OR_SKIP, tests, returncode=0) == (
+        OK,
+        "1 ran and passed; skipped: test is slow",
+    )
+
+
+# --- pytest and ruff in a tree, for real ---------------------------------------------------------
+
+
+def test_pytest_outcomes_come_from_the_report(tmp_path: Path) -> None:
+    tree = fake_tree(
+        tmp_path / "tree",
+        {
+            "tests/test_fake.py": """
+                import unittest
+
+                class TestFake(unittest.TestCase):
+                    def test_passes(self):
+                        pass
+
+                    def test_asserts(self):
+                        self.assertEqual(3, 0, "rank 0 synced")
+
+                    def test_crashes(self):
+                        raise RuntimeError("torchrun failed")
+
+                    @unittest.skip("test is slow")
+                    def test_skipped(self):
+                        pass
+            """
+        },
+    )
+    run = Run(tmp_path / "run", tree.src, Layout(tmp_path / "workspace"))
+
+    returncode, tests = patch_proof.pytest_in_tree(tree, ["tests/test_fake.py"], run, timeout=120)
+
+    assert returncode == 1
+    assert sorted(tests, key=lambda test: test.test) == [
+        Case("TestFake::test_asserts", FAILED, "AssertionError: 3 != 0 : rank 0 synced"),
+        Case("TestFake::test_crashes", FAILED, "RuntimeError: torchrun failed"),
+        Case("TestFake::test_passes", PASSED),
+        Case("TestFake::test_skipped", SKIPPED, "test is slow"),
+    ]
+
+
+def test_nothing_collected_under_upstreams_conftest_exits_0_and_is_caught(tmp_path: Path) -> None:
+    tree = fake_tree(
+        tmp_path / "tree",
+        {
+            # As upstream's conftest.py does, so its CI stays green on an empty selection.
+            "conftest.py": """
+                def pytest_sessionfinish(session, exitstatus):
+                    if exitstatus == 5:
+                        session.exitstatus = 0
+            """,
+            "tests/test_empty.py": "",
+        },
+    )
+    run = Run(tmp_path / "run", tree.src, Layout(tmp_path / "workspace"))
+
+    returncode, tests = patch_proof.pytest_in_tree(tree, ["tests/test_empty.py"], run, timeout=120)
+
+    assert (returncode, tests) == (0, [])
+    assert judge(PASS_OR_SKIP, tests, returncode)[0] == WRONG
+
+
+def test_the_lint_uses_the_ruff_the_tree_pins(tmp_path: Path) -> None:
+    versions = "src/transformers/dependency_versions_table.py"
+    pinned = fake_tree(tmp_path / "a", {versions: 'deps = {\n    "ruff": "ruff==0.14.10",\n}\n'})
+    unpinned = fake_tree(tmp_path / "b", {versions: "deps = {}\n"})
+
+    assert patch_proof.pinned_ruff(pinned) == "0.14.10"
+    with pytest.raises(WorkspaceError, match="pins no ruff"):
+        patch_proof.pinned_ruff(unpinned)
+
+
+def test_the_proof_runs_the_file_the_test_patch_adds() -> None:
+    test_patches = patch_proof.series_tests(Layout(ROOT))
+
+    files = patch_proof.series_test_files(test_patches)
+
+    assert files == ["tests/deepspeed/test_deepspeed_sp_loss.py"]
+
+
+def test_a_release_number_is_required() -> None:
+    with pytest.raises(WorkspaceError, match=r"'5\.12' is no release number"):
+        patch_proof.main(["--transformers", "5.12"])
+
+
+# --- the proof itself ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Layout:
+    """The real pin and series, GitHub out of reach (the sdists, as here), the shared cache."""
+    layout = Layout(tmp_path / "workspace")
+    layout.work.mkdir(parents=True)
+    shutil.copytree(ROOT / "patches", layout.patches)
+    pin = (ROOT / "pin.toml").read_text().replace(PIN.repository, str(tmp_path / "nowhere.git"))
+    layout.pin_file.write_text(pin)
+    shared = ROOT / "work" / "cache"
+    shared.mkdir(parents=True, exist_ok=True)
+    layout.cache.symlink_to(shared)  # sdists, DeepSpeed's compiled op, the pinned ruff
+    return layout
+
+
+@pytest.mark.distributed
+@pytest.mark.network
+def test_red_on_the_pinned_release_green_on_the_patched_tree_and_on_the_fix(
+    workspace: Layout,
+) -> None:
+    said: list[str] = []
+
+    status, path = patch_proof.prove_and_report(workspace, [], timeout=900, say=said.append)
+
+    result = json.loads(path.read_text())
+    checks = {(c["check"], c["label"]): c for c in result["checks"]}
+    assert status == 0, "\n".join(said)
+    red = checks["series tests", "pinned+tests"]
+    assert {t["test"] for t in red["tests"] if t["outcome"] == FAILED} == RED_ON_BUGGY_RELEASE
+    assert (red["verdict"], red["counts"]) == (OK, {FAILED: 2, PASSED: 2})
+    for label in (upstream.PATCHED, f"{PIN.reference.version}+tests"):
+        assert checks["series tests", label]["counts"] == {PASSED: 4}
+        assert checks["series tests", label]["verdict"] == OK
+    neighbours = checks["upstream tests", upstream.PATCHED]  # the sdist has no tests/deepspeed/
+    assert (neighbours["verdict"], neighbours["counts"]) == (NOT_APPLICABLE, {})
+    (lint,) = [c for (name, _), c in checks.items() if name.startswith("ruff ")]
+    assert (lint["label"], lint["verdict"]) == (upstream.PATCHED, OK)
+    # The failing assertions are shown, down to the line that syncs.
+    assert "'transformers/integrations/deepspeed.py:741'" in "\n".join(said)
