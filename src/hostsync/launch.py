@@ -85,19 +85,32 @@ def launch(run: Run, command: Sequence[str], *, nprocs: int, timeout: float,
     Raises RunFailed naming the failing rank (with its traceback) or the timeout; either way
     every process of the group is gone when this returns.
     """
+    returncode = run_group(run, command, timeout=timeout, env=env)
+    if returncode != 0:
+        raise RunFailed(_describe_failure(run, returncode))
+    return [_read_rank_result(run, rank) for rank in range(nprocs)]
+
+
+def run_group(run: Run, command: Sequence[str], *, timeout: float, cwd: Path | None = None,
+              env: Mapping[str, str] | None = None) -> int:  # fmt: skip
+    """Run `command` as one process group, output in the run's log, and return its exit status.
+
+    For commands whose exit status is an answer (pytest's 1: tests failed). Raises RunFailed on
+    the timeout; either way every process of the group is gone when this returns.
+    """
     run.run_dir.mkdir(parents=True, exist_ok=True)
     log.info("running %s (log: %s)", " ".join(command[:6]), run.log_file)
     with run.log_file.open("w") as output:
         process = subprocess.Popen(
-            command, env=run.environment(env), stdout=output, stderr=subprocess.STDOUT,
+            command, cwd=cwd, env=run.environment(env), stdout=output, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
         try:
-            returncode = process.wait(timeout=timeout)
+            return process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_group(process)
             raise RunFailed(
-                f"run hung: no exit after {timeout:.0f} s, killed the launcher and its ranks;"
+                f"run hung: no exit after {timeout:.0f} s, killed it and every process it started;"
                 f" see {run.log_file} and raise the timeout if the machine is just slow"
             ) from None
         except BaseException:
@@ -105,9 +118,6 @@ def launch(run: Run, command: Sequence[str], *, nprocs: int, timeout: float,
             raise
         finally:
             _kill_group(process)
-    if returncode != 0:
-        raise RunFailed(_describe_failure(run, returncode))
-    return [_read_rank_result(run, rank) for rank in range(nprocs)]
 
 
 def _kill_group(process: subprocess.Popen) -> None:
@@ -152,16 +162,20 @@ def _is_live_member(pid: int, pgid: int) -> bool:
 
 
 def _describe_failure(run: Run, returncode: int) -> str:
-    errors = sorted(run.run_dir.glob("rank-*.error"), key=lambda p: int(p.stem.split("-")[1]))
+    """Name the rank that failed first: the others often fail only because it left."""
+    errors = sorted(
+        run.run_dir.glob("rank-*.error"),
+        key=lambda path: (path.stat().st_mtime_ns, int(path.stem.split("-")[1])),
+    )
     if not errors:
         return (
             f"launcher exited with status {returncode} before any rank reported; see {run.log_file}"
         )
     first = errors[0]
     rank = first.stem.split("-")[1]
-    last_line = first.read_text().strip().splitlines()[-1]
-    others = f" ({len(errors) - 1} more rank(s) failed)" if len(errors) > 1 else ""
-    return f"rank {rank} raised {last_line}{others}; traceback in {first}"
+    summary = first.read_text().splitlines()[0]
+    others = f" ({len(errors) - 1} more rank(s) failed after it)" if len(errors) > 1 else ""
+    return f"rank {rank} raised {summary}{others}; traceback in {first}"
 
 
 def _read_rank_result(run: Run, rank: int) -> dict:
@@ -181,8 +195,10 @@ def rank_entry(main: Callable[[], dict]) -> Callable[[], None]:
         try:
             _check_transformers_origin()
             result = main()
-        except BaseException:
-            (run_dir / f"rank-{rank}.error").write_text(traceback.format_exc())
+        except BaseException as error:
+            # First line: the exception itself, for the launcher's one-line message.
+            summary = traceback.format_exception_only(error)[0].strip()
+            (run_dir / f"rank-{rank}.error").write_text(f"{summary}\n\n{traceback.format_exc()}")
             raise
         (run_dir / f"rank-{rank}.json").write_text(json.dumps(result, indent=2) + "\n")
 
