@@ -1,0 +1,273 @@
+"""One rank of a real `accelerate launch` + `Trainer` run, with or without DeepSpeed Ulysses SP.
+
+Started by `hostsync.trainer_run`, which writes the accelerate and DeepSpeed configs; this side
+builds a tiny Llama from a config (no download), trains it for a few steps with the Trainer as a
+user would, and returns what it saw through `rank_entry`:
+
+- the loss and grad norm the Trainer logged at each step;
+- with `--detect-steps N`, every host sync of steps 1..N as `hostsync.detector` records it, each
+  step from fetching its batch to the end of its logging;
+- with `--profile-step K`, the scalar reads of step K as the PyTorch profiler records them: it also
+  sees reads made inside C++ kernels, which a dispatch mode cannot attribute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hostsync.launch import rank_entry
+
+SEQ_LEN = 16
+VOCAB = 128
+# Positions whose label is -100, per sample, like an SFT prompt. The second sample masks the
+# whole first half, so under SP its first shard has no token to learn from: the branch of
+# `deepspeed_sp_compute_loss` that skips a rank with zero good tokens is taken on every other step.
+PROMPT_LENGTHS = (3, SEQ_LEN // 2 + 1)
+# Every device-to-host read of a scalar reaches this op; `.item()` and `bool(t)` wrap it in these.
+PROFILER_SYNC_OP = "aten::_local_scalar_dense"
+PYTHON_LEVEL_READS = ("aten::item", "aten::is_nonzero")
+# The profiler names a Python function event "<path>(<line of its def>): <name>".
+PYTHON_FRAME = re.compile(r"^(?P<file>.+\.py)\((?P<line>\d+)\): (?P<function>.+)$")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps in all")
+    parser.add_argument("--logging-steps", type=int, default=1)
+    parser.add_argument("--max-grad-norm", type=float, default=1.0, help="the Trainer's default")
+    parser.add_argument("--detect-steps", type=int, default=0, help="steps 1..N under the detector")
+    parser.add_argument("--profile-step", type=int, default=0, help="one step under the profiler")
+    return parser.parse_args()
+
+
+# Four heads, so that Ulysses can split them over the ranks of the SP group.
+LAYERS, HIDDEN, HEADS = 2, 32, 4
+MODEL_SUMMARY = (
+    f"{LAYERS} layers, hidden size {HIDDEN}, {HEADS} attention heads, vocabulary {VOCAB},"
+    f" sequences of {SEQ_LEN} tokens with masked prompts"
+)
+
+
+def tiny_llama():
+    """The same weights on every rank, from a config: nothing to download."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+        max_position_embeddings=2 * SEQ_LEN, attn_implementation="sdpa",
+    )  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def samples(count: int) -> list[dict[str, torch.Tensor]]:
+    """Deterministic token sequences with SFT-style masked prompts and explicit position_ids."""
+    generator = torch.Generator().manual_seed(1234)
+    data = []
+    for index in range(count):
+        input_ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=generator)
+        labels = input_ids.clone()
+        labels[: PROMPT_LENGTHS[index % len(PROMPT_LENGTHS)]] = -100
+        positions = torch.arange(SEQ_LEN)
+        data.append({"input_ids": input_ids, "labels": labels, "position_ids": positions})
+    return data
+
+
+def as_callback(mixin: type) -> type:
+    """`mixin` as a TrainerCallback, which supplies the events it leaves out.
+
+    Made at run time so that this module imports transformers only inside `main`: an import
+    error of the tree under test is then reported by `rank_entry` with the rank and the reason.
+    """
+    from transformers import TrainerCallback
+
+    return type(mixin.__name__, (mixin, TrainerCallback), {})
+
+
+class LoggedValues:
+    """What the Trainer logs (loss, grad_norm), by optimizer step."""
+
+    def __init__(self) -> None:
+        self.by_step: dict[int, dict[str, float]] = {}
+
+    def on_log(self, args, state, control, logs=None, **kwargs) -> None:
+        if logs and "loss" in logs:
+            self.by_step[state.global_step] = {
+                key: float(logs[key]) for key in ("loss", "grad_norm") if key in logs
+            }
+
+
+class SyncHunt:
+    """Watches whole optimizer steps: from fetching the step's batch to the end of its logging.
+
+    The Trainer fetches each step's batches with `get_batch_samples`, so that call begins a step
+    (ending the previous one); the end of the epoch ends the last. Steps up to `detected_steps`
+    run under a detector scope. Step 1 is marked as the warm-up: it pays one-off costs (the
+    epoch's data iterator, first-call caches). `profiled_step` runs under the PyTorch profiler
+    instead, without the detector, whose re-dispatch would show up in the trace.
+    """
+
+    def __init__(self, detected_steps: int, profiled_step: int) -> None:
+        self.detected_steps = detected_steps
+        self.profiled_step = profiled_step
+        self.steps: list[dict[str, Any]] = []
+        self.profiled: list[dict[str, Any]] = []
+        self._open = contextlib.ExitStack()
+        self._step = 0
+        self._logged = False
+
+    def begin_step(self, step: int) -> None:
+        """Start watching `step` (ending the previous one); repeated calls for a step are no-ops."""
+        if step == self._step:
+            return
+        self.end_step()
+        self._step, self._logged = step, False
+        if step <= self.detected_steps:
+            from hostsync.detector import SyncScope
+
+            scope = SyncScope()
+            self._open.callback(self._keep_step, step, scope)
+            self._open.enter_context(scope)
+        elif step == self.profiled_step:
+            profile = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True
+            )
+            self._open.callback(self._keep_profile, profile)
+            self._open.enter_context(profile)
+
+    def end_step(self) -> None:
+        self._open.close()
+
+    def on_epoch_begin(self, args, state, control, **kwargs) -> None:
+        # Before the epoch's iterator is made: step 1 covers its creation.
+        self.begin_step(state.global_step + 1)
+
+    def on_log(self, args, state, control, logs=None, **kwargs) -> None:
+        self._logged = True
+
+    def on_epoch_end(self, args, state, control, **kwargs) -> None:
+        self.end_step()
+
+    def _keep_step(self, step: int, scope) -> None:
+        found = Counter((event.kind, event.site) for event in scope.events)
+        self.steps.append({
+            "step": step,
+            "warmup": step == 1,
+            "logging": self._logged,
+            "sites": [
+                {"kind": kind, "file": site.file, "line": site.line,
+                 "function": site.function, "code": site.code, "count": count}
+                for (kind, site), count in sorted(found.items(), key=_site_order)
+            ],
+        })  # fmt: skip
+
+    def _keep_profile(self, profile: torch.profiler.profile) -> None:
+        found = Counter(
+            _attribute(event) for event in profile.events() if event.name == PROFILER_SYNC_OP
+        )
+        self.profiled = [
+            {"step": self.profiled_step, "logging": self._logged, "file": file,
+             "function": function, "via": via, "count": count}
+            for (file, function, via), count in sorted(found.items(), key=str)
+        ]  # fmt: skip
+
+
+def _site_order(item) -> tuple:
+    (kind, site), _ = item
+    return (site.file, site.line, kind)
+
+
+def _attribute(event) -> tuple[str, str, str | None]:
+    """(file, function, via) of a profiled read: the innermost Python function outside torch
+    that led to it, as the detector attributes reads, and the outermost kernel it was made in
+    when that is not a plain `.item()`/`bool()` (a read no dispatch mode can see).
+    """
+    from hostsync.detector import package_path
+
+    via = None
+    parent = event.cpu_parent
+    while parent is not None:
+        frame = PYTHON_FRAME.match(parent.name)
+        if frame:
+            # The profiler shortens the paths it can to their package, like package_path.
+            file = frame["file"]
+            file = package_path(file) if Path(file).is_absolute() else file
+            if not file.startswith("torch/"):
+                return file, frame["function"], via
+        elif parent.name.startswith("aten::") and parent.name not in PYTHON_LEVEL_READS:
+            via = parent.name
+        parent = parent.cpu_parent
+    return "<no Python frame>", "", via
+
+
+def hunting_trainer(hunt: SyncHunt) -> type:
+    """A Trainer that tells `hunt` when each optimizer step starts fetching its batch."""
+    from transformers import Trainer
+
+    class HuntingTrainer(Trainer):
+        def get_batch_samples(self, *args, **kwargs):
+            hunt.begin_step(self.state.global_step + 1)
+            return super().get_batch_samples(*args, **kwargs)
+
+    return HuntingTrainer
+
+
+@rank_entry
+def main() -> dict:
+    from transformers import Trainer, TrainingArguments
+
+    args = parse_args()
+    training_args = TrainingArguments(
+        output_dir=args.output_dir,
+        max_steps=args.steps,
+        per_device_train_batch_size=1,
+        learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        max_grad_norm=args.max_grad_norm,
+        logging_steps=args.logging_steps,
+        train_sampling_strategy="sequential",
+        # Without it accelerate's state has no backend on CPU: each rank trains alone, silently.
+        ddp_backend=args.backend,
+        remove_unused_columns=False,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+    )
+    logged = as_callback(LoggedValues)()
+    hunting = args.detect_steps or args.profile_step
+    hunt = as_callback(SyncHunt)(args.detect_steps, args.profile_step) if hunting else None
+    trainer_class = hunting_trainer(hunt) if hunt else Trainer
+    trainer = trainer_class(
+        model=tiny_llama(),
+        args=training_args,
+        train_dataset=samples(count=2 * args.steps),
+        callbacks=[logged, *([hunt] if hunt else [])],
+    )
+    trainer.train()
+    pc = getattr(trainer.accelerator, "parallelism_config", None)
+    result = {
+        "world_size": trainer.accelerator.num_processes,
+        "sp_size": pc.sp_size if pc is not None and pc.sp_enabled else 1,
+        "device": str(trainer.args.device),
+        "backend": args.backend,
+        "model": MODEL_SUMMARY,
+        "logged": {str(step): values for step, values in sorted(logged.by_step.items())},
+    }
+    if hunt:
+        result["hunt"] = {"steps": hunt.steps, "profiled": hunt.profiled}
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""The full Trainer path: `accelerate launch` + `Trainer` + DeepSpeed Ulysses SP, as users run it.
+
+Starts `repro/sp_trainer.py` with configs written at run time (DeepSpeed ZeRO stage 1; Ulysses
+through accelerate's `parallelism_config`) and reads back what each rank reported. Two uses: the
+full-fidelity loss check (`compare_losses`) and the host-sync hunt (`hunt_run`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from hostsync.errors import WorkspaceError
+from hostsync.launch import Run, RunFailed, free_port, launch
+from hostsync.layout import Layout
+from hostsync.upstream import Tree
+
+SP_SIZE = 2
+DEFAULT_TIMEOUT_S = 900.0
+
+
+def worker(layout: Layout) -> Path:
+    return layout.root / "repro" / "sp_trainer.py"
+
+
+def deepspeed_config() -> dict:
+    """ZeRO stage 1, every size left to the Trainer ("auto") so both runs share one config."""
+    return {
+        "zero_optimization": {"stage": 1},
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+    }
+
+
+def accelerate_config(num_processes: int, sp_size: int, deepspeed_file: Path) -> dict:
+    """What `accelerate config` would write for DeepSpeed, plus Ulysses SP when sp_size > 1."""
+    config = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "DEEPSPEED",
+        "deepspeed_config": {"deepspeed_config_file": str(deepspeed_file)},
+        "num_machines": 1,
+        "num_processes": num_processes,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+    }
+    if sp_size > 1:
+        config["parallelism_config"] = {
+            "parallelism_config_sp_size": sp_size,
+            "parallelism_config_sp_backend": "deepspeed",
+            "parallelism_config_sp_seq_length_is_variable": True,
+            "parallelism_config_sp_attn_implementation": "sdpa",
+        }
+    return config
+
+
+def device_backend() -> tuple[str, dict[str, str]]:
+    """NCCL when every rank can have a GPU of its own, else gloo on CPU with GPUs hidden.
+
+    NCCL refuses two ranks on one GPU, and with one GPU visible accelerate would still place
+    rank 1 on a `cuda:1` that does not exist.
+    """
+    import torch
+
+    if torch.cuda.device_count() >= SP_SIZE:
+        return "nccl", {}
+    return "gloo", {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def run_trainer(layout: Layout, tree: Tree, *, sp: bool, steps: int, logging_steps: int = 1,
+                worker_args: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT_S,
+                ) -> list[dict]:  # fmt: skip
+    """One `accelerate launch` of the worker; each rank's result, by rank.
+
+    With SP: two ranks forming one SP group of two. Without: one rank, same engine and config.
+    The run folder is removed after a success and kept, with its launcher log, after a failure.
+    """
+    runs = layout.work / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    mode = f"sp{SP_SIZE}" if sp else "nosp"
+    run_dir = Path(tempfile.mkdtemp(prefix=f"trainer-{tree.label}-{mode}-", dir=runs))
+    run = Run(run_dir, tree.src, layout)
+    nprocs = SP_SIZE if sp else 1
+    deepspeed_file = run_dir / "deepspeed.json"
+    deepspeed_file.write_text(json.dumps(deepspeed_config(), indent=2))
+    accelerate_file = run_dir / "accelerate.json"
+    config = accelerate_config(nprocs, SP_SIZE if sp else 1, deepspeed_file)
+    accelerate_file.write_text(json.dumps(config, indent=2))
+    backend, env = device_backend()
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(accelerate_file), "--main_process_port", str(free_port()),
+        str(worker(layout)),
+        "--output-dir", str(run_dir / "trainer"), "--backend", backend,
+        "--steps", str(steps), "--logging-steps", str(logging_steps), *worker_args,
+    ]  # fmt: skip
+    results = launch(run, command, nprocs=nprocs, timeout=timeout, env=env)
+    check_layout(results, sp_size=SP_SIZE if sp else 1, log_file=run.log_file)
+    shutil.rmtree(run_dir)
+    return results
+
+
+def check_layout(results: list[dict], sp_size: int, log_file: Path) -> None:
+    """Refuse a run whose ranks did not form the intended groups (e.g. each rank alone, which
+    accelerate does silently on CPU when the backend is missing)."""
+    seen = [(result["world_size"], result["sp_size"]) for result in results]
+    if any(pair != (len(results), sp_size) for pair in seen):
+        raise RunFailed(
+            f"the ranks reported (world size, sp size) {seen}, not ({len(results)}, {sp_size}):"
+            f" the Trainer did not set up the intended process groups; see {log_file}"
+        )
+
+
+def logged_losses(result: dict, steps: int) -> list[float]:
+    """The per-step losses a rank logged; refuses a run that did not log every step."""
+    logged = result["logged"]
+    missing = [step for step in range(1, steps + 1) if str(step) not in logged]
+    if missing:
+        raise RunFailed(f"the Trainer logged no loss at step(s) {missing}: the run is incomplete")
+    return [logged[str(step)]["loss"] for step in range(1, steps + 1)]
+
+
+def compare_losses(layout: Layout, tree: Tree, steps: int = 2,
+                   timeout: float = DEFAULT_TIMEOUT_S) -> dict:  # fmt: skip
+    """Per-step Trainer loss with Ulysses SP (2 ranks) against the same training without SP.
+
+    The reference is a single-process DeepSpeed run, not a 2-rank data-parallel one: with SP the
+    two ranks share one sample per step (dp size 1), so only a run with one sample per step sees
+    the same data, the same optimizer updates and the same loss at every step. Same engine, same
+    ZeRO config, same seed, sequential sampling. Step 1 checks the forward and the loss
+    aggregation; later steps also check the backward and the update.
+
+    Gradient clipping is off: DeepSpeed sums SP gradients over the SP group (sp_size times the
+    plain gradients, deepspeed#5248); AdamW's update is blind to that scale, clipping to a fixed
+    norm is not. The logged grad norms are returned to show the factor.
+    """
+    no_clipping = ["--max-grad-norm", "0"]
+    sp_ranks = run_trainer(layout, tree, sp=True, steps=steps, worker_args=no_clipping,
+                           timeout=timeout)  # fmt: skip
+    (reference,) = run_trainer(layout, tree, sp=False, steps=steps, worker_args=no_clipping,
+                               timeout=timeout)  # fmt: skip
+    sp_losses = [logged_losses(result, steps) for result in sp_ranks]
+    nosp_losses = logged_losses(reference, steps)
+    diffs = [abs(a - b) for a, b in zip(sp_losses[0], nosp_losses, strict=True)]
+    return {
+        "tree": tree.label,
+        "steps": steps,
+        "sp_size": SP_SIZE,
+        "device": sp_ranks[0]["device"],
+        "sp": sp_losses[0],
+        "sp_ranks_agree": all(losses == sp_losses[0] for losses in sp_losses),
+        "no_sp": nosp_losses,
+        "abs_diff": diffs,
+        "max_abs_diff": max(diffs),
+        "grad_norm": {
+            "sp": [sp_ranks[0]["logged"][str(s)].get("grad_norm") for s in range(1, steps + 1)],
+            "no_sp": [reference["logged"][str(s)].get("grad_norm") for s in range(1, steps + 1)],
+        },
+    }
+
+
+def hunt_plan(steps: int, logging_steps: int) -> dict[str, int]:
+    """Which steps the detector watches and which one the profiler watches, and its twin.
+
+    The detector watches steps 1..`steps`. The profiler watches the next logging step alone (the
+    detector's own re-dispatch would show in its trace); its `twin` is the watched step one
+    common period earlier, in the same phase of both the logging cycle and the SP data refill
+    (every `SP_SIZE` steps), so the two see the same kinds of work.
+    """
+    period = math.lcm(logging_steps, SP_SIZE)
+    profile = (steps // logging_steps + 1) * logging_steps
+    twin = profile - period
+    if twin < 2:
+        fewest = math.ceil((period + 2) / logging_steps) * logging_steps - logging_steps
+        raise WorkspaceError(
+            f"--steps {steps} is too few: the profiled step {profile} needs a watched twin"
+            f" {period} steps earlier, after the warm-up step; use --steps {fewest} or more"
+        )
+    return {"steps": steps, "logging_steps": logging_steps, "profile": profile, "twin": twin}
+
+
+def hunt_run(layout: Layout, tree: Tree, steps: int, logging_steps: int = 3,
+             timeout: float = DEFAULT_TIMEOUT_S) -> tuple[dict[str, int], list[dict]]:  # fmt: skip
+    """The SP Trainer run under the sync detector and the profiler: the plan, each rank's record.
+
+    Logging every 3 steps while SP refills data every 2: a site tied to either cycle shows as such.
+    """
+    plan = hunt_plan(steps, logging_steps)
+    results = run_trainer(
+        layout, tree, sp=True, steps=plan["profile"], logging_steps=logging_steps,
+        worker_args=["--detect-steps", str(steps), "--profile-step", str(plan["profile"])],
+        timeout=timeout,
+    )  # fmt: skip
+    context = ("device", "backend", "model")
+    return plan, [
+        result["hunt"] | {"rank": rank} | {key: result[key] for key in context}
+        for rank, result in enumerate(results)
+    ]

@@ -1,0 +1,290 @@
+"""The hunt: a real 2-rank accelerate + Trainer + DeepSpeed Ulysses run on the pinned tree, then
+the summarising, ranking, allow-list and comparison logic on small hand-made records.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hostsync import hunt, results, trainer_run, upstream
+from hostsync.errors import WorkspaceError
+from hostsync.layout import ROOT, Layout
+
+DEEPSPEED_PY = "transformers/integrations/deepspeed.py"
+SP_SIZE = trainer_run.SP_SIZE
+
+
+def source_line(tree: upstream.Tree, text: str) -> int:
+    """The line of `text` in the tree's deepspeed_sp_compute_loss, found rather than assumed."""
+    lines = (tree.src / DEEPSPEED_PY).read_text().splitlines()
+    (number,) = [n for n, line in enumerate(lines, start=1) if text in line]
+    return number
+
+
+# --- the real run ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pinned() -> upstream.Tree:
+    return upstream.tree(Layout(), "pinned")
+
+
+@pytest.fixture(scope="module")
+def hunted(pinned: upstream.Tree) -> dict:
+    rules = hunt.load_allowlist(ROOT / hunt.ALLOWLIST)
+    return hunt.hunt_tree(Layout(), pinned, steps=6, rules=rules, timeout=600)
+
+
+@pytest.mark.distributed
+def test_pinned_step_syncs_at_both_lines_of_the_loss_aggregation_on_every_step(
+    hunted: dict, pinned: upstream.Tree
+) -> None:
+    if_line = source_line(pinned, "if good_tokens_per_rank[rank] > 0")
+    max_line = source_line(pinned, "max(total_good_tokens, 1)")
+    found = {site["line"]: site for site in hunted["sites"] if site["file"] == DEEPSPEED_PY}
+
+    assert set(found) == {if_line, max_line}
+    assert found[if_line]["per_step"] == SP_SIZE
+    assert found[max_line]["per_step"] == 1
+    for site in found.values():
+        assert site["when"] == "every step"
+        assert site["allowed"] is None
+        assert site["package"] == "transformers"
+
+
+@pytest.mark.distributed
+def test_logging_syncs_are_told_apart_from_every_step_ones(hunted: dict) -> None:
+    by_function = {site["function"]: site for site in hunted["sites"]}
+
+    logged = by_function["_maybe_log_save_evaluate"]
+    assert logged["when"] == "logging steps"
+    assert logged["steps"] == [3, 6]
+    assert logged["allowed"]
+
+
+@pytest.mark.distributed
+def test_the_profiler_and_the_detector_agree_on_python_level_reads(hunted: dict) -> None:
+    for check in hunted["cross_check"]:
+        assert check["profiler"] == check["detector"] > 0, check
+
+
+@pytest.mark.distributed
+def test_trainer_loss_with_sp_equals_the_loss_without(pinned: upstream.Tree) -> None:
+    compared = trainer_run.compare_losses(Layout(), pinned, steps=2, timeout=600)
+
+    assert compared["sp_ranks_agree"]
+    assert compared["max_abs_diff"] < 1e-5, compared
+
+
+# --- hand-made records ---------------------------------------------------------------------------
+
+
+def site(file: str, line: int, function: str, code: str, count: int = 1,
+         kind: str = "scalar_read") -> dict:  # fmt: skip
+    return {"kind": kind, "file": file, "line": line, "function": function, "code": code,
+            "count": count}  # fmt: skip
+
+
+EVERY = site("transformers/integrations/deepspeed.py", 741, "<genexpr>", "if t > 0", count=2)
+LOGGING = site("transformers/trainer.py", 2074, "_maybe_log_save_evaluate", "x.item()")
+WARMUP = site("accelerate/data_loader.py", 583, "__iter__", "it = iter(dl)")
+REFILL = site("deepspeed/runtime/sequence_parallel/ulysses_sp.py", 684, "refill", "if a != b:", 3)
+
+
+def step(number: int, *sites: dict, logging: bool = False) -> dict:
+    return {"step": number, "warmup": number == 1, "logging": logging, "sites": list(sites)}
+
+
+def rank(number: int) -> dict:
+    """Steps 1 to 5, logging at 3, refilling data at 1, 3 and 5, like a real record."""
+    return {
+        "rank": number,
+        "steps": [
+            step(1, EVERY, WARMUP, REFILL),
+            step(2, EVERY),
+            step(3, EVERY, LOGGING, REFILL, logging=True),
+            step(4, EVERY),
+            step(5, EVERY, REFILL),
+        ],
+        "profiled": [],
+    }
+
+
+ACCEPT_LOGGING = {"file": "transformers/trainer.py", "function": "_maybe_log_save_evaluate",
+                  "reason": "logged"}  # fmt: skip
+
+
+def test_sites_say_when_they_occur_and_rank_by_syncs_per_step() -> None:
+    sites = hunt.summarize([rank(0), rank(1)], [ACCEPT_LOGGING])
+
+    assert [(s["function"], s["when"], s["per_step"]) for s in sites] == [
+        ("<genexpr>", "every step", 2),
+        ("refill", "steps 3, 5", 3),
+        ("_maybe_log_save_evaluate", "logging steps", 1),
+        ("__iter__", "warm-up only", 1),
+    ]
+    assert [s["rate"] for s in sites] == [2.0, 1.5, 0.25, 0.0]
+    assert [s["package"] for s in sites] == ["transformers", "deepspeed", "transformers",
+                                             "accelerate"]  # fmt: skip
+
+
+def test_the_allow_list_accepts_by_file_and_function_with_its_reason() -> None:
+    sites = {s["function"]: s for s in hunt.summarize([rank(0)], [ACCEPT_LOGGING])}
+
+    assert sites["_maybe_log_save_evaluate"]["allowed"] == "logged"
+    assert sites["<genexpr>"]["allowed"] is None
+
+
+def test_a_site_only_one_rank_saw_is_kept() -> None:
+    lonely = rank(1)
+    lonely["steps"][1]["sites"].append(site("other.py", 5, "f", "bool(t)"))
+
+    sites = {s["function"]: s for s in hunt.summarize([rank(0), lonely], [])}
+
+    assert sites["f"]["steps"] == [2]
+    assert sites["f"]["package"] == "other"
+
+
+def test_trees_are_compared_on_code_not_line_numbers() -> None:
+    moved = dict(LOGGING, line=2080)
+    first = {"label": "pinned", "sites": hunt.summarize([rank(0)], [])}
+    fixed_rank = rank(0)
+    for record in fixed_rank["steps"]:
+        record["sites"] = [moved if s is LOGGING else s for s in record["sites"] if s is not EVERY]
+    new_site = site("transformers/trainer.py", 10, "f", "int(t)")
+    fixed_rank["steps"][1]["sites"].append(new_site)
+    second = {"label": "fixed", "sites": hunt.summarize([fixed_rank], [])}
+
+    rows = {row["function"]: row for row in hunt.compare([first, second])}
+
+    assert rows["<genexpr>"]["change"] == "gone in fixed"
+    assert rows["f"]["change"] == "new in fixed"
+    assert rows["_maybe_log_save_evaluate"]["change"] == ""
+    assert rows["_maybe_log_save_evaluate"]["trees"]["fixed"]["line"] == 2080
+    assert rows["_maybe_log_save_evaluate"]["trees"]["pinned"]["line"] == 2074
+
+
+def test_profiler_reads_beyond_the_twin_step_are_listed_with_their_kernel() -> None:
+    record = rank(0)
+    record["profiled"] = [
+        {"file": EVERY["file"], "function": "<genexpr>", "via": None, "count": 2},
+        {"file": "torch/optim/adam.py", "function": "_fused_adam", "via": "aten::_fused_adamw_",
+         "count": 2},
+    ]  # fmt: skip
+
+    only = hunt.profiler_only([record], twin=3)
+
+    assert [(e["function"], e["via"], e["count"]) for e in only] == [
+        ("_fused_adam", "aten::_fused_adamw_", 2)
+    ]
+    assert hunt.cross_check([record], twin=3) == [{"rank": 0, "profiler": 2, "detector": 6}]
+
+
+@pytest.mark.parametrize(
+    ("code", "kinds", "expected"),
+    [
+        ("loss = total / max(count, 1)", ["scalar_read"], "clamp"),
+        ("return norm.item()", ["scalar_read"], "keep the tensor"),
+        ("if good_tokens_per_rank[rank] > 0", ["scalar_read"], "torch.where"),
+        ("ids = mask.nonzero()", ["nonzero"], "output size depends on the data"),
+    ],
+)
+def test_each_reading_names_why_it_syncs(code: str, kinds: list[str], expected: str) -> None:
+    assert expected in hunt.reading({"code": code, "kinds": kinds})
+
+
+def test_the_committed_allow_list_gives_every_rule_a_reason() -> None:
+    rules = hunt.load_allowlist(ROOT / hunt.ALLOWLIST)
+
+    assert rules
+    assert all(rule["reason"].strip() for rule in rules)
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ('[[allow]]\nfile = "a.py"\n', "needs a file and a reason"),
+        ('[[allow]]\nfile = "a.py"\nreason = "r"\nkind = "cpu"\n', "unknown keys ['kind']"),
+        ("[[allow]\n", "not valid TOML"),
+    ],
+)
+def test_a_bad_allow_list_is_refused_in_one_line(tmp_path: Path, text: str, complaint: str) -> None:
+    path = tmp_path / hunt.ALLOWLIST
+    path.write_text(text)
+
+    with pytest.raises(WorkspaceError, match=complaint.replace("[", r"\[").replace("]", r"\]")):
+        hunt.load_allowlist(path)
+
+
+def test_too_few_steps_are_refused_before_anything_runs() -> None:
+    with pytest.raises(WorkspaceError, match="use --steps 6 or more"):
+        hunt.main(["--steps", "3"])
+
+
+def test_the_profiled_step_and_its_twin_share_both_cycles() -> None:
+    plan = trainer_run.hunt_plan(steps=7, logging_steps=3)
+
+    assert plan["profile"] > plan["steps"] >= plan["twin"] >= 2
+    assert plan["profile"] % 3 == plan["twin"] % 3 == 0
+    assert (plan["profile"] - plan["twin"]) % SP_SIZE == 0
+
+
+def document(label: str) -> dict:
+    tree = {
+        "label": label, "version": "5.13.1", "origin": "test", "commit": "0" * 40,
+        "seconds": 1.0, "plan": trainer_run.hunt_plan(7, 3),
+        "sites": hunt.summarize([rank(0)], [ACCEPT_LOGGING]),
+        "profiler_only": [], "cross_check": [{"rank": 0, "profiler": 2, "detector": 2}],
+    }  # fmt: skip
+    setup = {"world_size": 2, "sp_size": 2, "model": "tiny", "device": "cpu", "backend": "gloo",
+             "versions": {"torch": "2.13.0"}}  # fmt: skip
+    return {"setup": setup, "allowlist": [ACCEPT_LOGGING], "trees": [tree]}
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Layout:
+    shutil.copy(ROOT / "pin.toml", tmp_path / "pin.toml")
+    return Layout(tmp_path)
+
+
+def test_reports_are_never_overwritten_and_hunt_md_follows_the_newest(workspace: Layout) -> None:
+    older = results.write(workspace, hunt.KIND, document("older"))
+    hunt.write_reports(workspace, older)
+    newer = results.write(workspace, hunt.KIND, document("newer"))
+    hunt.write_reports(workspace, newer)
+
+    stable = (workspace.profiles / "hunt.md").read_text()
+    assert newer.name in stable and "## newer" in stable
+    assert "## older" in older.with_suffix(".md").read_text()
+    with pytest.raises(FileExistsError):
+        hunt.write_reports(workspace, newer)
+
+
+def test_the_report_separates_candidates_accepted_and_profiler_only(workspace: Layout) -> None:
+    path = results.write(workspace, hunt.KIND, document("pinned"))
+    text = hunt.render(json.loads(path.read_text()), "profiles/x.json")
+
+    candidates = text.index("### Candidates")
+    accepted = text.index("### Accepted by design")
+    profiler = text.index("### Seen only by the PyTorch profiler")
+    assert candidates < text.index("`<genexpr>`", candidates) < accepted
+    assert accepted < text.index("`_maybe_log_save_evaluate`", accepted) < profiler
+    assert "nox -s hunt" in text
+
+
+def test_a_tree_that_could_not_run_is_reported_but_not_compared(workspace: Layout) -> None:
+    failing = {"label": "5.99.0", "version": "5.99.0", "origin": "test", "commit": "1" * 40,
+               "seconds": 2.0, "error": "rank 0 raised ImportError: tokenizers>=9"}  # fmt: skip
+    record = document("pinned")
+    record["trees"].append(failing)
+    path = results.write(workspace, hunt.KIND, record)
+
+    text = hunt.render(json.loads(path.read_text()), "profiles/x.json")
+
+    assert "Not measured: rank 0 raised ImportError" in text
+    assert "| 5.99.0 |" in text
+    assert "gone in 5.99.0" not in text
