@@ -16,6 +16,12 @@ COMMANDS = {
     "clone": ("hostsync.upstream:clone_main", "materialise the pinned tree, apply patches/"),
     "export-patches": ("hostsync.upstream:export_main", "write the clone's commits to patches/"),
     "check-env": ("hostsync.environment:main", "check a prepared environment against pin.toml"),
+    "test-patch": ("hostsync.patch_proof:main", "the series' tests: red on pinned, green patched"),
+    "repro": ("hostsync.repro:main", "count the loss's host syncs on real SP ranks, tree by tree"),
+    "bench": ("hostsync.bench:main", "time the reproducer cold and warm, and the detector cost"),
+    "hunt": ("hostsync.hunt:main", "every host sync of a full SP Trainer step, tree by tree"),
+    "profile": ("hostsync.profiling:main", "before/after profiles of the loss computation"),
+    "review": ("hostsync.review:main", "issue and PR drafts and a bundle, from the result files"),
 }
 
 
