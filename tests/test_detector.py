@@ -176,6 +176,30 @@ def test_each_read_is_recorded_once_at_the_line_that_made_it(kind, cause):
     ]
 
 
+# fmt: off
+def condition_over_lines(t):
+    if (
+        t.is_floating_point()
+        and not t.is_complex()
+        and (torch.isnan(t.sum()) or torch.isinf(t.sum()))
+    ):
+        return 1
+# fmt: on
+
+
+def test_a_condition_over_several_lines_is_shown_whole_without_its_body():
+    """The Trainer's NaN/inf loss filter has this shape; its first line alone says nothing."""
+    with SyncScope() as scope:
+        condition_over_lines(numbers())
+
+    (site,) = scope.counts()
+    assert site.line == condition_over_lines.__code__.co_firstlineno + 1
+    assert site.code == (
+        "if ( t.is_floating_point() and not t.is_complex()"
+        " and (torch.isnan(t.sum()) or torch.isinf(t.sum())) ):"
+    )
+
+
 def test_a_record_names_the_aten_op_or_the_tensor_method():
     with SyncScope() as scope:
         numbers().sum().item()

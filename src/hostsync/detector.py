@@ -40,6 +40,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any, NamedTuple
@@ -203,9 +204,30 @@ _NO_PYTHON_CALLER = Site("<no Python frame>", 0, "", "")
 def _site(frame: FrameType | None) -> Site:
     if frame is None:
         return _NO_PYTHON_CALLER
-    code, line = frame.f_code, frame.f_lineno
-    source = linecache.getline(code.co_filename, line, frame.f_globals).strip()
-    return Site(package_path(code.co_filename), line, code.co_name, source)
+    code = frame.f_code
+    return Site(package_path(code.co_filename), frame.f_lineno, code.co_name, _source(frame))
+
+
+_MAX_SOURCE_LINES = 8
+
+
+def _source(frame: FrameType) -> str:
+    """The statement that read the tensor, all of an `if (...)` spread over lines, not its body.
+
+    Python 3.11 locates the instruction (the span may cover a whole `if` with its body); the
+    lines are taken from its start until the brackets opened on them are closed again.
+    """
+    code = frame.f_code
+    start, end, *_ = next(islice(code.co_positions(), frame.f_lasti // 2, None), (None, None))
+    start = start or frame.f_lineno
+    lines, depth = [], 0
+    for number in range(start, max(end or start, start) + 1)[:_MAX_SOURCE_LINES]:
+        line = linecache.getline(code.co_filename, number, frame.f_globals).strip()
+        lines.append(line)
+        depth += sum(map(line.count, "([{")) - sum(map(line.count, ")]}"))
+        if depth <= 0:
+            break
+    return " ".join(line for line in lines if line)
 
 
 def _caller_frame() -> FrameType | None:
