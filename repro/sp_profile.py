@@ -1,0 +1,121 @@
+"""One rank of `python -m hostsync profile`: the reproducer's loss call, warmed up, then profiled.
+
+Started through torchrun like `sp_loss.py`, whose setup it reuses unchanged (the tiny Llama, the
+engine that makes the real Ulysses SP group, a scenario's sharded batch, the call of the tree's
+`deepspeed_sp_compute_loss`). Each step runs the loss call inside a range named `compute_loss`
+(a profiler range, and an NVTX range on CUDA), with the model forward inside it in its own range
+`model_forward`, so that the aggregation's syncs can be told apart from the forward's; then
+`engine.backward`, outside the range, as in training.
+
+`--profiler torch` records the steps with the PyTorch profiler and writes this rank's Chrome trace
+to the run folder. `--profiler nsys` runs under `nsys profile --capture-range=cudaProfilerApi`:
+the steps are bracketed by cudaProfilerStart/Stop, and nsys records them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import sp_loss  # torchrun puts this script's folder first on sys.path
+import torch
+
+from hostsync.launch import RUN_DIR_ENV, rank_entry
+from hostsync.profiling import FORWARD_RANGE, LOSS_RANGE
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", default="all_tokens")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--profiler", choices=("torch", "nsys"), default="torch")
+    parser.add_argument("--warmup", type=int, default=2, help="unprofiled steps first")
+    parser.add_argument("--steps", type=int, default=3, help="profiled steps")
+    return parser.parse_args()
+
+
+@contextlib.contextmanager
+def named_range(name: str, nvtx: bool) -> Iterator[None]:
+    """A range both the PyTorch profiler and Nsight Systems show under `name`."""
+    with torch.profiler.record_function(name):
+        if nvtx:
+            torch.cuda.nvtx.range_push(name)
+        try:
+            yield
+        finally:
+            if nvtx:
+                torch.cuda.nvtx.range_pop()
+
+
+def train_step(engine, batch: dict, pc, nvtx: bool) -> float:
+    """The loss call in its range, then backward; the range's wall time in seconds."""
+    rank, sp_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    inputs = sp_loss.shard(batch, rank, sp_size)
+    engine.zero_grad()
+    started = time.perf_counter()
+    with named_range(LOSS_RANGE, nvtx):
+        loss, _ = sp_loss.compute_loss(engine, inputs, pc, detect=False)
+    seconds = time.perf_counter() - started
+    engine.backward(loss)
+    return seconds
+
+
+@contextlib.contextmanager
+def recording(kind: str, cuda: bool, trace: Path | None) -> Iterator[None]:
+    """Record what runs inside: the PyTorch profiler's trace, or nsys's capture range."""
+    if kind == "nsys":
+        torch.cuda.profiler.start()
+        try:
+            yield
+        finally:
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+        return
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    activities += [torch.profiler.ProfilerActivity.CUDA] if cuda else []
+    # No with_stack: on torch 2.13 long traces can then hold undecodable names (invalid JSON).
+    with torch.profiler.profile(activities=activities, record_shapes=False) as profiler:
+        yield
+        if cuda:
+            torch.cuda.synchronize()  # so that the last step's kernels are in the trace
+    profiler.export_chrome_trace(str(trace))
+
+
+@rank_entry
+def main() -> dict:
+    from accelerate.parallelism_config import ParallelismConfig
+
+    args = parse_args()
+    device = sp_loss.setup_distributed(args.device)
+    rank, sp_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    cuda = device.type == "cuda"
+    model = sp_loss.tiny_llama(device)
+    batch = sp_loss.full_batch(args.scenario, sp_size, device)
+    engine = sp_loss.sp_engine(model, sp_size, seq_len=sp_loss.TOKENS_PER_RANK * sp_size)
+    pc = ParallelismConfig(sp_size=sp_size, sp_backend="deepspeed")
+    run_dir = Path(os.environ[RUN_DIR_ENV])
+    trace = run_dir / f"trace-rank{rank}.json.gz" if args.profiler == "torch" else None
+    with sp_loss.around_forward(engine, lambda: named_range(FORWARD_RANGE, nvtx=cuda)):
+        for _ in range(args.warmup):
+            train_step(engine, batch, pc, nvtx=cuda)
+        with recording(args.profiler, cuda, trace):
+            seconds = [train_step(engine, batch, pc, nvtx=cuda) for _ in range(args.steps)]
+    return {
+        "rank": rank,
+        "world_size": sp_size,
+        "backend": torch.distributed.get_backend(),
+        "device": str(device),
+        "scenario": args.scenario,
+        "warmup_steps": args.warmup,
+        "steps": args.steps,
+        "range_seconds": seconds,
+        "trace": trace and trace.name,
+    }
+
+
+if __name__ == "__main__":
+    main()
