@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hostsync import repro, results, upstream
+from hostsync import environment, repro, results, upstream
 from hostsync.errors import WorkspaceError
 from hostsync.launch import Run, RunFailed, launch, torchrun_command
 from hostsync.layout import ROOT, Layout
@@ -148,7 +148,7 @@ def test_unknown_scenario_is_refused_with_the_choices() -> None:
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has a GPU per rank")
 def test_nccl_without_a_gpu_per_rank_is_refused() -> None:
     with pytest.raises(WorkspaceError, match="one per rank"):
-        repro.resolve_device("cuda", [2])
+        environment.resolve_device("cuda", 2)
 
 
 def test_patched_alone_with_an_empty_series_is_refused(tmp_path: Path) -> None:
@@ -156,7 +156,7 @@ def test_patched_alone_with_an_empty_series_is_refused(tmp_path: Path) -> None:
     layout.patches.mkdir()
 
     with pytest.raises(WorkspaceError, match="patches/series is empty"):
-        repro.trees_under_test(layout, [upstream.PATCHED])
+        upstream.trees(layout, [upstream.PATCHED])
 
 
 # --- a rank that raises, a rank that hangs -------------------------------------------------------

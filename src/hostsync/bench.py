@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     (sp_size,) = repro.parse_sp_sizes(args.sp)
     layout = Layout()
-    device = repro.resolve_device(args.device, [sp_size])
+    device = environment.resolve_device(args.device, sp_size)
     tree = upstream.tree(layout, args.tree)
     scenarios = list(repro.SCENARIOS) * args.repeat
 
@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
     if args.write:
         payload = {
             "environment": environment.describe() | {"world_sizes": [sp_size]},
-            "trees": repro.describe_trees(layout, [tree]),
+            "trees": upstream.describe_trees(layout, [tree]),
             "sp_size": sp_size,
             "device_kind": device,
             "scenarios": scenarios,

@@ -41,6 +41,26 @@ def check() -> None:
         )
 
 
+def resolve_device(requested: str, ranks: int) -> str:
+    """`cuda` (NCCL) needs one GPU per rank: NCCL refuses two ranks on one GPU."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if requested == "auto":
+        return "cuda" if gpus >= ranks else "cpu"
+    if requested == "cuda" and gpus < ranks:
+        raise WorkspaceError(
+            f"--device cuda with {ranks} ranks needs {ranks} GPUs, one per rank (NCCL refuses two"
+            f" ranks on one GPU), and this machine has {gpus}: pass --device cpu, or fewer ranks"
+        )
+    return requested
+
+
+def device_env(device: str) -> dict[str, str]:
+    """On CPU, hide any GPU: DeepSpeed and accelerate would otherwise pick CUDA."""
+    return {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
+
+
 def versions() -> dict[str, str]:
     """Installed versions of what a run depends on (the tree under test reports its own)."""
     found = {"python": platform.python_version()}

@@ -28,7 +28,7 @@ from hostsync import environment, results, table, trainer_run, upstream
 from hostsync.errors import WorkspaceError
 from hostsync.launch import RunFailed
 from hostsync.layout import Layout
-from hostsync.repro import describe_trees, parse_list, trees_under_test
+from hostsync.options import comma_list
 
 KIND = "hunt"
 ALLOWLIST = "hunt_allowlist.toml"
@@ -272,7 +272,7 @@ def hunt_tree(layout: Layout, tree: upstream.Tree, steps: int, rules: list[dict[
     needing newer dependencies than the pin) does not throw away the others' results.
     """
     started = time.monotonic()
-    hunted = {"label": tree.label, **describe_trees(layout, [tree])[tree.label]}
+    hunted = {"label": tree.label, **upstream.describe_trees(layout, [tree])[tree.label]}
     try:
         plan, ranks = trainer_run.hunt_run(layout, tree, steps, LOGGING_STEPS, timeout=timeout)
     except RunFailed as error:
@@ -487,10 +487,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     layout = Layout()
-    names = list(dict.fromkeys(parse_list(args.trees, "--trees") + args.transformers))
+    names = list(dict.fromkeys(comma_list(args.trees, "--trees") + args.transformers))
     trainer_run.hunt_plan(args.steps, LOGGING_STEPS)  # refuse bad --steps before any download
     rules = load_allowlist(layout.root / ALLOWLIST)
-    trees = trees_under_test(layout, names)
+    trees = upstream.trees(layout, names)
     hunted = [hunt_tree(layout, tree, args.steps, rules, args.timeout) for tree in trees]
     failed = [tree for tree in hunted if "error" in tree]
     for tree in failed:

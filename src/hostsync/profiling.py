@@ -54,6 +54,7 @@ from hostsync.launch import (
     torchrun_command,
 )
 from hostsync.layout import Layout
+from hostsync.options import comma_list
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +321,7 @@ def capture(
     if profiler == "nsys":
         command = nsys_command(nsys_report, command)
     run = Run(run_dir, tree.src, layout)
-    env = cpu_only(options.device)
+    env = environment.device_env(options.device)
     by_hand = shown(layout, command, run, env)
     print(f"{tree.label}: {by_hand}")
     started = time.monotonic()
@@ -366,11 +367,6 @@ def capture(
     return record
 
 
-def cpu_only(device: str) -> dict[str, str]:
-    """On CPU, hide any GPU: DeepSpeed would otherwise pick its CUDA accelerator."""
-    return {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
-
-
 def repro_worker(layout: Layout) -> Path:
     return layout.root / "repro" / "sp_profile.py"
 
@@ -413,7 +409,7 @@ def snippet_digest(layout: Layout) -> str:
 def run_snippet(layout: Layout, tree: upstream.Tree, run_dir: Path, device: str) -> str:
     """The line `repro/issue_snippet.py` prints on `tree`: what the issue quotes as its output."""
     run = Run(run_dir, tree.src, layout)
-    env = {"MASTER_PORT": str(free_port())} | cpu_only(device)
+    env = {"MASTER_PORT": str(free_port())} | environment.device_env(device)
     status = run_group(run, [sys.executable, str(layout.root / SNIPPET)], timeout=300, env=env)
     output = run.log_file.read_text()
     found = re.findall(r"^transformers \S+: \d+ host syncs.*$", output, re.MULTILINE)
@@ -656,10 +652,10 @@ def main(argv: list[str]) -> int:
     if options.warmup < 1 or options.steps < 1:
         raise WorkspaceError("--warmup and --steps must be at least 1: the first step is slow")
     layout = Layout()
-    options.device = repro.resolve_device(options.device, [options.sp_size])
+    options.device = environment.resolve_device(options.device, options.sp_size)
     options.profiler = choose_profiler(options.profiler, options.device)
-    names = repro.parse_list(options.trees, "--trees")
-    trees = repro.trees_under_test(layout, names)
+    names = comma_list(options.trees, "--trees")
+    trees = upstream.trees(layout, names)
     notes = [
         f"{name}: not profiled, patches/series is empty (the patched tree would equal pinned)"
         for name in names
@@ -675,7 +671,7 @@ def main(argv: list[str]) -> int:
     }
     payload = {
         "environment": environment.describe(),
-        "trees": repro.describe_trees(layout, trees),
+        "trees": upstream.describe_trees(layout, trees),
         "scenario": options.scenario,
         "sp_size": options.sp_size,
         "warmup_steps": options.warmup,

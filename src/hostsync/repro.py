@@ -13,25 +13,25 @@ largest over ranks) and host_syncs_per_rank, sync_sites and forward_syncs (lists
 function, code, count, count_per_rank}; count is per rank per call, the largest over ranks),
 cuda_syncs_per_rank (null on CPU), loss, loss_type, reference_loss, loss_abs_diff, loss_ok,
 loss_is_graph_tensor, backward_error, grads_ok, grad_max_abs_diff, grad_scale. A loss over zero
-label tokens is undefined: it is null, and so are the comparisons that need it.
+label tokens is undefined: it is null, and so are the comparisons that need it. With
+`--trainer`, `trainer` holds per tree the full Trainer path's per-step losses with and without
+SP (`trainer_run.compare_losses`).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import shutil
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hostsync import environment, results, table, upstream
+from hostsync import environment, results, table, trainer_run, upstream
 from hostsync.errors import WorkspaceError
 from hostsync.launch import Run, launch, torchrun_command
 from hostsync.layout import Layout
-
-log = logging.getLogger(__name__)
+from hostsync.options import comma_list
 
 SCENARIOS = {
     "all_tokens": "every rank has label tokens",
@@ -65,22 +65,6 @@ def worker(layout: Layout) -> Path:
 # --- running the worker ---------------------------------------------------------------------------
 
 
-def resolve_device(requested: str, sp_sizes: Sequence[int]) -> str:
-    """`cuda` (NCCL) needs one GPU per rank: NCCL refuses two ranks on one GPU."""
-    import torch
-
-    gpus = torch.cuda.device_count()
-    if requested == "auto":
-        return "cuda" if gpus >= max(sp_sizes) else "cpu"
-    if requested == "cuda" and gpus < max(sp_sizes):
-        raise WorkspaceError(
-            f"--device cuda with sp_size {max(sp_sizes)} needs {max(sp_sizes)} GPUs, one per rank"
-            f" (NCCL refuses two ranks on one GPU), and this machine has {gpus}:"
-            " pass --device cpu, or smaller --sp sizes"
-        )
-    return requested
-
-
 def run_worker(
     layout: Layout,
     tree: upstream.Tree,
@@ -102,8 +86,7 @@ def run_worker(
     run_dir = Path(tempfile.mkdtemp(prefix=f"repro-{tree.label}-sp{sp_size}-", dir=runs))
     args = ["--scenarios", ",".join(scenarios), "--device", device]
     args += [] if detector else ["--no-detector"]
-    # On CPU, hide any GPU: DeepSpeed would otherwise pick its CUDA accelerator.
-    env = ({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}) | dict(env or {})
+    env = environment.device_env(device) | dict(env or {})
     command = torchrun_command(worker(layout), sp_size, args)
     run = Run(run_dir, tree.src, layout)
     rank_results = launch(run, command, nprocs=sp_size, timeout=timeout, env=env)
@@ -213,18 +196,6 @@ def sites_cell(sites: list[dict]) -> str:
     )
 
 
-def describe_trees(layout: Layout, trees: list[upstream.Tree]) -> dict:
-    return {
-        tree.label: {
-            "version": tree.version,
-            "commit": tree.commit,
-            "origin": tree.origin,
-            "src": str(tree.src.relative_to(layout.root)),
-        }
-        for tree in trees
-    }
-
-
 def anomalies(runs: list[dict]) -> list[str]:
     """What a reader must not miss: results that differ between ranks or from the reference."""
     found = []
@@ -259,32 +230,55 @@ def measure(
     return {
         "environment": environment.describe()
         | {"world_sizes": list(sp_sizes), "backend": runs[0]["backend"]},
-        "trees": describe_trees(layout, trees),
+        "trees": upstream.describe_trees(layout, trees),
         "scenarios": {name: SCENARIOS[name] for name in scenarios},
         "loss_tolerance": LOSS_TOLERANCE,
         "runs": runs,
     }
 
 
+TRAINER_COLUMNS = ("tree", "Trainer step", "loss with SP", "loss without SP", "|diff|")
+
+
+def trainer_rows(comparisons: list[dict]) -> list[list[object]]:
+    return [
+        [compared["tree"], step, sp, no_sp, diff]
+        for compared in comparisons
+        for step, (sp, no_sp, diff) in enumerate(
+            zip(compared["sp"], compared["no_sp"], compared["abs_diff"], strict=True), start=1
+        )
+    ]
+
+
+def trainer_anomalies(comparisons: list[dict]) -> list[str]:
+    found = []
+    for compared in comparisons:
+        if compared["max_abs_diff"] > LOSS_TOLERANCE:
+            found.append(
+                f"{compared['tree']} Trainer: SP loss differs from the run without SP by"
+                f" {compared['max_abs_diff']:.3g}"
+            )
+        if not compared["sp_ranks_agree"]:
+            found.append(f"{compared['tree']} Trainer: the SP ranks logged different losses")
+    return found
+
+
 def report(payload: dict) -> str:
     lines = [table.text(COLUMNS, [table_row(run) for run in payload["runs"]])]
-    lines += [f"note: {line}" for line in anomalies(payload["runs"])]
+    notes = anomalies(payload["runs"])
+    if "trainer" in payload:
+        lines += ["", table.text(TRAINER_COLUMNS, trainer_rows(payload["trainer"]))]
+        notes += trainer_anomalies(payload["trainer"])
+    lines += [f"note: {line}" for line in notes]
     return "\n".join(lines)
 
 
 # --- command line ---------------------------------------------------------------------------------
 
 
-def parse_list(text: str, what: str) -> list[str]:
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
-        raise WorkspaceError(f"empty {what} list: give comma-separated values")
-    return items
-
-
 def parse_sp_sizes(text: str) -> list[int]:
     sizes = []
-    for item in parse_list(text, "--sp"):
+    for item in comma_list(text, "--sp"):
         if not item.isdigit() or int(item) < 2 or ATTENTION_HEADS % int(item):
             raise WorkspaceError(
                 f"--sp {item}: sequence parallelism needs sp_size >= 2 dividing the tiny model's"
@@ -295,26 +289,13 @@ def parse_sp_sizes(text: str) -> list[int]:
 
 
 def parse_scenarios(text: str) -> list[str]:
-    scenarios = parse_list(text, "--scenarios")
+    scenarios = comma_list(text, "--scenarios")
     unknown = [name for name in scenarios if name not in SCENARIOS]
     if unknown:
         raise WorkspaceError(
             f"unknown scenario(s) {', '.join(unknown)}: choose from {', '.join(SCENARIOS)}"
         )
     return scenarios
-
-
-def trees_under_test(layout: Layout, names: list[str]) -> list[upstream.Tree]:
-    """The trees asked for; `patched` is skipped, saying so, while patches/series is empty."""
-    if upstream.PATCHED in names and not results.series(layout):
-        log.info("patches/series is empty: skipping the patched tree (it equals pinned)")
-        names = [name for name in names if name != upstream.PATCHED]
-        if not names:
-            raise WorkspaceError(
-                "patches/series is empty, so the patched tree is the pinned one: add the fix to"
-                " patches/ (nox -s export_patches), or ask for --trees pinned"
-            )
-    return [upstream.tree(layout, name) for name in names]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -349,17 +330,26 @@ def parser() -> argparse.ArgumentParser:
         default=DEFAULT_TIMEOUT_S,
         help="seconds before one torchrun counts as hung and is killed (default: %(default)s)",
     )
+    parser.add_argument(
+        "--trainer",
+        action="store_true",
+        help="also the full Trainer path: accelerate launch + DeepSpeed ZeRO 1 + Ulysses SP, two"
+        " steps per tree, each step's loss against the same training without SP",
+    )
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     sp_sizes, scenarios = parse_sp_sizes(args.sp), parse_scenarios(args.scenarios)
-    tree_names = parse_list(args.trees, "--trees")
     layout = Layout()
-    device = resolve_device(args.device, sp_sizes)
-    trees = trees_under_test(layout, tree_names)
+    device = environment.resolve_device(args.device, max(sp_sizes))
+    trees = upstream.trees(layout, comma_list(args.trees, "--trees"))
     payload = measure(layout, trees, sp_sizes, scenarios, device=device, timeout=args.timeout)
+    if args.trainer:
+        payload["trainer"] = [
+            trainer_run.compare_losses(layout, tree, timeout=args.timeout) for tree in trees
+        ]
     print(report(payload))
     path = results.write(layout, "repro", payload)
     print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)

@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from hostsync import environment
 from hostsync.errors import WorkspaceError
 from hostsync.launch import Run, RunFailed, free_port, launch
 from hostsync.layout import Layout
@@ -63,19 +64,6 @@ def accelerate_config(num_processes: int, sp_size: int, deepspeed_file: Path) ->
     return config
 
 
-def device_backend() -> tuple[str, dict[str, str]]:
-    """NCCL when every rank can have a GPU of its own, else gloo on CPU with GPUs hidden.
-
-    NCCL refuses two ranks on one GPU, and with one GPU visible accelerate would still place
-    rank 1 on a `cuda:1` that does not exist.
-    """
-    import torch
-
-    if torch.cuda.device_count() >= SP_SIZE:
-        return "nccl", {}
-    return "gloo", {"CUDA_VISIBLE_DEVICES": ""}
-
-
 def run_trainer(layout: Layout, tree: Tree, *, sp: bool, steps: int, logging_steps: int = 1,
                 worker_args: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT_S,
                 ) -> list[dict]:  # fmt: skip
@@ -95,7 +83,10 @@ def run_trainer(layout: Layout, tree: Tree, *, sp: bool, steps: int, logging_ste
     accelerate_file = run_dir / "accelerate.json"
     config = accelerate_config(nprocs, SP_SIZE if sp else 1, deepspeed_file)
     accelerate_file.write_text(json.dumps(config, indent=2))
-    backend, env = device_backend()
+    # NCCL when every rank gets a GPU of its own; else gloo with GPUs hidden: with one GPU
+    # visible accelerate would still place rank 1 on a `cuda:1` that does not exist.
+    device = environment.resolve_device("auto", SP_SIZE)
+    backend, env = ("nccl" if device == "cuda" else "gloo"), environment.device_env(device)
     command = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", str(accelerate_file), "--main_process_port", str(free_port()),

@@ -454,6 +454,32 @@ def tree(layout: Layout, name: str) -> Tree:
     return Tree(label=name, root=root, version=version, commit=_rev(root, "HEAD"), origin=origin)
 
 
+def trees(layout: Layout, names: list[str]) -> list[Tree]:
+    """The trees asked for; `patched` is skipped, saying so, while patches/series is empty."""
+    if PATCHED in names and not series(layout):
+        log.info("patches/series is empty: skipping the patched tree (it equals pinned)")
+        names = [name for name in names if name != PATCHED]
+        if not names:
+            raise WorkspaceError(
+                "patches/series is empty, so the patched tree is the pinned one: add the fix to"
+                " patches/ (nox -s export_patches), or ask for --trees pinned"
+            )
+    return [tree(layout, name) for name in names]
+
+
+def describe_trees(layout: Layout, trees: list[Tree]) -> dict:
+    """What a result file says of each tree it measured."""
+    return {
+        tree.label: {
+            "version": tree.version,
+            "commit": tree.commit,
+            "origin": tree.origin,
+            "src": str(tree.src.relative_to(layout.root)),
+        }
+        for tree in trees
+    }
+
+
 def _release_repo(layout: Layout, pin: pinning.Pin, version: str) -> Path:
     repo = layout.releases / f"transformers-{version}"
     if not repo.exists():
