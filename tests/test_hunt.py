@@ -14,15 +14,9 @@ from hostsync import hunt, results, trainer_run, upstream
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
 
-DEEPSPEED_PY = "transformers/integrations/deepspeed.py"
+from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line
+
 SP_SIZE = trainer_run.SP_SIZE
-
-
-def source_line(tree: upstream.Tree, text: str) -> int:
-    """The line of `text` in the tree's deepspeed_sp_compute_loss, found rather than assumed."""
-    lines = (tree.src / DEEPSPEED_PY).read_text().splitlines()
-    (number,) = [n for n, line in enumerate(lines, start=1) if text in line]
-    return number
 
 
 # --- the real run ---------------------------------------------------------------------------------
@@ -43,8 +37,8 @@ def hunted(pinned: upstream.Tree) -> dict:
 def test_pinned_step_syncs_at_both_lines_of_the_loss_aggregation_on_every_step(
     hunted: dict, pinned: upstream.Tree
 ) -> None:
-    if_line = source_line(pinned, "if good_tokens_per_rank[rank] > 0")
-    max_line = source_line(pinned, "max(total_good_tokens, 1)")
+    if_line = source_line(pinned, IF_PER_RANK)
+    max_line = source_line(pinned, MAX_OF_TOTAL)
     found = {site["line"]: site for site in hunted["sites"] if site["file"] == DEEPSPEED_PY}
 
     assert set(found) == {if_line, max_line}

@@ -20,8 +20,9 @@ from hostsync.errors import WorkspaceError
 from hostsync.launch import Run, RunFailed, launch, torchrun_command
 from hostsync.layout import ROOT, Layout
 
+from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line
+
 SP_SIZE = 2
-DEEPSPEED_PY = "transformers/integrations/deepspeed.py"
 FIXED = "5.14.0"
 # What later sessions read from each entry of a repro result's `runs`.
 RUN_KEYS = {
@@ -47,19 +48,12 @@ def runs_of(measured: dict, tree: str) -> dict[str, dict]:
     return {run["scenario"]: run for run in measured["runs"] if run["tree"] == tree}
 
 
-def source_line(tree: upstream.Tree, text: str) -> int:
-    """The line of `text` in the tree's deepspeed_sp_compute_loss, found rather than assumed."""
-    lines = (tree.src / DEEPSPEED_PY).read_text().splitlines()
-    (number,) = [n for n, line in enumerate(lines, start=1) if text in line]
-    return number
-
-
 @pytest.mark.distributed
 def test_pinned_tree_syncs_at_the_if_per_rank_and_once_at_max(
     measured: dict, trees: dict[str, upstream.Tree]
 ) -> None:
-    if_line = source_line(trees["pinned"], "if good_tokens_per_rank[rank] > 0")
-    max_line = source_line(trees["pinned"], "max(total_good_tokens, 1)")
+    if_line = source_line(trees["pinned"], IF_PER_RANK)
+    max_line = source_line(trees["pinned"], MAX_OF_TOTAL)
     runs = runs_of(measured, "pinned")
 
     assert set(runs) == set(repro.SCENARIOS)
