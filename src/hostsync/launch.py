@@ -168,8 +168,10 @@ def _describe_failure(run: Run, returncode: int) -> str:
         key=lambda path: (path.stat().st_mtime_ns, int(path.stem.split("-")[1])),
     )
     if not errors:
+        reported = len(list(run.run_dir.glob("rank-*.json")))
         return (
-            f"launcher exited with status {returncode} before any rank reported; see {run.log_file}"
+            f"launcher exited with status {returncode}, {reported} rank(s) having reported a"
+            f" result and none an error; see {run.log_file}"
         )
     first = errors[0]
     rank = first.stem.split("-")[1]
@@ -201,8 +203,19 @@ def rank_entry(main: Callable[[], dict]) -> Callable[[], None]:
             (run_dir / f"rank-{rank}.error").write_text(f"{summary}\n\n{traceback.format_exc()}")
             raise
         (run_dir / f"rank-{rank}.json").write_text(json.dumps(result, indent=2) + "\n")
+        _leave_process_group()
 
     return wrapper
+
+
+def _leave_process_group() -> None:
+    """Tear the process group down before the interpreter exits: gloo's threads, left running,
+    make some exits abort ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _check_transformers_origin() -> None:
