@@ -39,8 +39,8 @@ from hostsync.pin import load as load_pin
 
 log = logging.getLogger(__name__)
 
-# The result kinds the drafts are made of, and the session that writes each.
-SESSIONS = {"repro": "repro", "test_patch": "test_patch", "profile": "profile"}
+# The result kinds the drafts are made of; each is written by the nox session of that name.
+KINDS = ("repro", "test_patch", "profile")
 REFERENCE = "reference"
 BUNDLE = "review-bundle"
 # Who to tag when the tree carries no .github/ to read it from (a PyPI sdist does not).
@@ -77,10 +77,7 @@ class Patch:
     subject: str
     body: str
     files: tuple[str, ...]
-
-    @property
-    def tests_only(self) -> bool:
-        return all(name.startswith("tests/") for name in self.files)
+    tests_only: bool
 
 
 @dataclass(frozen=True)
@@ -103,10 +100,10 @@ class Drafting:
 
 def latest_sources(layout: Layout) -> dict[str, Source]:
     found = {}
-    for kind, session in SESSIONS.items():
+    for kind in KINDS:
         path = results.latest(layout, kind)
         if path is None:
-            raise WorkspaceError(f"no {kind} result in profiles/: run `nox -s {session}` first")
+            raise WorkspaceError(f"no {kind} result in profiles/: run `nox -s {kind}` first")
         found[kind] = Source(kind, path, json.loads(path.read_text()))
     return found
 
@@ -139,7 +136,7 @@ def fresh_sources(layout: Layout, rerun: bool) -> dict[str, Source]:
             f"profiles/{sources[kind].path.name} ({', '.join(reasons)})"
             for kind, reasons in outdated.items()
         )
-        sessions = " ".join(SESSIONS[kind] for kind in outdated)
+        sessions = " ".join(outdated)
         raise WorkspaceError(
             f"stale results: {said}: rerun `nox -s {sessions}`, or `nox -s review -- --rerun`"
         )
@@ -167,8 +164,8 @@ def read_patches(layout: Layout) -> tuple[Patch, ...]:
         message = email.message_from_string(text)
         body = str(message.get_payload()).split("\n---\n", 1)[0].strip()
         subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", " ".join(str(message["Subject"]).split()))
-        files = tuple(dict.fromkeys(re.findall(r"^diff --git a/(\S+) b/", text, re.MULTILINE)))
-        found.append(Patch(path.name, subject, body, files))
+        files = tuple(upstream.touched_files(path))
+        found.append(Patch(path.name, subject, body, files, upstream.touches_only_tests(path)))
     return tuple(found)
 
 
