@@ -2,8 +2,9 @@
 
 Each session is thin: it prepares an environment and runs `python -m hostsync COMMAND`, where the
 logic lives (src/hostsync). Options after `--` go to the command, e.g. `nox -s repro -- --sp 2`.
-A prepared environment (a GPU box with its own CUDA torch) works too: `nox --no-venv -s repro`
-checks it against pin.toml instead of installing.
+A prepared environment (a GPU box with its own CUDA torch) works too: run nox with its
+interpreter, `python -m nox --no-venv -s repro`, which checks it against pin.toml instead of
+installing.
 """
 
 from __future__ import annotations
@@ -28,13 +29,20 @@ nox.options.sessions = ["lint", "tests"]
 
 def prepare(session: nox.Session) -> None:
     """Install pin.toml's versions, or check that a prepared environment satisfies it."""
-    if isinstance(session.virtualenv, PassthroughEnv):
+    if prepared(session):
         hostsync(session, "check-env")
     else:
         session.install(*pin.load().install_specs())
 
 
+def prepared(session: nox.Session) -> bool:
+    """`--no-venv`: the environment is the interpreter running nox, not whatever `python` is
+    first on the PATH (version managers' shims reorder it)."""
+    return isinstance(session.virtualenv, PassthroughEnv)
+
+
 def hostsync(session: nox.Session, command: str, *args: str, python: str = "python") -> None:
+    python = sys.executable if prepared(session) else python
     session.run(python, "-m", "hostsync", command, *args, env={"PYTHONPATH": str(SRC)})
 
 
@@ -96,7 +104,8 @@ def bench(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The workspace's tests, including the red/green proof of the patch series."""
     prepare(session)
-    session.run("pytest", *session.posargs, env={"PYTHONPATH": str(SRC)})
+    python = sys.executable if prepared(session) else "python"
+    session.run(python, "-m", "pytest", *session.posargs, env={"PYTHONPATH": str(SRC)})
 
 
 @nox.session

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 from importlib import metadata
 
 from hostsync.errors import WorkspaceError
@@ -37,7 +38,8 @@ def check() -> None:
         raise WorkspaceError(
             "the prepared environment does not fit pin.toml: "
             + "; ".join(problems)
-            + " (install the pinned versions, or drop --no-venv to get a fresh virtualenv)"
+            + f" in {sys.executable} (install the pinned versions there, or drop --no-venv to get"
+            " a fresh virtualenv)"
         )
 
 
