@@ -387,7 +387,7 @@ def prove_and_report(
         "checks": [c.record() for c in checks],
     }
     path = results.write(layout, "test_patch", payload)
-    say(f"wrote {path}")
+    say(f"wrote {path.relative_to(layout.root)}")
     if wrong:
         say(f"{len(wrong)} wrong verdict(s); pytest and ruff logs are kept in {workdir}")
     else:
