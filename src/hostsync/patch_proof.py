@@ -30,7 +30,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from hostsync import results, table, upstream
-from hostsync.errors import WorkspaceError
+from hostsync.errors import WorkspaceError, last_line
 from hostsync.launch import Run, run_group
 from hostsync.layout import Layout
 from hostsync.pin import load as load_pin
@@ -248,7 +248,7 @@ def ruff_executable(layout: Layout, version: str) -> Path:
         if installed.returncode != 0:
             shutil.rmtree(partial, ignore_errors=True)
             raise WorkspaceError(
-                f"cannot install ruff=={version} ({_last_line(installed.stderr)}):"
+                f"cannot install ruff=={version} ({last_line(installed.stderr)}):"
                 " check the network to PyPI and that pip is in this environment"
             )
         partial.rename(target)
@@ -326,7 +326,7 @@ def check_lint(layout: Layout, workdir: Path, tree: upstream.Tree) -> Check:
             step = f"ruff {' '.join(args)}"
             run = Run(workdir / "lint" / "-".join(args), tree.src, layout)
             status = run_group(run, [ruff, *args, "--no-cache", *files], timeout=300, cwd=tree.root)
-            message = "" if status == 0 else _last_line(run.log_file.read_text())
+            message = "" if status == 0 else last_line(run.log_file.read_text())
             check.tests.append(Case(step, PASSED if status == 0 else FAILED, message))
             if status != 0:
                 failures.append(f"{step}: {message} (see {run.log_file})")
@@ -432,11 +432,6 @@ def _safe(label: str) -> str:
 def _first_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[0] if lines else ""
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
 
 
 def _shorten(text: str, width: int) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hostsync import pin as pinning
-from hostsync.errors import WorkspaceError
+from hostsync.errors import WorkspaceError, last_line
 from hostsync.layout import Layout
 from hostsync.results import series
 
@@ -81,7 +81,7 @@ def git(repo: Path, *args: str, check: bool = True, timeout: float | None = None
     )
     if check and result.returncode != 0:
         raise WorkspaceError(
-            f"git {' '.join(args[:3])} failed in {repo}: {_last_line(result.stderr)}"
+            f"git {' '.join(args[:3])} failed in {repo}: {last_line(result.stderr)}"
         )
     return result
 
@@ -216,7 +216,7 @@ def _clone_tag(remote: str, tag: str, dest: Path) -> str | None:
     except subprocess.TimeoutExpired:
         return f"{remote} did not answer within {_REMOTE_TIMEOUT_S} s"
     if found.returncode != 0:
-        return f"{remote} has no tag {tag}" if found.returncode == 2 else _last_line(found.stderr)
+        return f"{remote} has no tag {tag}" if found.returncode == 2 else last_line(found.stderr)
     log.info("cloning %s at %s", remote, tag)
     clone = ["clone", "--quiet", "--depth=1", f"--branch={tag}", _as_url(remote), str(dest)]
     git(Path.cwd(), *clone, timeout=_CLONE_TIMEOUT_S, isolated=False)
@@ -544,8 +544,3 @@ def export_main(argv: list[str]) -> int:
     if not any(report[change] for change in ("added", "changed", "removed")):
         log.info("patches/ already matches the clone: nothing changed")
     return 0
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
