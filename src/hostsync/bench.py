@@ -20,6 +20,7 @@ import time
 
 from hostsync import environment, repro, results, table, upstream
 from hostsync.layout import Layout
+from hostsync.options import add_device, add_timeout
 
 
 def loss_call_seconds(rank_results: list[dict]) -> list[float]:
@@ -52,8 +53,8 @@ def parser() -> argparse.ArgumentParser:
         default=1,
         help="times each run goes through the scenarios, for more loss calls (default: 1)",
     )
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--timeout", type=float, default=repro.DEFAULT_TIMEOUT_S)
+    add_device(parser)
+    add_timeout(parser, repro.DEFAULT_TIMEOUT_S, "one torchrun")
     parser.add_argument("--write", action="store_true", help="keep the figures in profiles/")
     return parser
 

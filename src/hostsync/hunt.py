@@ -28,7 +28,7 @@ from hostsync import environment, results, table, trainer_run, upstream
 from hostsync.errors import WorkspaceError
 from hostsync.launch import RunFailed
 from hostsync.layout import Layout
-from hostsync.options import comma_list
+from hostsync.options import add_timeout, comma_list
 
 KIND = "hunt"
 ALLOWLIST = "hunt_allowlist.toml"
@@ -478,9 +478,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                         help="steps under the detector, the first being the warm-up"
                         " (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--timeout", type=float, default=trainer_run.DEFAULT_TIMEOUT_S,
-                        help="seconds before one training run counts as hung and is killed"
-                        " (default: %(default)s)")  # fmt: skip
+    add_timeout(parser, trainer_run.DEFAULT_TIMEOUT_S, "one training run")
     return parser
 
 

@@ -33,6 +33,7 @@ from hostsync import results, table, upstream
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.launch import Run, run_group
 from hostsync.layout import Layout
+from hostsync.options import add_timeout
 from hostsync.pin import load as load_pin
 
 log = logging.getLogger(__name__)
@@ -408,13 +409,7 @@ def main(argv: list[str]) -> int:
         metavar="VERSION",
         help="also try the series on this release (repeatable): does it apply, how do the tests go",
     )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        metavar="SECONDS",
-        help=f"limit for each pytest run (default {DEFAULT_TIMEOUT_S:.0f})",
-    )
+    add_timeout(parser, DEFAULT_TIMEOUT_S, "one pytest run")
     args = parser.parse_args(argv)
     for version in args.transformers:
         if not re.fullmatch(r"\d+\.\d+\.\d+(?:(?:a|b|rc)\d+)?", version):

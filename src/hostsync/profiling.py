@@ -54,7 +54,7 @@ from hostsync.launch import (
     torchrun_command,
 )
 from hostsync.layout import Layout
-from hostsync.options import comma_list
+from hostsync.options import add_device, add_timeout, comma_list
 
 log = logging.getLogger(__name__)
 
@@ -617,19 +617,14 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--warmup", type=int, default=2, help="unprofiled steps first (default: 2)")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps (default: 3)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_device(parser)
     parser.add_argument(
         "--profiler",
         choices=("auto", "torch", "nsys"),
         default="auto",
         help="auto: nsys when it is on the PATH and the ranks have GPUs",
     )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        help="seconds before a torchrun counts as hung (default: %(default)s)",
-    )
+    add_timeout(parser, DEFAULT_TIMEOUT_S, "one torchrun")
     return parser
 
 

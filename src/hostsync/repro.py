@@ -31,7 +31,7 @@ from hostsync import environment, results, table, trainer_run, upstream
 from hostsync.errors import WorkspaceError
 from hostsync.launch import Run, launch, torchrun_command
 from hostsync.layout import Layout
-from hostsync.options import comma_list
+from hostsync.options import add_device, add_timeout, comma_list
 
 SCENARIOS = {
     "all_tokens": "every rank has label tokens",
@@ -318,18 +318,8 @@ def parser() -> argparse.ArgumentParser:
         help="sequence-parallel sizes, one torchrun each (default: %(default)s)",
     )
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=scenarios)
-    parser.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="cuda: NCCL, one GPU per rank; auto: cuda when every rank gets a GPU, else cpu (gloo)",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        help="seconds before one torchrun counts as hung and is killed (default: %(default)s)",
-    )
+    add_device(parser)
+    add_timeout(parser, DEFAULT_TIMEOUT_S, "one torchrun")
     parser.add_argument(
         "--trainer",
         action="store_true",
