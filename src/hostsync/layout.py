@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,12 @@ class Layout:
     def releases(self) -> Path:
         """Other transformers releases (the upstream fix, `--transformers VERSION`)."""
         return self.work / "releases"
+
+    def new_run_dir(self, prefix: str) -> Path:
+        """A fresh folder under work/runs/ for one run's logs and outputs, never reused."""
+        runs = self.work / "runs"
+        runs.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=runs))
 
     @property
     def cache(self) -> Path:

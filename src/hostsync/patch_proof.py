@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
@@ -372,9 +371,7 @@ def prove_and_report(
     layout: Layout, versions: Sequence[str], timeout: float, say: Callable[[str], None] = print
 ) -> tuple[int, Path]:
     """Prove, print the summary, write the result file; exit status 1 when a verdict is WRONG."""
-    runs = layout.work / "runs"
-    runs.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="test-patch-", dir=runs))
+    workdir = layout.new_run_dir("test-patch")
     checks = all_checks(layout, versions, timeout, workdir)
     wrong = [c for c in checks if c.verdict == WRONG]
     say(table.text(HEADERS, [c.row() for c in checks]))

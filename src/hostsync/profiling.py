@@ -34,7 +34,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -656,8 +655,7 @@ def main(argv: list[str]) -> int:
         for name in names
         if name not in {tree.label for tree in trees}
     ]
-    (layout.work / "runs").mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="profile-", dir=layout.work / "runs"))
+    staging = layout.new_run_dir("profile")
     (staging / "artifacts").mkdir()
     captures = [capture_with_fallback(layout, tree, staging, options, notes) for tree in trees]
     snippet = {

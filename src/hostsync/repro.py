@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -81,9 +80,7 @@ def run_worker(
     The run folder is removed after a success and kept, with the launcher log and the failing
     rank's traceback, after a failure.
     """
-    runs = layout.work / "runs"
-    runs.mkdir(parents=True, exist_ok=True)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"repro-{tree.label}-sp{sp_size}-", dir=runs))
+    run_dir = layout.new_run_dir(f"repro-{tree.label}-sp{sp_size}")
     args = ["--scenarios", ",".join(scenarios), "--device", device]
     args += [] if detector else ["--no-detector"]
     env = environment.device_env(device) | dict(env or {})

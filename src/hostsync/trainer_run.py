@@ -11,7 +11,6 @@ import json
 import math
 import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -72,10 +71,8 @@ def run_trainer(layout: Layout, tree: Tree, *, sp: bool, steps: int, logging_ste
     With SP: two ranks forming one SP group of two. Without: one rank, same engine and config.
     The run folder is removed after a success and kept, with its launcher log, after a failure.
     """
-    runs = layout.work / "runs"
-    runs.mkdir(parents=True, exist_ok=True)
     mode = f"sp{SP_SIZE}" if sp else "nosp"
-    run_dir = Path(tempfile.mkdtemp(prefix=f"trainer-{tree.label}-{mode}-", dir=runs))
+    run_dir = layout.new_run_dir(f"trainer-{tree.label}-{mode}")
     run = Run(run_dir, tree.src, layout)
     nprocs = SP_SIZE if sp else 1
     deepspeed_file = run_dir / "deepspeed.json"
