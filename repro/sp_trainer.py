@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from hostsync.launch import rank_entry
+from hostsync.profiling import SYNC_OP, SYNC_OPS
 
 SEQ_LEN = 16
 VOCAB = 128
@@ -30,9 +31,8 @@ VOCAB = 128
 # whole first half, so under SP its first shard has no token to learn from: the branch of
 # `deepspeed_sp_compute_loss` that skips a rank with zero good tokens is taken on every other step.
 PROMPT_LENGTHS = (3, SEQ_LEN // 2 + 1)
-# Every device-to-host read of a scalar reaches this op; `.item()` and `bool(t)` wrap it in these.
-PROFILER_SYNC_OP = "aten::_local_scalar_dense"
-PYTHON_LEVEL_READS = ("aten::item", "aten::is_nonzero")
+# Every device-to-host read of a scalar reaches SYNC_OP; `.item()` and `bool(t)` wrap it in these.
+PYTHON_LEVEL_READS = tuple(op for op in SYNC_OPS if op != SYNC_OP)
 # The profiler names a Python function event "<path>(<line of its def>): <name>".
 PYTHON_FRAME = re.compile(r"^(?P<file>.+\.py)\((?P<line>\d+)\): (?P<function>.+)$")
 
@@ -172,9 +172,7 @@ class SyncHunt:
         })  # fmt: skip
 
     def _keep_profile(self, profile: torch.profiler.profile) -> None:
-        found = Counter(
-            _attribute(event) for event in profile.events() if event.name == PROFILER_SYNC_OP
-        )
+        found = Counter(_attribute(event) for event in profile.events() if event.name == SYNC_OP)
         self.profiled = [
             {"step": self.profiled_step, "logging": self._logged, "file": file,
              "function": function, "via": via, "count": count}

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hostsync import environment, repro, results, table, upstream
-from hostsync.errors import WorkspaceError
+from hostsync.errors import WorkspaceError, last_line
 from hostsync.launch import (
     RUN_DIR_ENV,
     TREE_SRC_ENV,
@@ -347,8 +347,7 @@ def capture(
         print(f"{tree.label}: {shown(layout, stats)}")
         made = subprocess.run(stats, capture_output=True, text=True, timeout=600)
         if made.returncode != 0:
-            said = (made.stderr.strip().splitlines() or ["no output"])[-1]
-            raise NsysFailed(f"`nsys stats` failed on the report ({said})")
+            raise NsysFailed(f"`nsys stats` failed on the report ({last_line(made.stderr)})")
         figures = nsys_figures(run_dir, "stats", options.steps)
         shutil.move(report, artifacts / f"{name}.nsys-rep")
         range_s = [s for rank in ranks for s in rank["range_seconds"]]

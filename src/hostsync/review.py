@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hostsync import profiling, results, table, upstream
-from hostsync.errors import WorkspaceError
+from hostsync.errors import WorkspaceError, last_line
 from hostsync.layout import Layout
 from hostsync.pin import Pin
 from hostsync.pin import load as load_pin
@@ -182,8 +182,9 @@ def system_info(tree: upstream.Tree, repro: dict) -> str:
         env=dict(os.environ, PYTHONPATH=str(tree.src)),
     )
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise WorkspaceError(f"`transformers env` failed on the pinned tree: {last}")
+        raise WorkspaceError(
+            f"`transformers env` failed on the pinned tree: {last_line(done.stderr)}"
+        )
     setup = repro["environment"]
     answers = {
         "Using distributed or parallel set-up in script?": (
