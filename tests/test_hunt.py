@@ -5,7 +5,6 @@ the summarising, ranking, allow-list and comparison logic on small hand-made rec
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
 
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line
+from conftest import make_workspace
 
 SP_SIZE = trainer_run.SP_SIZE
 
@@ -23,14 +23,19 @@ SP_SIZE = trainer_run.SP_SIZE
 
 
 @pytest.fixture(scope="module")
-def pinned() -> upstream.Tree:
-    return upstream.tree(Layout(), "pinned")
+def layout(tmp_path_factory: pytest.TempPathFactory) -> Layout:
+    return make_workspace(tmp_path_factory.mktemp("hunt") / "workspace")
 
 
 @pytest.fixture(scope="module")
-def hunted(pinned: upstream.Tree) -> dict:
-    rules = hunt.load_allowlist(ROOT / hunt.ALLOWLIST)
-    return hunt.hunt_tree(Layout(), pinned, steps=6, rules=rules, timeout=600)
+def pinned(layout: Layout) -> upstream.Tree:
+    return upstream.tree(layout, "pinned")
+
+
+@pytest.fixture(scope="module")
+def hunted(layout: Layout, pinned: upstream.Tree) -> dict:
+    rules = hunt.load_allowlist(layout.allowlist)
+    return hunt.hunt_tree(layout, pinned, steps=6, rules=rules, timeout=600)
 
 
 @pytest.mark.distributed
@@ -67,8 +72,10 @@ def test_the_profiler_and_the_detector_agree_on_python_level_reads(hunted: dict)
 
 
 @pytest.mark.distributed
-def test_trainer_loss_with_sp_equals_the_loss_without(pinned: upstream.Tree) -> None:
-    compared = trainer_run.compare_losses(Layout(), pinned, steps=2, timeout=600)
+def test_trainer_loss_with_sp_equals_the_loss_without(
+    layout: Layout, pinned: upstream.Tree
+) -> None:
+    compared = trainer_run.compare_losses(layout, pinned, steps=2, timeout=600)
 
     assert compared["sp_ranks_agree"]
     assert compared["max_abs_diff"] < 1e-5, compared
@@ -192,7 +199,7 @@ def test_each_reading_names_why_it_syncs(code: str, kinds: list[str], expected: 
 
 
 def test_the_committed_allow_list_gives_every_rule_a_reason() -> None:
-    rules = hunt.load_allowlist(ROOT / hunt.ALLOWLIST)
+    rules = hunt.load_allowlist(Layout(ROOT).allowlist)
 
     assert rules
     assert all(rule["reason"].strip() for rule in rules)
@@ -207,7 +214,7 @@ def test_the_committed_allow_list_gives_every_rule_a_reason() -> None:
     ],
 )
 def test_a_bad_allow_list_is_refused_in_one_line(tmp_path: Path, text: str, complaint: str) -> None:
-    path = tmp_path / hunt.ALLOWLIST
+    path = tmp_path / "hunt_allowlist.toml"
     path.write_text(text)
 
     with pytest.raises(WorkspaceError, match=complaint.replace("[", r"\[").replace("]", r"\]")):
@@ -237,12 +244,6 @@ def document(label: str) -> dict:
     setup = {"world_size": 2, "sp_size": 2, "model": "tiny", "device": "cpu", "backend": "gloo",
              "versions": {"torch": "2.13.0"}}  # fmt: skip
     return {"setup": setup, "allowlist": [ACCEPT_LOGGING], "trees": [tree]}
-
-
-@pytest.fixture
-def workspace(tmp_path: Path) -> Layout:
-    shutil.copy(ROOT / "pin.toml", tmp_path / "pin.toml")
-    return Layout(tmp_path)
 
 
 def test_reports_are_never_overwritten_and_hunt_md_follows_the_newest(workspace: Layout) -> None:

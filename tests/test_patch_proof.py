@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from hostsync import patch_proof, upstream
+from hostsync import cases, linters, patch_proof, projects, upstream
 from hostsync.errors import WorkspaceError
 from hostsync.launch import Run
 from hostsync.layout import ROOT, Layout
@@ -20,21 +20,23 @@ from hostsync.patch_proof import (
     OK,
     PASS_OR_SKIP,
     PASSED,
-    RED,
-    RED_ON_BUGGY_RELEASE,
     SKIPPED,
     WRONG,
     Case,
     judge,
 )
-from hostsync.pin import load as load_pin
 
-PIN = load_pin(ROOT / "pin.toml")
+from conftest import make_workspace
+
+CASE = cases.load(ROOT, "sp-loss")
 SYNC_TEST = "TestDeepSpeedSPComputeLoss::test_no_host_sync_in_loss_aggregation"
 ALL_MASKED_TEST = (
     "TestDeepSpeedSPComputeLoss::test_all_masked_batch_gives_zero_loss_that_backpropagates"
 )
 GUARD_TEST = "TestDeepSpeedSPComputeLoss::test_weighted_mean_matches_full_sequence_loss"
+RED = patch_proof.Expectation(
+    "2 fail, rest pass", must_fail=frozenset({SYNC_TEST, ALL_MASKED_TEST})
+)
 
 
 def junit(tmp_path: Path, cases: str) -> Path:
@@ -52,7 +54,8 @@ def fake_tree(root: Path, files: dict[str, str]) -> upstream.Tree:
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(textwrap.dedent(text))
-    return upstream.Tree(label="fake", root=root, version="0", commit="", origin="a test")
+    transformers = projects.get("transformers")
+    return upstream.Tree("fake", root, "0", "", "a test", transformers, python=sys.executable)
 
 
 # --- verdicts ------------------------------------------------------------------------------------
@@ -166,7 +169,7 @@ def test_pytest_outcomes_come_from_the_report(tmp_path: Path) -> None:
             """
         },
     )
-    run = Run(tmp_path / "run", tree.src, Layout(tmp_path / "workspace"))
+    run = Run(tmp_path / "run", tree, Layout(tmp_path / "workspace"))
 
     returncode, tests = patch_proof.pytest_in_tree(tree, ["tests/test_fake.py"], run, timeout=120)
 
@@ -192,7 +195,7 @@ def test_nothing_collected_under_upstreams_conftest_exits_0_and_is_caught(tmp_pa
             "tests/test_empty.py": "",
         },
     )
-    run = Run(tmp_path / "run", tree.src, Layout(tmp_path / "workspace"))
+    run = Run(tmp_path / "run", tree, Layout(tmp_path / "workspace"))
 
     returncode, tests = patch_proof.pytest_in_tree(tree, ["tests/test_empty.py"], run, timeout=120)
 
@@ -205,39 +208,28 @@ def test_the_lint_uses_the_ruff_the_tree_pins(tmp_path: Path) -> None:
     pinned = fake_tree(tmp_path / "a", {versions: 'deps = {\n    "ruff": "ruff==0.14.10",\n}\n'})
     unpinned = fake_tree(tmp_path / "b", {versions: "deps = {}\n"})
 
-    assert patch_proof.pinned_ruff(pinned) == "0.14.10"
-    with pytest.raises(WorkspaceError, match="pins no ruff"):
-        patch_proof.pinned_ruff(unpinned)
+    assert linters.pinned(pinned, *linters.RUFF_PINS["transformers"]) == "0.14.10"
+    with pytest.raises(WorkspaceError, match="pins no linter version"):
+        linters.pinned(unpinned, *linters.RUFF_PINS["transformers"])
 
 
 def test_the_proof_runs_the_file_the_test_patch_adds() -> None:
-    test_patches = patch_proof.series_tests(Layout(ROOT))
+    test_patches = patch_proof.series_tests(Layout(ROOT, "sp-loss"))
 
     files = patch_proof.series_test_files(test_patches)
 
-    assert files == ["tests/deepspeed/test_deepspeed_sp_loss.py"]
+    assert files == [
+        "tests/deepspeed/test_deepspeed_sp_loss.py",
+        "tests/trainer/test_trainer_sp_loss.py",
+    ]
 
 
 def test_a_release_number_is_required() -> None:
     with pytest.raises(WorkspaceError, match=r"'5\.12' is no release number"):
-        patch_proof.main(["--transformers", "5.12"])
+        patch_proof.main(["--release", "5.12"])
 
 
 # --- the proof itself ----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def workspace(tmp_path: Path) -> Layout:
-    """The real pin and series, GitHub out of reach (the sdists, as here), the shared cache."""
-    layout = Layout(tmp_path / "workspace")
-    layout.work.mkdir(parents=True)
-    shutil.copytree(ROOT / "patches", layout.patches)
-    pin = (ROOT / "pin.toml").read_text().replace(PIN.repository, str(tmp_path / "nowhere.git"))
-    layout.pin_file.write_text(pin)
-    shared = ROOT / "work" / "cache"
-    shared.mkdir(parents=True, exist_ok=True)
-    layout.cache.symlink_to(shared)  # sdists, DeepSpeed's compiled op, the pinned ruff
-    return layout
 
 
 @pytest.mark.distributed
@@ -253,10 +245,10 @@ def test_red_on_the_pinned_release_green_on_the_patched_tree_and_on_the_fix(
     checks = {(c["check"], c["label"]): c for c in result["checks"]}
     assert status == 0, "\n".join(said)
     red = checks["series tests", "pinned+tests"]
-    assert {t["test"] for t in red["tests"] if t["outcome"] == FAILED} == RED_ON_BUGGY_RELEASE
-    assert (red["verdict"], red["counts"]) == (OK, {FAILED: 2, PASSED: 2})
-    for label in (upstream.PATCHED, f"{PIN.reference.version}+tests"):
-        assert checks["series tests", label]["counts"] == {PASSED: 4}
+    assert {t["test"] for t in red["tests"] if t["outcome"] == FAILED} == CASE.red_on_pinned
+    assert (red["verdict"], red["counts"]) == (OK, {FAILED: 4, PASSED: 2})
+    for label in (upstream.PATCHED, f"{CASE.fixed.version}+tests"):
+        assert checks["series tests", label]["counts"] == {PASSED: 6}
         assert checks["series tests", label]["verdict"] == OK
     neighbours = checks["upstream tests", upstream.PATCHED]  # the sdist has no tests/deepspeed/
     assert (neighbours["verdict"], neighbours["counts"]) == (NOT_APPLICABLE, {})
@@ -264,3 +256,22 @@ def test_red_on_the_pinned_release_green_on_the_patched_tree_and_on_the_fix(
     assert (lint["label"], lint["verdict"]) == (upstream.PATCHED, OK)
     # The failing assertions are shown, down to the line that syncs.
     assert "'transformers/integrations/deepspeed.py:741'" in "\n".join(said)
+
+
+@pytest.mark.distributed
+@pytest.mark.network
+def test_the_live_trainer_case_is_red_on_its_release_and_green_patched(tmp_path: Path) -> None:
+    """transformers 5.24.0, in its own environment (it needs a newer tokenizers)."""
+    layout = make_workspace(tmp_path / "workspace").for_case("trainer-nan-filter")
+    case = cases.load(layout.root, layout.case)
+    said: list[str] = []
+
+    status, path = patch_proof.prove_and_report(layout, [], timeout=900, say=said.append)
+
+    checks = {(c["check"], c["label"]): c for c in json.loads(path.read_text())["checks"]}
+    assert status == 0, "\n".join(said)
+    red = checks["series tests", "pinned+tests"]
+    assert {t["test"] for t in red["tests"] if t["outcome"] == FAILED} == case.red_on_pinned
+    assert all(t["message"].startswith("AssertionError") for t in red["tests"] if t["message"])
+    assert red["tree"]["version"] == "5.24.0"
+    assert checks["series tests", upstream.PATCHED]["counts"] == {PASSED: 4}

@@ -5,39 +5,40 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from hostsync import profiling, upstream
+from hostsync import cases, profiling, upstream
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
-from hostsync.pin import load as load_pin
+from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, SYNC_OP
 
-SYNC = profiling.SYNC_OP
+SYNC = SYNC_OP
+LABELS = {"measured": "loss aggregation", "excluded": "model forward"}
 
 # --- the real capture ----------------------------------------------------------------------------
 
 
-def capture(tree_name: str, tmp_path: Path) -> dict:
-    tree = upstream.tree(Layout(), tree_name)
+def capture(layout: Layout, tree_name: str, tmp_path: Path) -> dict:
+    tree = upstream.tree(layout, tree_name)
     options = argparse.Namespace(
-        device="cpu", sp_size=2, scenario="all_tokens", warmup=1, steps=2, timeout=600.0
-    )
+        device="cpu", sp_size=2, scenario="all_tokens", warmup=1, steps=2, timeout=600.0,
+        case=cases.load(layout.root, layout.case),
+    )  # fmt: skip
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir(exist_ok=True)
     return profiling.capture(
-        Layout(), tree, tmp_path / tree_name, artifacts, options=options, profiler="torch"
+        layout, tree, tmp_path / tree_name, artifacts, options=options, profiler="torch"
     )
 
 
 @pytest.mark.distributed
 def test_the_pinned_aggregation_reads_sp_size_plus_one_times_per_step_and_the_fix_none(
-    tmp_path: Path,
+    workspace: Layout, tmp_path: Path
 ) -> None:
-    before = capture("pinned", tmp_path)
-    after = capture(load_pin().reference.version, tmp_path)
+    before = capture(workspace, "pinned", tmp_path)
+    after = capture(workspace, "fixed", tmp_path)
 
     for record, aggregation in ((before, 3), (after, 0)):
         step = record["per_step"]
@@ -50,7 +51,7 @@ def test_the_pinned_aggregation_reads_sp_size_plus_one_times_per_step_and_the_fi
                                    "pinned-gloo-ws2-rank1.trace.json.gz"]  # fmt: skip
     trace = profiling.load_trace(tmp_path / "artifacts" / before["artifacts"][0])
     assert trace["distributedInfo"]["world_size"] == 2
-    assert " repro/sp_profile.py " in before["command"]
+    assert " repro/sp-loss/sp_profile.py " in before["command"]
     assert str(ROOT) not in before["command"]  # it goes into result files
 
 
@@ -73,8 +74,8 @@ def read(ts: float) -> list[dict]:
 
 def cpu_trace(start: float, aggregation_reads: int) -> dict:
     """One step: a 10 ms range, a forward with one read, then the aggregation's reads."""
-    events = [annotation(profiling.LOSS_RANGE, start, 10_000)]
-    events += [annotation(profiling.FORWARD_RANGE, start + 10, 8_000), *read(start + 100)]
+    events = [annotation(MEASURED_RANGE, start, 10_000)]
+    events += [annotation(EXCLUDED_RANGE, start + 10, 8_000), *read(start + 100)]
     events += [e for i in range(aggregation_reads) for e in read(start + 9_000 + 50 * i)]
     events += read(start + 20_000)  # after the range (backward): not counted
     return {"deviceProperties": [], "traceEvents": events}
@@ -92,7 +93,7 @@ def test_reads_are_counted_inside_the_range_and_split_by_the_forward() -> None:
 
 
 def test_a_trace_without_the_range_is_refused() -> None:
-    with pytest.raises(WorkspaceError, match="no 'compute_loss' range"):
+    with pytest.raises(WorkspaceError, match=r"no 'hostsync\.measured' range"):
         profiling.analyse_trace({"traceEvents": [op(SYNC, 0)]})
 
 
@@ -171,16 +172,18 @@ def payload(*trees: tuple[str, int]) -> dict:
         step = profiling.combine([profiling.analyse_trace(cpu_trace(0, reads))])
         captures.append({"tree": tree, "version": "5.13.1", "commit": "0" * 40, "backend": "gloo",
                          "world_size": 2, "device": "cpu", "profiler": "torch",
-                         "command": f"python repro/sp_profile.py  # {tree}", "wall_s": 1.0,
+                         "command": f"python sp_profile.py  # {tree}", "wall_s": 1.0,
                          "artifacts": [f"{tree}-gloo-ws2-rank0.trace.json.gz"],
                          "per_step": step})  # fmt: skip
-    return {"scenario": "all_tokens", "sp_size": 2, "warmup_steps": 1, "steps": 1, "notes": [],
-            "captures": captures}  # fmt: skip
+    return {"setting": {"scenario": "all_tokens", "ranks": 2}, "trees": {}, "labels": LABELS,
+            "snippet": {}, "scenario": "all_tokens", "sp_size": 2, "warmup_steps": 1, "steps": 1,
+            "notes": [], "captures": captures}  # fmt: skip
 
 
-def test_publishing_writes_the_result_then_its_folder_summary_and_timeline(tmp_path: Path) -> None:
-    shutil.copy(ROOT / "pin.toml", tmp_path / "pin.toml")
-    layout = Layout(tmp_path)
+def test_publishing_writes_the_result_then_its_folder_summary_and_timeline(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    layout = workspace
     staging = tmp_path / "staging"
     (staging / "artifacts").mkdir(parents=True)
     (staging / "artifacts" / "pinned-gloo-ws2-rank0.trace.json.gz").write_bytes(b"trace")
@@ -193,9 +196,10 @@ def test_publishing_writes_the_result_then_its_folder_summary_and_timeline(tmp_p
     ]  # fmt: skip
     summary = (folder / "summary.md").read_text()
     assert f"Source: `{result.name}`" in summary
-    assert "| pinned | 5.13.1 | torch | 4 | 3 | 1 | 4 | 4 | 10 |" in summary
-    assert "| patched | 5.13.1 | torch | 1 | 0 | 1 | 1 | 1 | 10 |" in summary
-    assert "Measured on CPU" in summary
+    # On a CPU, counts only: no times.
+    assert "| pinned | 5.13.1 | torch | 4 | 3 | 1 | 4 | 4 |" in summary
+    assert "| patched | 5.13.1 | torch | 1 | 0 | 1 | 1 | 1 |" in summary
+    assert "Measured on CPU" in summary and " ms" not in summary
     assert (folder / "timeline-gloo-ws2.png").read_bytes().startswith(b"\x89PNG")
     assert json.loads(result.read_text())["captures"][0]["tree"] == "pinned"
 

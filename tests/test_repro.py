@@ -1,47 +1,57 @@
 """The reproducer for real: torchrun, gloo, DeepSpeed Ulysses groups, the trees' own function.
 
-One 2-rank run per tree (pinned 5.13.1 and upstream's fixed 5.14.0) with every scenario, shared
-by the tests below; then what the launcher does when a rank raises or hangs.
+One 2-rank run per tree of the loss case (pinned 5.13.1 and upstream's fixed 5.14.0) with every
+scenario, shared by the tests below; then how the engine merges ranks, refuses bad input, and
+what the launcher does when a rank raises or hangs.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
-from hostsync import environment, repro, results, upstream
+from hostsync import cases, environment, repro, results, upstream
 from hostsync.errors import WorkspaceError
 from hostsync.launch import Run, RunFailed, launch, torchrun_command
-from hostsync.layout import ROOT, Layout
+from hostsync.layout import Layout
 
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line
+from conftest import make_workspace
 
 SP_SIZE = 2
 FIXED = "5.14.0"
 # What later sessions read from each entry of a repro result's `runs`.
 RUN_KEYS = {
-    "tree", "sp_size", "world_size", "backend", "scenario", "host_syncs", "host_syncs_per_rank",
-    "sync_sites", "forward_syncs", "loss", "reference_loss", "loss_abs_diff",
-    "loss_is_graph_tensor", "backward_error", "grads_ok", "grad_max_abs_diff",
+    "tree", "launch", "ranks", "sp_size", "backend", "scenario", "host_syncs", "sync_sites",
+    "forward_syncs", "loss", "reference_loss", "loss_abs_diff", "loss_ok", "loss_is_graph_tensor",
+    "backward_error", "grads_ok", "grad_max_abs_diff", "problems",
 }  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def trees() -> dict[str, upstream.Tree]:
-    return {name: upstream.tree(Layout(), name) for name in ("pinned", FIXED)}
+def layout(tmp_path_factory: pytest.TempPathFactory) -> Layout:
+    return make_workspace(tmp_path_factory.mktemp("repro") / "workspace")
 
 
 @pytest.fixture(scope="module")
-def measured(trees: dict[str, upstream.Tree]) -> dict:
+def case(layout: Layout) -> cases.Case:
+    return cases.load(layout.root, layout.case)
+
+
+@pytest.fixture(scope="module")
+def trees(layout: Layout) -> dict[str, upstream.Tree]:
+    return {name: upstream.tree(layout, name) for name in ("pinned", "fixed")}
+
+
+@pytest.fixture(scope="module")
+def measured(layout: Layout, case: cases.Case, trees: dict[str, upstream.Tree]) -> dict:
     return repro.measure(
-        Layout(), list(trees.values()), [SP_SIZE], list(repro.SCENARIOS), device="cpu", timeout=600
-    )
+        layout, case, list(trees.values()), list(case.scenarios), device="cpu", timeout=600,
+        only_ranks=[SP_SIZE],
+    )  # fmt: skip
 
 
 def runs_of(measured: dict, tree: str) -> dict[str, dict]:
@@ -50,15 +60,16 @@ def runs_of(measured: dict, tree: str) -> dict[str, dict]:
 
 @pytest.mark.distributed
 def test_pinned_tree_syncs_at_the_if_per_rank_and_once_at_max(
-    measured: dict, trees: dict[str, upstream.Tree]
+    measured: dict, case: cases.Case, trees: dict[str, upstream.Tree]
 ) -> None:
     if_line = source_line(trees["pinned"], IF_PER_RANK)
     max_line = source_line(trees["pinned"], MAX_OF_TOTAL)
     runs = runs_of(measured, "pinned")
 
-    assert set(runs) == set(repro.SCENARIOS)
+    assert set(runs) == set(case.scenarios)
     for run in runs.values():
-        assert run["host_syncs_per_rank"] == [SP_SIZE + 1] * SP_SIZE, run["scenario"]
+        assert run["host_syncs"] == SP_SIZE + 1, run["scenario"]
+        assert "host_syncs_per_rank" not in run, "every rank takes the same syncs"
         sites = [(site["file"], site["line"], site["count"]) for site in run["sync_sites"]]
         assert sites == [(DEEPSPEED_PY, if_line, SP_SIZE), (DEEPSPEED_PY, max_line, 1)]
 
@@ -66,7 +77,7 @@ def test_pinned_tree_syncs_at_the_if_per_rank_and_once_at_max(
 @pytest.mark.distributed
 def test_fixed_release_has_no_sync_in_the_aggregation(measured: dict) -> None:
     for run in runs_of(measured, FIXED).values():
-        assert run["host_syncs_per_rank"] == [0] * SP_SIZE, run["scenario"]
+        assert run["host_syncs"] == 0, run["scenario"]
         assert run["sync_sites"] == []
 
 
@@ -81,16 +92,17 @@ def test_forward_syncs_are_reported_apart_on_both_trees(measured: dict) -> None:
 
 @pytest.mark.distributed
 def test_losses_and_gradients_match_one_process_wherever_a_loss_is_defined(
-    measured: dict,
+    measured: dict, case: cases.Case
 ) -> None:
     defined = [run for run in measured["runs"] if run["reference_loss"] is not None]
 
-    assert {run["scenario"] for run in defined} == set(repro.SCENARIOS) - {"all_masked"}
+    assert {run["scenario"] for run in defined} == set(case.scenarios) - {"all_masked"}
     for run in defined:
         where = (run["tree"], run["scenario"])
-        assert run["loss_abs_diff"] <= repro.LOSS_TOLERANCE, where
+        assert run["loss_ok"], where
         assert run["loss_is_graph_tensor"], where
         assert run["grads_ok"], where
+        assert run["problems"] == [], where
 
 
 @pytest.mark.distributed
@@ -100,7 +112,8 @@ def test_all_masked_pinned_returns_a_float_that_backward_refuses(measured: dict)
 
     assert (pinned["loss"], pinned["loss_type"]) == (0.0, "float")
     assert not pinned["loss_is_graph_tensor"]
-    assert pinned["backward_error"].startswith("every rank: AssertionError")
+    assert pinned["backward_error"].startswith("AssertionError")
+    assert pinned["problems"] == [f"backward failed ({pinned['backward_error']})"]
     assert (fixed["loss"], fixed["loss_type"]) == (0.0, "Tensor")
     assert fixed["loss_is_graph_tensor"]
     assert fixed["backward_error"] is None
@@ -108,49 +121,71 @@ def test_all_masked_pinned_returns_a_float_that_backward_refuses(measured: dict)
 
 
 @pytest.mark.distributed
-def test_result_file_holds_the_contract(measured: dict, tmp_path: Path) -> None:
-    layout = Layout(tmp_path)
-    shutil.copy(ROOT / "pin.toml", layout.pin_file)
+def test_result_file_holds_the_contract(measured: dict, layout: Layout) -> None:
+    path = results.write(layout, "repro", measured)
+    document = results.read(path, "repro")
 
-    document = json.loads(results.write(layout, "repro", measured).read_text())
-
-    assert document["kind"] == "repro"
-    assert document["environment"]["world_sizes"] == [SP_SIZE]
+    assert path.parent == layout.root / "profiles" / "sp-loss"
+    assert document["case"] == "sp-loss"
     assert set(document["trees"]) == {"pinned", FIXED}
     assert document["trees"]["pinned"]["version"] == "5.13.1"
     for run in document["runs"]:
         assert set(run) >= RUN_KEYS
-        assert (run["world_size"], run["backend"]) == (SP_SIZE, "gloo")
+        assert (run["ranks"], run["sp_size"], run["backend"]) == (SP_SIZE, SP_SIZE, "gloo")
         for site in run["sync_sites"] + run["forward_syncs"]:
             assert {"file", "line", "function", "code", "count"} <= set(site)
+
+
+# --- merging ranks -------------------------------------------------------------------------------
+
+
+def test_ranks_that_agree_give_one_value_and_those_that_differ_say_so() -> None:
+    site = {"file": "pkg/a.py", "line": 3, "function": "f", "code": "if t:", "count": 1}
+    ranks = [
+        {"runs": [{"scenario": "s", "syncs": 2, "ok": True, "tokens": 8, "sites": [site],
+                   "problems": []}]},
+        {"runs": [{"scenario": "s", "syncs": 2, "ok": False, "tokens": 0,
+                   "sites": [site | {"count": 2}], "problems": ["loss is off"]}]},
+    ]  # fmt: skip
+
+    (row,) = repro.merge_ranks(ranks)
+
+    assert row["syncs"] == 2 and "syncs_per_rank" not in row
+    assert (row["ok"], row["ok_per_rank"]) == (False, [True, False])
+    assert (row["tokens"], row["tokens_per_rank"]) == (8, [8, 0])
+    assert [(s["count"], s["count_per_rank"]) for s in row["sites"]] == [(2, [1, 2])]
+    assert row["problems"] == ["loss is off"]
+    notes = repro.anomalies([row | {"tree": "pinned", "ranks": 2}], ["syncs", "ok"])
+    assert notes == ["pinned x2 s: ranks differ in ok [True, False]", "pinned x2 s: loss is off"]
 
 
 # --- bad input -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sizes", ["1", "3", "2,x", ""])
-def test_sp_sizes_that_cannot_split_the_heads_are_refused(sizes: str) -> None:
-    with pytest.raises(WorkspaceError, match="--sp"):
-        repro.parse_sp_sizes(sizes)
+@pytest.mark.parametrize("ranks", ["1", "3", "2,x", ""])
+def test_rank_counts_the_card_does_not_declare_are_refused(ranks: str, case: cases.Case) -> None:
+    with pytest.raises(WorkspaceError, match="--ranks"):
+        repro.parse_ranks(case, ranks)
 
 
-def test_unknown_scenario_is_refused_with_the_choices() -> None:
+def test_unknown_scenario_is_refused_with_the_choices(case: cases.Case) -> None:
     with pytest.raises(WorkspaceError, match="all_tokens"):
-        repro.parse_scenarios("all_tokens,everything")
+        repro.parse_scenarios(case, "all_tokens,everything")
 
 
-@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has a GPU per rank")
-def test_nccl_without_a_gpu_per_rank_is_refused() -> None:
+def test_nccl_without_a_gpu_per_rank_is_refused(trees: dict[str, upstream.Tree]) -> None:
+    python = trees["pinned"].python
+    if environment.describe(python)["device_count"] >= 2:
+        pytest.skip("this machine has a GPU per rank")
     with pytest.raises(WorkspaceError, match="one per rank"):
-        environment.resolve_device("cuda", 2)
+        environment.resolve_device("cuda", 2, python)
 
 
-def test_patched_alone_with_an_empty_series_is_refused(tmp_path: Path) -> None:
-    layout = Layout(tmp_path)
-    layout.patches.mkdir()
+def test_patched_alone_with_an_empty_series_is_refused(workspace: Layout) -> None:
+    (workspace.patches / "series").write_text("")
 
-    with pytest.raises(WorkspaceError, match="patches/series is empty"):
-        upstream.trees(layout, [upstream.PATCHED])
+    with pytest.raises(WorkspaceError, match="the case's series is empty"):
+        upstream.trees(workspace, [upstream.PATCHED])
 
 
 # --- a rank that raises, a rank that hangs -------------------------------------------------------
@@ -158,7 +193,7 @@ def test_patched_alone_with_an_empty_series_is_refused(tmp_path: Path) -> None:
 RAISES_ON_RANK_1 = """
     import torch.distributed as dist
 
-    from hostsync.launch import rank_entry
+    from hostsync.protocol import rank_entry
 
 
     @rank_entry
@@ -192,8 +227,8 @@ def run_script(tmp_path: Path, tree: upstream.Tree, source: str, timeout: float)
     """Launch a throwaway 2-rank script; return it so the test can look for survivors."""
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent(source))
-    run = Run(tmp_path / "run", tree.src, Layout())
-    launch(run, torchrun_command(script, 2, []), nprocs=2, timeout=timeout)
+    run = Run(tmp_path / "run", tree, Layout())
+    launch(run, torchrun_command(tree.python, script, 2, []), nprocs=2, timeout=timeout)
     return script
 
 
@@ -224,3 +259,27 @@ def test_hung_rank_is_killed_at_the_timeout_and_nothing_survives(
     started = sorted(marker.name for marker in (tmp_path / "run").glob("started-*"))
     assert started == ["started-0", "started-1"], "the run timed out before both ranks ran"
     assert survivors(tmp_path / "worker.py") == []
+
+
+@pytest.mark.distributed
+@pytest.mark.network
+def test_the_trainer_filter_reads_twice_per_finite_micro_batch_and_the_fix_never(
+    tmp_path: Path,
+) -> None:
+    """The live case on transformers 5.24.0: the real Trainer, a real nan loss."""
+    layout = make_workspace(tmp_path / "workspace").for_case("trainer-nan-filter")
+    case = cases.load(layout.root, layout.case)
+    trees = upstream.trees(layout, ["pinned", "patched"])
+
+    measured = repro.measure(
+        layout, case, trees, ["finite", "nan"], device="cpu", timeout=900, only_ranks=[1]
+    )
+
+    runs = {(run["tree"], run["scenario"]): run for run in measured["runs"]}
+    assert runs["pinned", "finite"]["syncs_per_micro_batch"] == [2, 2, 2, 2]
+    # isnan is True on the nan micro-batch, so `or` never asks isinf there.
+    assert runs["pinned", "nan"]["syncs_per_micro_batch"] == [2, 2, 1, 2]
+    assert {site["function"] for site in runs["pinned", "nan"]["site_lines"]} == {"_run_epoch"}
+    for scenario in ("finite", "nan"):
+        assert runs["patched", scenario]["syncs_per_micro_batch"] == [0, 0, 0, 0]
+    assert [c["verdict"] for c in measured["comparisons"]] == ["identical", "identical"]

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import upstream
+from hostsync import cases, upstream
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
-from hostsync.pin import load as load_pin
-from hostsync.results import series
+from hostsync.sdists import fetch_sdist
+from hostsync.upstream import series
 
-PIN = load_pin(ROOT / "pin.toml")
-TAG = PIN.transformers.tag
+CASE = cases.load(ROOT, "sp-loss")
+PIN = CASE.pin
+TAG = PIN.tag
 DEEPSPEED_PY = "src/transformers/integrations/deepspeed.py"
 
 
@@ -32,7 +33,7 @@ def write(path: Path, text: str) -> None:
 def remote(tmp_path: Path) -> Path:
     """A bare repository shaped like transformers: the pinned tag, then a later commit."""
     source = tmp_path / "upstream-src"
-    write(source / "src/transformers/__init__.py", f'__version__ = "{PIN.transformers.version}"\n')
+    write(source / "src/transformers/__init__.py", f'__version__ = "{PIN.version}"\n')
     write(source / DEEPSPEED_PY, "def loss(x):\n    return max(x, 1)\n")
     write(source / "tests/test_loss.py", "def test_loss():\n    pass\n")
     git(source.parent, "init", "--quiet", "--initial-branch=main", str(source))
@@ -47,11 +48,11 @@ def remote(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def workspace(tmp_path: Path) -> Layout:
-    layout = Layout(tmp_path / "workspace")
-    layout.patches.mkdir(parents=True)
-    shutil.copy(ROOT / "pin.toml", layout.pin_file)
-    return layout
+def workspace(workspace: Layout) -> Layout:
+    """The shared workspace fixture with an empty series: each test makes its own."""
+    shutil.rmtree(workspace.patches)
+    workspace.patches.mkdir()
+    return workspace
 
 
 def make_patches(layout: Layout, remote: Path, edits: dict[str, str]) -> list[Path]:
@@ -197,12 +198,8 @@ def test_trees_are_worktrees_of_the_tag_and_the_series(workspace: Layout, remote
 @pytest.fixture
 def sdist_cache(workspace: Layout) -> Path:
     """The real sdist, downloaded once into the workspace's own cache and shared by test runs."""
-    shared = ROOT / "work" / "cache" / "sdists"
-    shared.mkdir(parents=True, exist_ok=True)
-    upstream.fetch_sdist(Layout(ROOT), PIN.transformers.sdist)
-    workspace.cache.mkdir(parents=True)
-    (workspace.cache / "sdists").symlink_to(shared)
-    return shared
+    fetch_sdist(workspace, PIN.sdist)
+    return (workspace.cache / "sdists").resolve()
 
 
 @pytest.mark.network
@@ -210,12 +207,15 @@ def test_sdist_path_when_the_remote_is_unreachable(workspace: Layout, sdist_cach
     said = upstream.clone(workspace, remote=str(workspace.root / "nowhere.git"))
 
     repo = workspace.clone
-    assert said.startswith(f"PyPI sdist {PIN.transformers.sdist.filename}")
-    assert PIN.transformers.sdist.sha256 in git(repo, "log", "-1", "--format=%B", TAG)
+    assert said.startswith(f"PyPI sdist {PIN.sdist.filename}")
+    assert PIN.sdist.sha256 in git(repo, "log", "-1", "--format=%B", TAG)
     assert "if good_tokens_per_rank[rank] > 0" in (repo / DEEPSPEED_PY).read_text()
     # Fixed identity and date: the same sdist gives the same base commit anywhere.
-    other = Layout(workspace.root.parent / "other")
-    upstream.materialise(other, PIN.transformers, other.clone, str(workspace.root / "nowhere"))
+    other = Layout(workspace.root.parent / "other", workspace.case)
+    other.work.mkdir(parents=True)
+    (other.work / "cache").symlink_to(workspace.cache)
+    nowhere = str(workspace.root / "nowhere")
+    upstream.materialise(other, CASE.project, PIN, other.clone, nowhere)
     assert git(other.clone, "rev-parse", TAG) == git(repo, "rev-parse", TAG)
 
 
@@ -228,10 +228,10 @@ def test_sdist_path_when_the_remote_is_unreachable(workspace: Layout, sdist_cach
 def test_damaged_sdist_is_refused_and_nothing_is_left(
     workspace: Layout, sdist_cache: Path, damage, message: str
 ) -> None:
+    (workspace.work / "cache").unlink()
     own_cache = workspace.cache / "sdists"
-    own_cache.unlink()
-    own_cache.mkdir()
-    archive = own_cache / PIN.transformers.sdist.filename
+    own_cache.mkdir(parents=True)
+    archive = own_cache / PIN.sdist.filename
     archive.write_bytes(damage((sdist_cache / archive.name).read_bytes()))
 
     with pytest.raises(WorkspaceError, match=f"refusing {archive.name}: .*{message}"):

@@ -1,7 +1,7 @@
 """`python -m hostsync COMMAND [OPTIONS]`: what the nox sessions call.
 
 Each command is a `main(argv) -> int` in its own module, imported only when asked for, so that
-the commands that need no torch (clone, export-patches) run without it.
+the commands that need no torch (env, clone, export-patches) run without it.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from hostsync.errors import WorkspaceError
 COMMANDS = {
     "clone": ("hostsync.upstream:clone_main", "materialise the pinned tree, apply patches/"),
     "export-patches": ("hostsync.upstream:export_main", "write the clone's commits to patches/"),
-    "check-env": ("hostsync.environment:main", "check a prepared environment against pin.toml"),
+    "env": ("hostsync.envs:main", "the environment the commands run in (built if needed)"),
     "test-patch": ("hostsync.patch_proof:main", "the series' tests: red on pinned, green patched"),
-    "repro": ("hostsync.repro:main", "count the loss's host syncs on real SP ranks, tree by tree"),
+    "repro": ("hostsync.repro:main", "a case's reproducer on real processes, tree by tree"),
     "bench": ("hostsync.bench:main", "time the reproducer cold and warm, and the detector cost"),
     "hunt": ("hostsync.hunt:main", "every host sync of a full SP Trainer step, tree by tree"),
-    "profile": ("hostsync.profiling:main", "before/after profiles of the loss computation"),
-    "review": ("hostsync.review:main", "issue and PR drafts and a bundle, from the result files"),
+    "profile": ("hostsync.profiling:main", "before/after profiles of a case's measured code"),
+    "review": ("hostsync.review:main", "a case's upstream drafts, from its result files"),
 }
 
 

@@ -1,14 +1,13 @@
 """`python -m hostsync bench`: how long the reproducer takes, and what the sync detector costs.
 
-A benchmark, not a test: it prints figures (kept in profiles/bench-<stamp>.json with --write) and
-asserts nothing. Each run is what `repro` starts for one (tree, sp_size): one torchrun through
-every scenario. The cold run starts with an empty DeepSpeed extensions cache, so it includes the
-one-time JIT compile of DeepSpeed's shared-memory op (the OS file cache is left as it is); warm
-runs reuse the cache. The detector's overhead is measured on the whole run, and on the loss call
-itself (`deepspeed_sp_compute_loss`, forward included, timed inside each rank; a step waits for
-its slowest rank, so each call counts at its slowest rank's time; each run's first call, a
-warm-up, is left out).
-"""
+A benchmark, not a test: it prints figures (kept in profiles/<case>/bench-<stamp>.json with --write)
+and asserts nothing. Each run is what `repro` starts for the case's first launch at its first rank
+count: one run through every scenario of that launch. The cold run starts with an empty DeepSpeed
+extensions cache, so it includes the one-time JIT compile of DeepSpeed's shared-memory op (the OS
+file cache is left as it is); warm runs reuse the cache. The detector's overhead is measured on the
+whole run, and on the measured call itself where the rank script times it (`call_seconds` of its
+rows; a step waits for its slowest rank, so each call counts at its slowest rank's time; each run's
+first call, a warm-up, is left out)."""
 
 from __future__ import annotations
 
@@ -18,15 +17,14 @@ import sys
 import tempfile
 import time
 
-from hostsync import environment, repro, results, table, upstream
-from hostsync.layout import Layout
-from hostsync.options import add_device, add_timeout
+from hostsync import cases, environment, repro, results, table, upstream
+from hostsync.options import add_case, add_device, add_timeout, case_layouts
 
 
-def loss_call_seconds(rank_results: list[dict]) -> list[float]:
+def call_seconds(rank_results: list[dict]) -> list[float]:
     """Each call's time at its slowest rank, the run's first call (warm-up) left out."""
-    per_rank = [[entry["call_seconds"] for entry in r["scenarios"]] for r in rank_results]
-    return [max(times) for times in zip(*per_rank, strict=True)][1:]
+    rows = repro.merge_ranks(rank_results)
+    return [row["call_seconds"] for row in rows if "call_seconds" in row][1:]
 
 
 def overhead(with_detector: float, without: float, unit: str) -> str:
@@ -39,8 +37,8 @@ def parser() -> argparse.ArgumentParser:
         description="Print the reproducer's wall time, cold and warm, and the sync detector's"
         " overhead against the same runs without it.",
     )
+    add_case(parser)
     parser.add_argument("--tree", default="pinned", help="tree to run (default: %(default)s)")
-    parser.add_argument("--sp", default="2", help="sequence-parallel size (default: %(default)s)")
     parser.add_argument(
         "--warm-runs",
         type=int,
@@ -54,23 +52,25 @@ def parser() -> argparse.ArgumentParser:
         help="times each run goes through the scenarios, for more loss calls (default: 1)",
     )
     add_device(parser)
-    add_timeout(parser, repro.DEFAULT_TIMEOUT_S, "one torchrun")
+    add_timeout(parser, "one run")
     parser.add_argument("--write", action="store_true", help="keep the figures in profiles/")
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    (sp_size,) = repro.parse_sp_sizes(args.sp)
-    layout = Layout()
-    device = environment.resolve_device(args.device, sp_size)
+    (layout,) = case_layouts(args.case)
+    case = cases.load(layout.root, layout.case)
+    spec = case.launches[0]
+    sp_size = spec.ranks[0]
     tree = upstream.tree(layout, args.tree)
-    scenarios = list(repro.SCENARIOS) * args.repeat
+    device = environment.resolve_device(args.device, sp_size, tree.python)
+    scenarios = list(spec.scenarios) * args.repeat
 
     def run(detector: bool, env: dict[str, str] | None = None) -> tuple[float, list[dict]]:
         started = time.perf_counter()
-        ranks = repro.run_worker(
-            layout, tree, sp_size, scenarios, device=device, timeout=args.timeout,
+        ranks = repro.run_launch(
+            layout, tree, spec, sp_size, scenarios, device=device, timeout=args.timeout,
             detector=detector, env=env,
         )  # fmt: skip
         return time.perf_counter() - started, ranks
@@ -84,14 +84,14 @@ def main(argv: list[str]) -> int:
         for detector in (True, False):  # interleaved, so drift on a shared machine hits both
             seconds, ranks = run(detector)
             wall_s[detector].append(seconds)
-            call_s[detector] += loss_call_seconds(ranks)
+            call_s[detector] += call_seconds(ranks)
 
     wall = {detector: statistics.median(s) for detector, s in wall_s.items()}
-    call_ms = {detector: 1000 * statistics.median(s) for detector, s in call_s.items()}
+    call_ms = {d: 1000 * statistics.median(s) if s else None for d, s in call_s.items()}
     print(
-        f"bench: {tree.label} (transformers {tree.version}), sp {sp_size}, {device},"
-        f" {len(scenarios)} scenario(s) per run, {args.warm_runs} warm run(s) each way,"
-        f" {len(call_s[True])} timed loss calls each way"
+        f"bench: {case.name}, {tree.label} ({tree.project.name} {tree.version}), {sp_size}"
+        f" rank(s), {device}, {len(scenarios)} scenario(s) per run, {args.warm_runs} warm run(s)"
+        f" each way, {len(call_s[True])} timed calls each way"
     )
     print(f"cold run (empty extensions cache, detector on): {cold_s:.1f} s")
     print(
@@ -100,14 +100,14 @@ def main(argv: list[str]) -> int:
             [
                 ["warm run, wall (s)", f"{wall[True]:.2f}", f"{wall[False]:.2f}",
                  overhead(wall[True], wall[False], "s")],
-                ["loss call (ms)", f"{call_ms[True]:.2f}", f"{call_ms[False]:.2f}",
-                 overhead(call_ms[True], call_ms[False], "ms")],
+                *([["measured call (ms)", f"{call_ms[True]:.2f}", f"{call_ms[False]:.2f}",
+                   overhead(call_ms[True], call_ms[False], "ms")]] if call_s[True] else []),
             ],
         )
     )  # fmt: skip
     if args.write:
         payload = {
-            "environment": environment.describe() | {"world_sizes": [sp_size]},
+            "environment": environment.describe(tree.python) | {"ranks": [sp_size]},
             "trees": upstream.describe_trees(layout, [tree]),
             "sp_size": sp_size,
             "device_kind": device,

@@ -1,53 +1,49 @@
-"""Check that a prepared environment (nox --no-venv) satisfies pin.toml, and describe it."""
+"""What a tree's environment offers (versions, GPUs), asked of its own interpreter.
+
+The launcher runs in a plain interpreter without torch; each tree runs in the environment that
+fits it (`envs`). So questions about torch, CUDA and installed versions go to that environment's
+interpreter, once per interpreter.
+"""
 
 from __future__ import annotations
 
-import argparse
-import platform
-import sys
+import functools
+import json
+import subprocess
+
+from hostsync.errors import WorkspaceError, last_line
+
+_PROBE = """
+import json, platform
 from importlib import metadata
-
-from hostsync.errors import WorkspaceError
-from hostsync.pin import load as load_pin
-
-
-def main(argv: list[str]) -> int:
-    argparse.ArgumentParser(
-        prog="python -m hostsync check-env",
-        description="Refuse an environment whose packages fall outside pin.toml's ranges.",
-    ).parse_args(argv)
-    check()
-    print("environment satisfies pin.toml:", ", ".join(f"{k} {v}" for k, v in versions().items()))
-    return 0
-
-
-def check() -> None:
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
-    problems = []
-    for requirement in load_pin().requirements:
-        try:
-            installed = metadata.version(requirement.name)
-        except metadata.PackageNotFoundError:
-            problems.append(f"{requirement.name} is not installed")
-            continue
-        if Version(installed) not in SpecifierSet(requirement.supported, prereleases=True):
-            problems.append(f"{requirement.name} {installed} is outside {requirement.supported}")
-    if problems:
-        raise WorkspaceError(
-            "the prepared environment does not fit pin.toml: "
-            + "; ".join(problems)
-            + f" in {sys.executable} (install the pinned versions there, or drop --no-venv to get"
-            " a fresh virtualenv)"
-        )
+found = {"python": platform.python_version()}
+for name in ("torch", "transformers", "accelerate", "deepspeed", "tokenizers", "huggingface_hub"):
+    try:
+        found[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        found[name] = "not installed"
+import torch
+cuda = torch.cuda.is_available()
+found["platform"] = platform.platform()
+found["device"] = torch.cuda.get_device_name(0) if cuda else "cpu"
+found["device_count"] = torch.cuda.device_count() if cuda else 0
+print(json.dumps(found))
+"""
 
 
-def resolve_device(requested: str, ranks: int) -> str:
+@functools.cache
+def describe(python: str) -> dict:
+    """The environment a result was measured in: versions (of what is installed there; the tree
+    under test reports its own), device, platform."""
+    done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise WorkspaceError(f"cannot probe the environment {python}: {last_line(done.stderr)}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def resolve_device(requested: str, ranks: int, python: str) -> str:
     """`cuda` (NCCL) needs one GPU per rank: NCCL refuses two ranks on one GPU."""
-    import torch
-
-    gpus = torch.cuda.device_count()
+    gpus = describe(python)["device_count"]
     if requested == "auto":
         return "cuda" if gpus >= ranks else "cpu"
     if requested == "cuda" and gpus < ranks:
@@ -61,27 +57,3 @@ def resolve_device(requested: str, ranks: int) -> str:
 def device_env(device: str) -> dict[str, str]:
     """On CPU, hide any GPU: DeepSpeed and accelerate would otherwise pick CUDA."""
     return {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
-
-
-def versions() -> dict[str, str]:
-    """Installed versions of what a run depends on (the tree under test reports its own)."""
-    found = {"python": platform.python_version()}
-    for name in ("torch", "accelerate", "deepspeed", "tokenizers", "huggingface_hub"):
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = "not installed"
-    return found
-
-
-def describe() -> dict:
-    """The environment a result was measured in: versions, device, platform."""
-    import torch
-
-    cuda = torch.cuda.is_available()
-    return {
-        **versions(),
-        "platform": platform.platform(),
-        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
-        "device_count": torch.cuda.device_count() if cuda else 0,
-    }

@@ -8,8 +8,9 @@ apart; the rest are ranked by syncs per step. The reads only the PyTorch profile
 inside C++ kernels) form a separate list. Trees are compared site by site, matched on file,
 function and code line, since line numbers move between releases.
 
-Writes profiles/hunt-<stamp>.json (never overwritten) with the Markdown report beside it, and
-regenerates profiles/hunt.md from the newest result.
+Writes profiles/<case>/hunt-<stamp>.json (never overwritten) with the Markdown report beside
+it, and regenerates profiles/<case>/hunt.md from the newest result. The case chooses the trees:
+its project's pinned and patched trees, the other packages from the environment.
 """
 
 from __future__ import annotations
@@ -28,10 +29,9 @@ from hostsync import environment, results, table, trainer_run, upstream
 from hostsync.errors import WorkspaceError
 from hostsync.launch import RunFailed
 from hostsync.layout import Layout
-from hostsync.options import add_timeout, comma_list
+from hostsync.options import add_case, add_timeout, case_layouts, comma_list
 
 KIND = "hunt"
-ALLOWLIST = "hunt_allowlist.toml"
 DEFAULT_TREES = ("pinned", "patched")
 DEFAULT_STEPS = 7
 LOGGING_STEPS = 3
@@ -44,7 +44,7 @@ _RULE_KEYS = {"file", "function", "line", "reason"}
 def load_allowlist(path: Path) -> list[dict[str, Any]]:
     """The accepted sites: [[allow]] tables with file, reason, and optionally function, line."""
     if not path.exists():
-        raise WorkspaceError(f"no allow-list at {path}: restore {ALLOWLIST} from version control")
+        raise WorkspaceError(f"no allow-list at {path}: restore it from version control")
     try:
         entries = tomllib.loads(path.read_text()).get("allow", [])
     except tomllib.TOMLDecodeError as error:
@@ -469,25 +469,33 @@ def parser() -> argparse.ArgumentParser:
         description="Record every host sync of a full accelerate + Trainer + DeepSpeed Ulysses"
         " training step on 2 ranks, per tree, and compare the trees.",
     )
+    add_case(parser)
     parser.add_argument("--trees", default=",".join(DEFAULT_TREES),
                         help="pinned, patched, a release like 5.14.0, NAME+tests, NAME+series"
                         " (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--transformers", action="append", default=[], metavar="VERSION",
-                        help="also hunt this transformers release as published on PyPI"
+    parser.add_argument("--release", "--transformers", dest="releases", action="append",
+                        default=[], metavar="VERSION",
+                        help="also hunt this release of the case's project as published on PyPI"
                         " (repeatable), e.g. the newest")  # fmt: skip
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                         help="steps under the detector, the first being the warm-up"
                         " (default: %(default)s)")  # fmt: skip
-    add_timeout(parser, trainer_run.DEFAULT_TIMEOUT_S, "one training run")
+    add_timeout(parser, "one training run")
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    layout = Layout()
-    names = list(dict.fromkeys(comma_list(args.trees, "--trees") + args.transformers))
+    names = list(dict.fromkeys(comma_list(args.trees, "--trees") + args.releases))
     trainer_run.hunt_plan(args.steps, LOGGING_STEPS)  # refuse bad --steps before any download
-    rules = load_allowlist(layout.root / ALLOWLIST)
+    status = 0
+    for layout in case_layouts(args.case):
+        status = max(status, hunt_case(layout, names, args))
+    return status
+
+
+def hunt_case(layout: Layout, names: list[str], args: argparse.Namespace) -> int:
+    rules = load_allowlist(layout.allowlist)
     trees = upstream.trees(layout, names)
     hunted = [hunt_tree(layout, tree, args.steps, rules, args.timeout) for tree in trees]
     failed = [tree for tree in hunted if "error" in tree]
@@ -501,7 +509,11 @@ def main(argv: list[str]) -> int:
             "world_size": len(ranks),
             "sp_size": trainer_run.SP_SIZE,
             **{key: ranks[0][key] for key in ("model", "device", "backend")},
-            "versions": environment.versions(),
+            "versions": {
+                key: value
+                for key, value in environment.describe(trees[0].python).items()
+                if key not in ("platform", "device", "device_count")
+            },
         },
         "allowlist": rules,
         "trees": hunted,

@@ -2,33 +2,30 @@
 
 The launcher side starts `torchrun` or `accelerate launch` in a session of its own, so that on a
 timeout, an error or Ctrl-C the whole process group (launcher, ranks, compilers they spawned) is
-killed and no rank outlives the run. The rank side (`rank_entry`) writes each rank's result, or
-its traceback, into the run folder, so that a failure is reported with its rank number.
+killed and no rank outlives the run. The rank side (`protocol.rank_entry`) writes each rank's
+result, or its traceback, into the run folder, so that a failure is reported with its rank number.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
-import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
+from hostsync.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV
+from hostsync.upstream import Tree
 
 log = logging.getLogger(__name__)
 
-RUN_DIR_ENV = "HOSTSYNC_RUN_DIR"
-TREE_SRC_ENV = "HOSTSYNC_TREE_SRC"
 _KILL_GRACE_S = 10.0
 
 
@@ -41,7 +38,7 @@ class Run:
     """Where one multi-process run reads its inputs and leaves its outputs."""
 
     run_dir: Path
-    tree_src: Path
+    tree: Tree
     layout: Layout = field(default_factory=Layout)
 
     @property
@@ -49,13 +46,16 @@ class Run:
         return self.run_dir / "launcher.log"
 
     def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The ranks import transformers from the tree under test and hostsync from here."""
+        """The ranks import the project from the tree under test and hostsync from here, and
+        find the tree's environment's own tools (torchrun, accelerate) first on the PATH."""
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(self.tree_src), str(self.layout.root / "src"), env.get("PYTHONPATH", "")]
+            [str(self.tree.src), str(self.layout.root / "src"), env.get("PYTHONPATH", "")]
         ).rstrip(os.pathsep)
+        env["PATH"] = os.pathsep.join([str(Path(self.tree.python).parent), env.get("PATH", "")])
         env[RUN_DIR_ENV] = str(self.run_dir)
-        env[TREE_SRC_ENV] = str(self.tree_src)
+        env[TREE_SRC_ENV] = str(self.tree.src)
+        env[TREE_PACKAGE_ENV] = self.tree.project.name
         # Two ranks on two cores: one thread each, or they fight over the cores.
         env.setdefault("OMP_NUM_THREADS", "1")
         # DeepSpeed JIT-compiles its shared-memory op once; keep it between runs.
@@ -70,9 +70,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def torchrun_command(script: Path, nprocs: int, args: Sequence[str]) -> list[str]:
+def torchrun_command(python: str, script: Path, nprocs: int, args: Sequence[str]) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        python, "-m", "torch.distributed.run",
         "--standalone", f"--nproc-per-node={nprocs}", "--max-restarts=0",
         str(script), *args,
     ]  # fmt: skip
@@ -185,47 +185,3 @@ def _read_rank_result(run: Run, rank: int) -> dict:
     if not path.exists():
         raise RunFailed(f"rank {rank} exited cleanly but wrote no result; see {run.log_file}")
     return json.loads(path.read_text())
-
-
-def rank_entry(main: Callable[[], dict]) -> Callable[[], None]:
-    """Decorate a rank's main: its returned dict, or its traceback, lands in the run folder."""
-
-    @functools.wraps(main)
-    def wrapper() -> None:
-        run_dir = Path(os.environ[RUN_DIR_ENV])
-        rank = int(os.environ.get("RANK", "0"))
-        try:
-            _check_transformers_origin()
-            result = main()
-        except BaseException as error:
-            # First line: the exception itself, for the launcher's one-line message.
-            summary = traceback.format_exception_only(error)[0].strip()
-            (run_dir / f"rank-{rank}.error").write_text(f"{summary}\n\n{traceback.format_exc()}")
-            raise
-        (run_dir / f"rank-{rank}.json").write_text(json.dumps(result, indent=2) + "\n")
-        _leave_process_group()
-
-    return wrapper
-
-
-def _leave_process_group() -> None:
-    """Tear the process group down before the interpreter exits: gloo's threads, left running,
-    make some exits abort ("terminate called without an active exception")."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def _check_transformers_origin() -> None:
-    """Refuse to measure an installed transformers when a tree was asked for."""
-    import transformers
-
-    expected = Path(os.environ[TREE_SRC_ENV]).resolve()
-    actual = Path(transformers.__file__).resolve()
-    if expected not in actual.parents:
-        raise RuntimeError(
-            f"transformers was imported from {actual.parent}, not from the tree under test"
-            f" {expected}: something earlier on sys.path shadows it"
-        )

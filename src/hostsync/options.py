@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from hostsync import cases
 from hostsync.errors import WorkspaceError
+from hostsync.layout import Layout
+from hostsync.pin import load as load_pin
+
+ALL_CASES = "all"
+# How long one launched run (a torchrun, a pytest, a training) may take before it counts as hung.
+DEFAULT_TIMEOUT_S = 900.0
 
 
 def comma_list(text: str, option: str) -> list[str]:
@@ -13,6 +20,27 @@ def comma_list(text: str, option: str) -> list[str]:
     if not items:
         raise WorkspaceError(f"empty {option} list: give comma-separated values")
     return items
+
+
+def add_case(parser: argparse.ArgumentParser) -> None:
+    """`--case NAME` (default: pin.toml's `default_case`), or `--case all`."""
+    parser.add_argument(
+        "--case",
+        metavar="NAME",
+        help=f"a case of cases/ by name, or {ALL_CASES!r} (default: pin.toml's default_case)",
+    )
+
+
+def case_layouts(name: str | None, layout: Layout | None = None) -> list[Layout]:
+    """The layout of each case `--case` names, its card checked before anything runs."""
+    layout = layout or Layout()
+    if name == ALL_CASES:
+        names = cases.names(layout.root)
+    else:
+        names = [name or load_pin(layout.pin_file).default_case]
+    for each in names:
+        cases.load(layout.root, each)
+    return [layout.for_case(each) for each in names]
 
 
 def add_device(parser: argparse.ArgumentParser) -> None:
@@ -25,12 +53,22 @@ def add_device(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_timeout(parser: argparse.ArgumentParser, default: float, run: str) -> None:
+def positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is no positive number of seconds")
+    return seconds
+
+
+def add_timeout(parser: argparse.ArgumentParser, run: str) -> None:
     """`--timeout`: how long one `run` may take before it counts as hung and is killed."""
     parser.add_argument(
         "--timeout",
-        type=float,
-        default=default,
+        type=positive_seconds,
+        default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
         help=f"seconds before {run} counts as hung and is killed (default: %(default)s)",
     )

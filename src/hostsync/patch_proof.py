@@ -1,23 +1,21 @@
-"""`test-patch`: the red/green proof that the series fixes what its own tests check.
+"""`test-patch`: the red/green proof that a case's series fixes what its own tests check.
 
 The tests the series adds run the way upstream's CI runs them (pytest at the tree root, the
-tree's src/ first on the path) on three trees: the pinned release with only the test patches,
-where the tests that catch the bug must fail on an assertion (one that passes there proves
-nothing); the patched tree; and upstream's own fixed release with the test patches, where all
-must pass. Beside them: upstream's tests near the change, when the tree has them (a git clone
-does, the PyPI sdist does not), and transformers' own ruff, at the version the tree pins, on the
-files the series touches.
+tree's package first on the path, in the environment that fits the tree's release) on three
+trees: the pinned release with only the test patches, where the tests the case card names
+`red_on_pinned` must fail on an assertion (one that passes there proves nothing); the patched
+tree; and upstream's own fixed release with the test patches, when one exists, where all must
+pass. Beside them: upstream's tests near the change, when the tree has them (a git clone does, a
+PyPI sdist may not), and the project's own linters, at the versions the tree pins, on the files
+the series touches.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
@@ -28,26 +26,13 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from hostsync import results, table, upstream
+from hostsync import cases, linters, results, table, upstream
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.launch import Run, run_group
 from hostsync.layout import Layout
-from hostsync.options import add_timeout
-from hostsync.pin import load as load_pin
+from hostsync.options import add_case, add_timeout, case_layouts
 
 log = logging.getLogger(__name__)
-
-# The series' tests that catch the bug, so must fail on a release that has it. The others check
-# behaviour the fix keeps (the weighted mean, the excluded NaN rank) and pass there too.
-RED_ON_BUGGY_RELEASE = frozenset(
-    {
-        "TestDeepSpeedSPComputeLoss::test_no_host_sync_in_loss_aggregation",
-        "TestDeepSpeedSPComputeLoss::test_all_masked_batch_gives_zero_loss_that_backpropagates",
-    }
-)
-# Upstream's tests of the code the series changes (only in a git clone, not in the sdist).
-NEIGHBOUR_TESTS = ("tests/deepspeed/test_alst_ulysses_sp.py",)
-DEFAULT_TIMEOUT_S = 900.0
 
 PASSED, FAILED, ERROR, SKIPPED = "passed", "failed", "error", "skipped"
 _JUNIT_OUTCOMES = {"failure": FAILED, "error": ERROR, "skipped": SKIPPED}
@@ -59,7 +44,7 @@ HEADERS = ("check", "tree", "passed", "failed", "skipped", "expected", "verdict"
 class Case:
     """One test case of a pytest run (or one ruff step)."""
 
-    test: str  # Class::method, as in RED_ON_BUGGY_RELEASE
+    test: str  # Class::method, as in the case card's red_on_pinned
     outcome: str
     message: str = ""  # the failure's first line, or why it was skipped
 
@@ -74,8 +59,12 @@ class Expectation:
 
 
 GREEN = Expectation("all pass")
-RED = Expectation(f"{len(RED_ON_BUGGY_RELEASE)} fail, rest pass", must_fail=RED_ON_BUGGY_RELEASE)
 PASS_OR_SKIP = Expectation("pass or skip", may_skip=True)
+
+
+def red(case: cases.Case) -> Expectation:
+    """What the pinned release must show: the case's bug-catching tests fail, the rest pass."""
+    return Expectation(f"{len(case.red_on_pinned)} fail, rest pass", must_fail=case.red_on_pinned)
 
 
 @dataclass
@@ -194,65 +183,15 @@ def pytest_in_tree(
     """Run pytest on `paths` at the tree root: its exit code and the junit report's results."""
     report = run.run_dir / "junit.xml"
     command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        *paths,
-        f"--junitxml={report}",
-        "-p",
-        "no:cacheprovider",
-    ]
-    # The tests start `torchrun`: this environment's, whether or not it is activated.
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    returncode = run_group(run, command, timeout=timeout, cwd=tree.root, env={"PATH": path})
+        tree.python, "-m", "pytest", *paths, f"--junitxml={report}", "-p", "no:cacheprovider",
+    ]  # fmt: skip
+    returncode = run_group(run, command, timeout=timeout, cwd=tree.root)
     if not report.exists():
         raise WorkspaceError(
             f"pytest exited with status {returncode} and wrote no report in {tree.label}:"
             f" see {run.log_file}"
         )
     return returncode, read_junit(report)
-
-
-def pinned_ruff(tree: upstream.Tree) -> str:
-    """The ruff version the tree's own `make style` installs."""
-    versions = tree.src / "transformers" / "dependency_versions_table.py"
-    match = re.search(r'"ruff": "ruff==([^"]+)"', versions.read_text())
-    if not match:
-        raise WorkspaceError(f"{versions} pins no ruff: lint the tree by hand with `make style`")
-    return match[1]
-
-
-def ruff_executable(layout: Layout, version: str) -> Path:
-    """That ruff, installed once into the workspace cache (one binary from PyPI)."""
-    target = layout.cache / "tools" / f"ruff-{version}"
-    if not target.exists():
-        partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        log.info("installing ruff %s into %s", version, target)
-        installed = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--no-deps",
-                "--target",
-                str(partial),
-                f"ruff=={version}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if installed.returncode != 0:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise WorkspaceError(
-                f"cannot install ruff=={version} ({last_line(installed.stderr)}):"
-                " check the network to PyPI and that pip is in this environment"
-            )
-        partial.rename(target)
-    return target / "bin" / "ruff"
 
 
 def touched_files(patches: Sequence[Path]) -> list[str]:
@@ -263,7 +202,7 @@ def touched_files(patches: Sequence[Path]) -> list[str]:
 
 
 def series_tests(layout: Layout) -> list[Path]:
-    return [p for p in results.series(layout) if upstream.touches_only_tests(p)]
+    return [p for p in upstream.series(layout) if upstream.touches_only_tests(p)]
 
 
 def series_test_files(test_patches: Sequence[Path]) -> list[str]:
@@ -289,60 +228,74 @@ def check_tests(
                 raise
             check.reason = f"does not apply: {error}"
             return check
+        check.label = check.tree.label
         test_patches = series_tests(layout)
         if not test_patches:
             raise WorkspaceError("the series has no test patch: nothing to prove with")
-        run = Run(workdir / _safe(label) / "series", check.tree.src, layout)
+        run = Run(workdir / _safe(check.label) / "series", check.tree, layout)
         paths = series_test_files(test_patches)
         returncode, check.tests = pytest_in_tree(check.tree, paths, run, timeout)
         check.verdict, check.reason = judge(expect, check.tests, returncode)
     return check
 
 
-def check_neighbours(layout: Layout, workdir: Path, tree: upstream.Tree, timeout: float) -> Check:
+def check_neighbours(layout: Layout, case: cases.Case, workdir: Path, tree: upstream.Tree,
+                     timeout: float) -> Check:  # fmt: skip
     """Upstream's tests near the change on the patched tree: run, skipped (why) or absent."""
     check = Check("upstream tests", tree.label, PASS_OR_SKIP.label, tree)
     with measured(check):
-        present = [p for p in NEIGHBOUR_TESTS if (tree.root / p).exists()]
+        present = [p for p in case.neighbours if (tree.root / p).exists()]
         if not present:
-            check.reason = f"absent: this tree has no {', '.join(NEIGHBOUR_TESTS)}"
+            check.reason = f"absent: this tree has no {', '.join(case.neighbours) or 'such tests'}"
             return check
-        run = Run(workdir / _safe(tree.label) / "neighbours", tree.src, layout)
+        run = Run(workdir / _safe(tree.label) / "neighbours", tree, layout)
         returncode, check.tests = pytest_in_tree(tree, present, run, timeout)
         check.verdict, check.reason = judge(PASS_OR_SKIP, check.tests, returncode)
     return check
 
 
 def check_lint(layout: Layout, workdir: Path, tree: upstream.Tree) -> Check:
-    """transformers' ruff, at the tree's pinned version and with its config, on what we touch."""
-    check = Check("ruff", tree.label, "clean", tree)
+    """The project's own linters, at the tree's pinned versions and with its config, on the
+    Python files the series touches."""
+    check = Check("lint", tree.label, "clean", tree)
     with measured(check):
-        version = pinned_ruff(tree)
-        check.name = f"ruff {version}"
-        files = [f for f in touched_files(results.series(layout)) if f.endswith(".py")]
-        ruff = str(ruff_executable(layout, version))
+        files = [f for f in touched_files(upstream.series(layout)) if f.endswith(".py")]
+        steps = linters.steps(layout, tree)
+        check.name = ", ".join(dict.fromkeys(step.tool for step in steps))
         failures = []
-        for args in (["check"], ["format", "--check"]):
-            step = f"ruff {' '.join(args)}"
-            run = Run(workdir / "lint" / "-".join(args), tree.src, layout)
-            status = run_group(run, [ruff, *args, "--no-cache", *files], timeout=300, cwd=tree.root)
+        for step in steps:
+            run = Run(workdir / "lint" / step.slug, tree, layout)
+            status = run_group(run, [*step.command, *files], timeout=300, cwd=tree.root,
+                               env=step.env)  # fmt: skip
             message = "" if status == 0 else last_line(run.log_file.read_text())
-            check.tests.append(Case(step, PASSED if status == 0 else FAILED, message))
+            check.tests.append(Case(step.name, PASSED if status == 0 else FAILED, message))
             if status != 0:
-                failures.append(f"{step}: {message} (see {run.log_file})")
+                failures.append(f"{step.name}: {message} (see {run.log_file})")
         check.verdict = WRONG if failures else OK
         check.reason = "; ".join(failures) or f"{len(files)} file(s): {', '.join(files)}"
     return check
 
 
+def release_expectation(case: cases.Case, version: str) -> Expectation:
+    """The series' tests on another release: green from upstream's fix on, red before it."""
+    fixed = case.fixed and Version(version) >= Version(case.fixed.version)
+    return GREEN if fixed else red(case)
+
+
 def other_release_checks(
-    layout: Layout, workdir: Path, version: str, reference: str, timeout: float
+    layout: Layout, case: cases.Case, workdir: Path, version: str, timeout: float
 ) -> list[Check]:
     """Whether the series applies to another release, and how its tests go there."""
-    tests_expect = GREEN if Version(version) >= Version(reference) else RED
     return [
         check_tests(layout, workdir, f"{version}+series", GREEN, timeout, optional=True),
-        check_tests(layout, workdir, f"{version}+tests", tests_expect, timeout, optional=True),
+        check_tests(
+            layout,
+            workdir,
+            f"{version}+tests",
+            release_expectation(case, version),
+            timeout,
+            optional=True,
+        ),
     ]
 
 
@@ -350,20 +303,21 @@ def all_checks(
     layout: Layout, versions: Sequence[str], timeout: float, workdir: Path
 ) -> list[Check]:
     """Every check, in the order of the summary table."""
-    reference = load_pin(layout.pin_file).reference.version
+    case = cases.load(layout.root, layout.case)
     checks = [
-        check_tests(layout, workdir, "pinned+tests", RED, timeout),
+        check_tests(layout, workdir, "pinned+tests", red(case), timeout),
         check_tests(layout, workdir, upstream.PATCHED, GREEN, timeout),
-        check_tests(layout, workdir, f"{reference}+tests", GREEN, timeout),
     ]
+    if case.fixed:
+        checks.append(check_tests(layout, workdir, "fixed+tests", GREEN, timeout))
     patched = checks[1].tree
     if patched is not None:
         checks += [
-            check_neighbours(layout, workdir, patched, timeout),
+            check_neighbours(layout, case, workdir, patched, timeout),
             check_lint(layout, workdir, patched),
         ]
     for version in versions:
-        checks += other_release_checks(layout, workdir, version, reference, timeout)
+        checks += other_release_checks(layout, case, workdir, version, timeout)
     return checks
 
 
@@ -371,7 +325,7 @@ def prove_and_report(
     layout: Layout, versions: Sequence[str], timeout: float, say: Callable[[str], None] = print
 ) -> tuple[int, Path]:
     """Prove, print the summary, write the result file; exit status 1 when a verdict is WRONG."""
-    workdir = layout.new_run_dir("test-patch")
+    workdir = layout.new_run_dir(f"test-patch-{layout.case}")
     checks = all_checks(layout, versions, timeout, workdir)
     wrong = [c for c in checks if c.verdict == WRONG]
     say(table.text(HEADERS, [c.row() for c in checks]))
@@ -379,15 +333,11 @@ def prove_and_report(
         for test in check.tests:
             if test.outcome in (FAILED, ERROR):
                 say(f"{check.label}: {test.test}\n    {test.message}")
-    payload = {
-        "reference": load_pin(layout.pin_file).reference.version,
-        "ok": not wrong,
-        "checks": [c.record() for c in checks],
-    }
+    payload = {"ok": not wrong, "checks": [c.record() for c in checks]}
     path = results.write(layout, "test_patch", payload)
     say(f"wrote {path.relative_to(layout.root)}")
     if wrong:
-        say(f"{len(wrong)} wrong verdict(s); pytest and ruff logs are kept in {workdir}")
+        say(f"{len(wrong)} wrong verdict(s); pytest and lint logs are kept in {workdir}")
     else:
         shutil.rmtree(workdir)
     return (1 if wrong else 0), path
@@ -396,24 +346,29 @@ def prove_and_report(
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hostsync test-patch",
-        description="The series' tests red on the pinned release, green on the patched tree and"
-        " on upstream's fixed release; upstream's nearby tests; transformers' ruff.",
+        description="A case's series tests red on the pinned release, green on the patched tree"
+        " and on upstream's fixed release; upstream's nearby tests; the project's linters.",
     )
+    add_case(parser)
     parser.add_argument(
+        "--release",
         "--transformers",
+        dest="releases",
         action="append",
         default=[],
         metavar="VERSION",
-        help="also try the series on this release (repeatable): does it apply, how do the tests go",
+        help="also try the series on this release of the case's project (repeatable): does it"
+        " apply, how do its tests go",
     )
-    add_timeout(parser, DEFAULT_TIMEOUT_S, "one pytest run")
+    add_timeout(parser, "one pytest run")
     args = parser.parse_args(argv)
-    for version in args.transformers:
+    for version in args.releases:
         if not re.fullmatch(r"\d+\.\d+\.\d+(?:(?:a|b|rc)\d+)?", version):
-            raise WorkspaceError(
-                f"--transformers {version!r} is no release number: use e.g. 5.12.0"
-            )
-    status, _ = prove_and_report(Layout(), args.transformers, args.timeout)
+            raise WorkspaceError(f"--release {version!r} is no release number: use e.g. 5.12.0")
+    status = 0
+    for layout in case_layouts(args.case):
+        print(f"case {layout.case}")
+        status = max(status, prove_and_report(layout, args.releases, args.timeout)[0])
     return status
 
 

@@ -1,33 +1,14 @@
-"""The pinned upstream state, read from pin.toml."""
+"""The workspace's own pins, read from pin.toml: the dependencies every environment starts
+from, and the case that commands run when none is named."""
 
 from __future__ import annotations
 
-import hashlib
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from hostsync.files import sha256_bytes
 from hostsync.layout import Layout
-
-
-@dataclass(frozen=True)
-class Sdist:
-    url: str
-    size: int
-    sha256: str
-
-    @property
-    def filename(self) -> str:
-        return self.url.rsplit("/", 1)[-1]
-
-
-@dataclass(frozen=True)
-class Release:
-    """One transformers release, reachable as a git tag or as its PyPI sdist."""
-
-    version: str
-    tag: str
-    sdist: Sdist
 
 
 @dataclass(frozen=True)
@@ -43,21 +24,14 @@ class Requirement:
 
 @dataclass(frozen=True)
 class Pin:
-    transformers: Release
-    repository: str
-    reference: Release
-    issue: int
-    pull_request: int
+    default_case: str
     requirements: tuple[Requirement, ...]
     digest: str
 
-    def install_specs(self) -> list[str]:
-        """What `pip install` gets in a fresh virtualenv."""
-        return [r.install_spec for r in self.requirements]
-
-
-def _release(table: dict) -> Release:
-    return Release(version=table["version"], tag=table["tag"], sdist=Sdist(**table["sdist"]))
+    def install_specs(self, replace: dict[str, str] | None = None) -> list[str]:
+        """What `pip install` gets in a fresh environment; `replace` pins other versions."""
+        replace = replace or {}
+        return [f"{r.name}=={replace.get(r.name, r.install)}" for r in self.requirements]
 
 
 def load(path: Path | None = None) -> Pin:
@@ -65,13 +39,9 @@ def load(path: Path | None = None) -> Pin:
     raw = path.read_bytes()
     data = tomllib.loads(raw.decode())
     return Pin(
-        transformers=_release(data["transformers"]),
-        repository=data["transformers"]["repository"],
-        reference=_release(data["reference"]),
-        issue=data["upstream"]["issue"],
-        pull_request=data["upstream"]["pull_request"],
+        default_case=data["default_case"],
         requirements=tuple(
             Requirement(name=name, **spec) for name, spec in data["dependencies"].items()
         ),
-        digest=hashlib.sha256(raw).hexdigest(),
+        digest=sha256_bytes(raw),
     )

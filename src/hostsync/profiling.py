@@ -1,11 +1,12 @@
-"""`python -m hostsync profile`: before/after profiles of the loss computation, tree by tree.
+"""`python -m hostsync profile`: before/after profiles of a case's measured code, tree by tree.
 
-For each tree one torchrun of `repro/sp_profile.py` warms the reproducer up, then records a few
-steps whose loss call runs inside the range `compute_loss` (the forward inside it in
-`model_forward`). Where `nsys` is on the PATH and the ranks have GPUs, Nsight Systems records
-them (`--capture-range=cudaProfilerApi`) and `nsys stats` makes the figures; when it cannot, the
-summary says why and the PyTorch profiler takes over, as it does everywhere else. Its Chrome
-traces open in ui.perfetto.dev.
+For each tree one torchrun of the case's profile script (its card's `[profile] script`) warms the
+reproducer up, then records a few steps whose measured code runs inside the range
+`protocol.MEASURED_RANGE` (a part measured apart, such as the model forward, inside it in
+`protocol.EXCLUDED_RANGE`; the card names both in words). Where `nsys` is on the PATH and the ranks
+have GPUs, Nsight Systems records them (`--capture-range=cudaProfilerApi`) and `nsys stats` makes
+the figures; when it cannot, the summary says why and the PyTorch profiler takes over, as it does
+everywhere else. Its Chrome traces open in ui.perfetto.dev.
 
 The figures come from the traces themselves: per step, inside the range, the calls of
 `aten::_local_scalar_dense` (the host read every `if t > 0`, `max(t, 1)` and `.item()` becomes),
@@ -13,10 +14,12 @@ The figures come from the traces themselves: per step, inside the range, the cal
 the device-to-host copies the range launched, their bytes, `cudaStreamSynchronize` and
 `cudaMemcpyAsync` calls, and how long the GPU sat idle inside the range.
 
-`profiles/profile-<stamp>.json` holds the summary; the folder beside it, named like it without
-`.json`, the traces (`<tree>-<backend>-ws<N>-rank<R>.trace.json.gz`), `summary.md` and the
-timeline PNG. The JSON also records the output of `repro/issue_snippet.py` on each tree, which
-the issue draft quotes.
+`profiles/<case>/profile-<stamp>.json` holds the summary; the folder beside it, named like it
+without `.json`, the traces (`<tree>-<backend>-ws<N>-rank<R>.trace.json.gz`), `summary.md` and
+the timeline PNG. The JSON also records the output of the case's one-process snippet on each tree,
+which the issue draft quotes. Times are shown only from a GPU: on a CPU the summary and the
+timeline give counts and the order of events, since a tiny model's CPU milliseconds say nothing
+about the stall on a GPU.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
-import hashlib
 import json
 import logging
 import os
@@ -40,35 +42,31 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from hostsync import environment, repro, results, table, upstream
+from hostsync import cases, environment, results, table, upstream
+from hostsync.cases import Case
 from hostsync.errors import WorkspaceError, last_line
-from hostsync.launch import (
-    RUN_DIR_ENV,
-    TREE_SRC_ENV,
-    Run,
-    RunFailed,
-    free_port,
-    launch,
-    run_group,
-    torchrun_command,
-)
+from hostsync.files import sha256
+from hostsync.launch import Run, RunFailed, free_port, launch, run_group, torchrun_command
 from hostsync.layout import Layout
-from hostsync.options import add_device, add_timeout, comma_list
+from hostsync.options import add_case, add_device, add_timeout, case_layouts, comma_list
+from hostsync.protocol import (
+    EXCLUDED_RANGE,
+    MEASURED_RANGE,
+    RUN_DIR_ENV,
+    SYNC_OP,
+    SYNC_OPS,
+    TREE_PACKAGE_ENV,
+    TREE_SRC_ENV,
+)
 
 log = logging.getLogger(__name__)
 
-LOSS_RANGE = "compute_loss"
-FORWARD_RANGE = "model_forward"
-SYNC_OPS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
-SYNC_OP = SYNC_OPS[0]  # the one that actually reads: the other two call it
 CUDA_CALLS = ("cudaStreamSynchronize", "cudaMemcpyAsync")
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATEGORIES = ("cpu_op", "cuda_runtime", "cuda_driver")
 NSYS_REPORTS = ("cuda_api_sum", "cuda_gpu_mem_size_sum")
-SNIPPET = Path("repro") / "issue_snippet.py"
-DEFAULT_TIMEOUT_S = 600.0
 # What a rank reads from its environment besides the usual: set them to rerun a capture by hand.
-RERUN_ENV = ("PYTHONPATH", RUN_DIR_ENV, TREE_SRC_ENV)
+RERUN_ENV = ("PYTHONPATH", RUN_DIR_ENV, TREE_SRC_ENV, TREE_PACKAGE_ENV)
 
 
 class NsysFailed(WorkspaceError):
@@ -106,14 +104,14 @@ def windows(events: Sequence[dict], name: str) -> list[Window]:
 
 
 def analyse_trace(trace: dict) -> list[dict]:
-    """The figures of each `compute_loss` step of one rank's Chrome trace (times in ms)."""
+    """The figures of each measured step of one rank's Chrome trace (times in ms)."""
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    steps = windows(events, LOSS_RANGE)
+    steps = windows(events, MEASURED_RANGE)
     if not steps:
         raise WorkspaceError(
-            f"the trace has no {LOSS_RANGE!r} range: was it recorded by repro/sp_profile.py?"
+            f"the trace has no {MEASURED_RANGE!r} range: was it recorded by a profile script?"
         )
-    forwards = windows(events, FORWARD_RANGE)
+    forwards = windows(events, EXCLUDED_RANGE)
     host = [e for e in events if e.get("cat") in HOST_CATEGORIES]
     gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES]
     cuda = bool(trace.get("deviceProperties")) or bool(gpu)
@@ -252,7 +250,7 @@ def nsys_stats_command(report: Path, prefix: Path) -> list[str]:
     reports = [arg for name in NSYS_REPORTS for arg in ("--report", name)]
     return [
         "nsys", "stats", *reports, "--format", "csv", "--output", str(prefix),
-        f"--filter-nvtx={LOSS_RANGE}", str(report),
+        f"--filter-nvtx={MEASURED_RANGE}", str(report),
     ]  # fmt: skip
 
 
@@ -288,7 +286,8 @@ def shown(layout: Layout, command: Sequence[str], run: Run | None = None,
     """The command as a user reruns it by hand from the workspace root, with the variables the
     ranks read (no paths of this machine: it goes into result files)."""
     root = str(layout.root) + os.sep
-    words = ["python" if word == sys.executable else word.replace(root, "") for word in command]
+    pythons = {sys.executable, run and run.tree.python}
+    words = ["python" if word in pythons else word.replace(root, "") for word in command]
     if run is None:
         return shlex.join(words)
     env = env or {}
@@ -315,11 +314,12 @@ def capture(
         "--device", options.device, "--profiler", profiler, "--scenario", options.scenario,
         "--warmup", str(options.warmup), "--steps", str(options.steps),
     ]  # fmt: skip
-    command = torchrun_command(repro_worker(layout), options.sp_size, args)
+    script = layout.repro / options.case.profile["script"]
+    command = torchrun_command(tree.python, script, options.sp_size, args)
     nsys_report = run_dir / "capture"
     if profiler == "nsys":
         command = nsys_command(nsys_report, command)
-    run = Run(run_dir, tree.src, layout)
+    run = Run(run_dir, tree, layout)
     env = environment.device_env(options.device)
     by_hand = shown(layout, command, run, env)
     print(f"{tree.label}: {by_hand}")
@@ -365,10 +365,6 @@ def capture(
     return record
 
 
-def repro_worker(layout: Layout) -> Path:
-    return layout.root / "repro" / "sp_profile.py"
-
-
 def capture_with_fallback(
     layout: Layout,
     tree: upstream.Tree,
@@ -400,20 +396,24 @@ def capture_with_fallback(
 # --- the issue snippet ---------------------------------------------------------------------------
 
 
-def snippet_digest(layout: Layout) -> str:
-    return hashlib.sha256((layout.root / SNIPPET).read_bytes()).hexdigest()
+def snippet_path(layout: Layout, case: Case) -> Path | None:
+    """The case's one-process snippet, which an issue quotes with its output (if it has one)."""
+    name = case.profile.get("snippet")
+    return layout.repro / name if name else None
 
 
-def run_snippet(layout: Layout, tree: upstream.Tree, run_dir: Path, device: str) -> str:
-    """The line `repro/issue_snippet.py` prints on `tree`: what the issue quotes as its output."""
-    run = Run(run_dir, tree.src, layout)
+def run_snippet(layout: Layout, case: Case, tree: upstream.Tree, run_dir: Path,
+                device: str) -> str:  # fmt: skip
+    """The line the snippet prints on `tree` (its card's `snippet_output` pattern)."""
+    run = Run(run_dir, tree, layout)
     env = {"MASTER_PORT": str(free_port())} | environment.device_env(device)
-    status = run_group(run, [sys.executable, str(layout.root / SNIPPET)], timeout=300, env=env)
+    snippet = snippet_path(layout, case)
+    status = run_group(run, [tree.python, str(snippet)], timeout=300, env=env)
     output = run.log_file.read_text()
-    found = re.findall(r"^transformers \S+: \d+ host syncs.*$", output, re.MULTILINE)
+    found = re.findall(case.profile["snippet_output"], output, re.MULTILINE)
     if status != 0 or not found:
         raise WorkspaceError(
-            f"{SNIPPET} failed on {tree.label} (exit status {status}): see {run.log_file}"
+            f"{snippet.name} failed on {tree.label} (exit status {status}): see {run.log_file}"
         )
     return found[-1]
 
@@ -426,16 +426,25 @@ def artifacts_dir(result: Path) -> Path:
     return result.with_suffix("")
 
 
-HEADERS = ["tree", "transformers", "profiler", f"host reads ({SYNC_OP})", "in loss aggregation",
-           "in model forward", "aten::item", "aten::is_nonzero", "range ms (median)"]  # fmt: skip
-CUDA_HEADERS = ["DtoH copies", "DtoH bytes", *CUDA_CALLS, "GPU idle ms (median)"]
+def headers(payload: dict) -> list[str]:
+    """The summary's columns; times only from a GPU, where they mean something."""
+    labels = payload["labels"]
+    found = ["tree", "release", "profiler", f"host reads ({SYNC_OP})", f"in {labels['measured']}",
+             f"in {labels['excluded']}", "aten::item", "aten::is_nonzero"]  # fmt: skip
+    if on_gpu(payload):
+        found += ["range ms (median)", "DtoH copies", "DtoH bytes", *CUDA_CALLS]
+        found += ["GPU idle ms (median)"]
+    return found
+
+
+def on_gpu(payload: dict) -> bool:
+    return any(c["device"].startswith("cuda") for c in payload["captures"])
 
 
 def summary_table(payload: dict) -> tuple[list[str], list[list[object]]]:
-    """Per-step figures by tree; the CUDA columns only when the capture ran on CUDA."""
-    cuda = any(c["device"].startswith("cuda") for c in payload["captures"])
-    rows = [summary_row(c, cuda) for c in payload["captures"]]
-    return HEADERS + CUDA_HEADERS * cuda, rows
+    """Per-step figures by tree; times and the CUDA columns only when the capture ran on CUDA."""
+    cuda = on_gpu(payload)
+    return headers(payload), [summary_row(c, cuda) for c in payload["captures"]]
 
 
 def summary_row(c: dict, cuda: bool) -> list[object]:
@@ -447,11 +456,11 @@ def summary_row(c: dict, cuda: bool) -> list[object]:
     step = c["per_step"]
     ops, in_forward = step["ops"], step["ops_in_forward"][SYNC_OP]
     row = [c["tree"], c["version"], c["profiler"], ops[SYNC_OP], _tidy(ops[SYNC_OP] - in_forward),
-           in_forward, ops["aten::item"], ops["aten::is_nonzero"], step["range_ms"]]  # fmt: skip
+           in_forward, ops["aten::item"], ops["aten::is_nonzero"]]  # fmt: skip
     if cuda:
         calls = step["cuda_calls"] or {}
-        row += [step["dtoh_copies"], step["dtoh_bytes"], *(calls.get(k) for k in CUDA_CALLS),
-                step["gpu_idle_ms"]]  # fmt: skip
+        row += [step["range_ms"], step["dtoh_copies"], step["dtoh_bytes"],
+                *(calls.get(k) for k in CUDA_CALLS), step["gpu_idle_ms"]]  # fmt: skip
     return row
 
 
@@ -459,7 +468,7 @@ def setting(payload: dict) -> str:
     """One line saying what was profiled, for every table of these figures."""
     first = payload["captures"][0]
     return (
-        f"`{LOSS_RANGE}` range, per step, {payload['steps']} profiled steps after"
+        f"{payload['labels']['measured']}, per step, {payload['steps']} profiled steps after"
         f" {payload['warmup_steps']} warm-up steps, scenario `{payload['scenario']}`,"
         f" {first['world_size']} ranks ({first['backend']}, {first['device'].split(':')[0]})"
     )
@@ -470,9 +479,9 @@ def caveats(payload: dict) -> list[str]:
     lines = []
     if not any(c["device"].startswith("cuda") for c in payload["captures"]):
         lines += [
-            "Measured on CPU: there are no device copies or GPU idle time to measure, and the"
-            f" times are a tiny model's CPU time. Each `{SYNC_OP}` is a host read that waits"
-            " for the device when the same step runs on a GPU.",
+            "Measured on CPU: these are counts of host reads; there are no device copies or GPU"
+            f" idle time to measure, and no times are shown. Each `{SYNC_OP}` is a host read"
+            " that waits for the device when the same step runs on a GPU.",
             "",
         ]
     return lines + [f"Note: {note}\n" for note in payload["notes"]]
@@ -481,11 +490,12 @@ def caveats(payload: dict) -> list[str]:
 def summary_markdown(payload: dict, result_name: str, png: str | None) -> str:
     headers, rows = summary_table(payload)
     lines = [
-        f"# Profile of `{LOSS_RANGE}`: {', '.join(c['tree'] for c in payload['captures'])}",
+        f"# Profile of the {payload['labels']['measured']}:"
+        f" {', '.join(c['tree'] for c in payload['captures'])}",
         "",
         f"Source: `{result_name}` ({payload['created']}). {setting(payload)}.",
         "Counts are calls inside the range per step, the largest over ranks; the host reads are",
-        "split into those the model forward makes and those of the loss aggregation after it.",
+        f"split into those of the {payload['labels']['excluded']} and the rest.",
         "",
         table.markdown(headers, rows),
         "",
@@ -501,7 +511,8 @@ def summary_markdown(payload: dict, result_name: str, png: str | None) -> str:
 
 
 def plot_timelines(payload: dict, path: Path) -> None:
-    """Each tree's median `compute_loss` step on one time axis, before above after, syncs marked."""
+    """Each tree's median measured step, before above after, host reads marked: on a time axis
+    from a GPU; from a CPU as the share of the step elapsed, since its times mean nothing."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -510,42 +521,53 @@ def plot_timelines(payload: dict, path: Path) -> None:
     captures = [c for c in payload["captures"] if "per_step" in c]
     figure, axes = plt.subplots(len(captures), 1, figsize=(10, 0.8 + 1.6 * len(captures)),
                                 sharex=True, squeeze=False)  # fmt: skip
+    gpu = on_gpu(payload)
+    labels = payload["labels"]
     for axis, c in zip(axes[:, 0], captures, strict=True):
-        draw_step(axis, c)
-    device = "GPU" if any(c["device"].startswith("cuda") for c in captures) else "CPU"
+        draw_step(axis, c, labels, scale=None if gpu else c["per_step"]["range_ms"])
+    where = (
+        f"ms from the start of the {labels['measured']}, measured on a GPU"
+        if gpu
+        else f"share of the {labels['measured']} elapsed, measured on a CPU (no times shown)"
+    )
     axes[-1, 0].set_xlabel(
-        f"ms from the start of {LOSS_RANGE} (rank 0, its median step; {device},"
-        f" {captures[0]['backend']}, {captures[0]['world_size']} ranks)\n"
-        "red: host reads of a device value in the loss aggregation; grey: in the model forward"
+        f"{where}; rank 0, its median step, {captures[0]['backend']},"
+        f" {captures[0]['world_size']} ranks\n"
+        f"red: host reads of a device value in the {labels['measured']};"
+        f" grey: in the {labels['excluded']}"
     )
     figure.tight_layout()
     figure.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(figure)
 
 
-def draw_step(axis, capture: dict) -> None:
-    """One lane each for the range, the forward, the host reads and, on CUDA, the GPU."""
+def draw_step(axis, capture: dict, labels: dict, scale: float | None) -> None:
+    """One lane each for the range, the excluded part, the host reads and, on CUDA, the GPU.
+    With `scale`, times are divided by it (the step's length: a share of the step)."""
     step, line = capture["per_step"], capture["per_step"]["timeline"]
     gpu = line["gpu_busy_ms"] is not None
-    lanes = ["GPU"] * gpu + ["host reads", "model forward", LOSS_RANGE]
+    measured, excluded = labels["measured"], labels["excluded"]
+    lanes = ["GPU"] * gpu + ["host reads", excluded, measured]
     y = {lane: i for i, lane in enumerate(lanes)}
+    unit = scale or 1.0
 
     def bars(lane: str, spans: list, color: str) -> None:
-        axis.broken_barh([(a, b - a) for a, b in spans], (y[lane] - 0.3, 0.6), color=color)
+        spans = [(a / unit, (b - a) / unit) for a, b in spans]
+        axis.broken_barh(spans, (y[lane] - 0.3, 0.6), color=color)
 
     def marks(lane: str, xs: list[float], color: str) -> None:
-        axis.plot(xs, [y[lane]] * len(xs), "v", color=color, markersize=8)
+        axis.plot([x / unit for x in xs], [y[lane]] * len(xs), "v", color=color, markersize=8)
 
-    bars(LOSS_RANGE, [(0, line["range_ms"])], "#4c72b0")
-    bars("model forward", line["forward_ms"], "#8da0cb")
+    bars(measured, [(0, line["range_ms"])], "#4c72b0")
+    bars(excluded, line["forward_ms"], "#8da0cb")
     in_forward = [x for x in line["sync_ms"] if any(a <= x <= b for a, b in line["forward_ms"])]
     aggregation = [x for x in line["sync_ms"] if x not in in_forward]
     marks("host reads", in_forward, "#999999")
     marks("host reads", aggregation, "#c44e52")
     for x in aggregation:
-        axis.axvline(x, color="#c44e52", linewidth=0.8, alpha=0.4)
+        axis.axvline(x / unit, color="#c44e52", linewidth=0.8, alpha=0.4)
     if aggregation:
-        axis.annotate(f"x{len(aggregation)}", (aggregation[-1], y["host reads"]),
+        axis.annotate(f"x{len(aggregation)}", (aggregation[-1] / unit, y["host reads"]),
                       xytext=(6, 6), textcoords="offset points", color="#c44e52")  # fmt: skip
     if gpu:
         bars("GPU", line["gpu_busy_ms"], "#55a868")
@@ -554,8 +576,8 @@ def draw_step(axis, capture: dict) -> None:
     axis.set_ylim(-0.6, len(lanes) - 0.4)
     reads, in_model = step["ops"][SYNC_OP], step["ops_in_forward"][SYNC_OP]
     axis.set_title(
-        f"{capture['tree']} (transformers {capture['version']}): {_tidy(reads - in_model)} host"
-        f" reads per step in the loss aggregation, {in_model} in the forward",
+        f"{capture['tree']} ({capture['version']}): {_tidy(reads - in_model)} host reads per"
+        f" step in the {measured}, {in_model} in the {excluded}",
         loc="left", fontsize=9,
     )  # fmt: skip
 
@@ -599,20 +621,12 @@ def choose_profiler(requested: str, device: str) -> str:
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hostsync profile",
-        description="Profile the loss computation before (pinned) and after (patched, 5.14.0):"
-        " Nsight Systems where nsys and GPUs exist, the PyTorch profiler everywhere.",
+        description="Profile a case's measured code before and after, tree by tree: Nsight"
+        " Systems where nsys and GPUs exist, the PyTorch profiler everywhere.",
     )
-    parser.add_argument(
-        "--trees",
-        default=",".join(repro.DEFAULT_TREES),
-        help="trees to profile, before first (default: %(default)s)",
-    )
-    parser.add_argument("--sp", default="2", help="sequence-parallel size (default: %(default)s)")
-    parser.add_argument(
-        "--scenario",
-        default="all_tokens",
-        help=f"one of: {', '.join(repro.SCENARIOS)} (default: %(default)s)",
-    )
+    add_case(parser)
+    parser.add_argument("--trees", help="trees to profile, before first (default: the card's)")
+    parser.add_argument("--scenario", help="one of the case's (default: the card's)")
     parser.add_argument("--warmup", type=int, default=2, help="unprofiled steps first (default: 2)")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps (default: 3)")
     add_device(parser)
@@ -622,62 +636,72 @@ def parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto: nsys when it is on the PATH and the ranks have GPUs",
     )
-    add_timeout(parser, DEFAULT_TIMEOUT_S, "one torchrun")
+    add_timeout(parser, "one torchrun")
     return parser
 
 
-def require_matplotlib() -> None:
-    """The timeline needs matplotlib: say so before minutes of capturing, not after."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
+def profile_case(layout: Layout, options: argparse.Namespace) -> None:
+    case = options.case = cases.load(layout.root, layout.case)
+    if not case.profile:
+        raise WorkspaceError(f"case {case.name} has no [profile] in its card: nothing to profile")
+    options.sp_size = case.profile["ranks"]
+    options.scenario = options.scenario or case.profile["scenario"]
+    if options.scenario not in case.scenarios:
         raise WorkspaceError(
-            "matplotlib is not installed (the timeline PNG needs it): `pip install matplotlib`,"
-            " or run `nox -s profile`, which installs pin.toml's dependencies"
-        ) from None
-
-
-def main(argv: list[str]) -> int:
-    options = parser().parse_args(argv)
-    require_matplotlib()
-    (options.sp_size,) = repro.parse_sp_sizes(options.sp)
-    (options.scenario,) = repro.parse_scenarios(options.scenario)
-    if options.warmup < 1 or options.steps < 1:
-        raise WorkspaceError("--warmup and --steps must be at least 1: the first step is slow")
-    layout = Layout()
-    options.device = environment.resolve_device(options.device, options.sp_size)
-    options.profiler = choose_profiler(options.profiler, options.device)
-    names = comma_list(options.trees, "--trees")
+            f"--scenario {options.scenario}: choose one of {', '.join(case.scenarios)}"
+        )
+    names = comma_list(options.trees, "--trees") if options.trees else list(case.trees)
     trees = upstream.trees(layout, names)
+    requested = options.device
+    options.device = environment.resolve_device(requested, options.sp_size, trees[0].python)
+    options.profiler = choose_profiler(options.profiler, options.device)
     notes = [
-        f"{name}: not profiled, patches/series is empty (the patched tree would equal pinned)"
+        f"{name}: not profiled, the series is empty (the patched tree would equal pinned)"
         for name in names
-        if name not in {tree.label for tree in trees}
+        if case.tree_name(name) not in {tree.label for tree in trees}
     ]
     staging = layout.new_run_dir("profile")
     (staging / "artifacts").mkdir()
     captures = [capture_with_fallback(layout, tree, staging, options, notes) for tree in trees]
-    snippet = {
-        tree.label: run_snippet(layout, tree, staging / f"snippet-{tree.label}", options.device)
-        for tree in trees
+    snippet = snippet_path(layout, case)
+    outputs = {
+        tree.label: run_snippet(
+            layout, case, tree, staging / f"snippet-{tree.label}", options.device
+        )
+        for tree in (trees if snippet else ())
     }
     payload = {
-        "environment": environment.describe(),
+        "environment": environment.describe(trees[0].python),
         "trees": upstream.describe_trees(layout, trees),
+        "setting": {"scenario": options.scenario, "ranks": options.sp_size},
+        "labels": {"measured": case.profile["measured"], "excluded": case.profile["excluded"]},
         "scenario": options.scenario,
         "sp_size": options.sp_size,
         "warmup_steps": options.warmup,
         "steps": options.steps,
         "notes": notes,
         "captures": captures,
-        "snippet": {"file": str(SNIPPET), "sha256": snippet_digest(layout), "output": snippet},
+        "snippet": {
+            "file": snippet and snippet.name,
+            "sha256": snippet and sha256(snippet),
+            "output": outputs,
+        },
     }
+    options.device = requested
     result = publish(layout, payload, staging)
     shutil.rmtree(staging)
-    headers, rows = summary_table(payload)
-    print(table.text(headers, rows))
+    table_headers, rows = summary_table(payload)
+    print(table.text(table_headers, rows))
     for note in notes:
         print(f"note: {note}")
     folder = artifacts_dir(result).relative_to(layout.root)
     print(f"wrote {result.relative_to(layout.root)} and {folder}/", file=sys.stderr)
+
+
+def main(argv: list[str]) -> int:
+    options = parser().parse_args(argv)
+    if options.warmup < 1 or options.steps < 1:
+        raise WorkspaceError("--warmup and --steps must be at least 1: the first step is slow")
+    for layout in case_layouts(options.case):
+        profile_case(layout, argparse.Namespace(**vars(options)))
     return 0

@@ -1,21 +1,21 @@
-"""`python -m hostsync repro`: the host syncs of `deepspeed_sp_compute_loss`, tree by tree.
+"""`python -m hostsync repro`: a case's reproducer on real processes, tree by tree.
 
-For each tree under test and each sequence-parallel size, one torchrun of `repro/sp_loss.py`
-runs every scenario on real DeepSpeed Ulysses groups and reports, per rank, the syncs inside the
-loss aggregation (the model forward's own are allowed and reported apart), the loss against a
-single-process reference, and the gradients after `engine.backward`. The ranks' reports are
-merged into one row per (tree, sp_size, scenario), printed as a table and written to
-`profiles/repro-<stamp>.json`.
+The case card says how: each `[[repro.launch]]` names a script of `repro/<case>/`, its launcher
+(`python`, `torchrun` or `accelerate launch`), the rank counts to run it at and its scenarios.
+Every (tree, launch, rank count) is one run. A rank script takes `--scenarios a,b --device D`
+(and `--no-detector`, to time the detector) and returns `{"runs": [row, ...]}`, one row per
+scenario: `scenario`, the figures, site lists (`*_sites`: {file, line, function, code, count}),
+and `problems`, what the rank found wrong (a loss off its reference, say). The ranks' rows are
+merged here: a value all ranks agree on is kept as it is; where they differ, the row holds the
+largest number (or all() of flags) and `<key>_per_rank` beside it, and the report says so.
 
-The JSON is read by later sessions. Each entry of `runs` holds: tree, sp_size, world_size,
-backend, device, scenario, label_tokens_per_rank, host_syncs (syncs per rank per call, the
-largest over ranks) and host_syncs_per_rank, sync_sites and forward_syncs (lists of {file, line,
-function, code, count, count_per_rank}; count is per rank per call, the largest over ranks),
-cuda_syncs_per_rank (null on CPU), loss, loss_type, reference_loss, loss_abs_diff, loss_ok,
-loss_is_graph_tensor, backward_error, grads_ok, grad_max_abs_diff, grad_scale. A loss over zero
-label tokens is undefined: it is null, and so are the comparisons that need it. With
-`--trainer`, `trainer` holds per tree the full Trainer path's per-step losses with and without
-SP (`trainer_run.compare_losses`).
+With `--trainer`, `trainer` holds per tree the full Trainer path's per-step losses with and
+without SP (`trainer_run.compare_losses`). The card's `compare` keys are compared across trees:
+for each (launch, rank count, scenario), whether every tree gave the value the first one gave
+(the fix must not change the loss, say).
+
+Writes `profiles/<case>/repro-<stamp>.json`: environment, trees, scenarios, `runs`, the merged
+rows, each with `tree`, `launch` (the script) and `ranks`, and `comparisons`.
 """
 
 from __future__ import annotations
@@ -24,50 +24,21 @@ import argparse
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from typing import Any
 
-from hostsync import environment, results, table, trainer_run, upstream
+from hostsync import cases, environment, results, table, trainer_run, upstream
+from hostsync.cases import Case, Launch
 from hostsync.errors import WorkspaceError
 from hostsync.launch import Run, launch, torchrun_command
 from hostsync.layout import Layout
-from hostsync.options import add_device, add_timeout, comma_list
-
-SCENARIOS = {
-    "all_tokens": "every rank has label tokens",
-    "prompt_only_rank": "rank 0 holds only prompt tokens (all -100): its local loss is NaN",
-    "all_masked": "no rank has a label token: the loss is undefined",
-    "uneven": "a different number of label tokens on each rank",
-}
-DEFAULT_TREES = ("pinned", upstream.PATCHED, "5.14.0")
-DEFAULT_SP_SIZES = (2, 4)
-# The tiny model's attention heads: Ulysses splits them across ranks, so sp_size must divide them.
-ATTENTION_HEADS = 4
-LOSS_TOLERANCE = 1e-5
-DEFAULT_TIMEOUT_S = 600.0
-COLUMNS = (
-    "tree",
-    "sp",
-    "scenario",
-    "syncs",
-    "sites",
-    "forward",
-    "loss",
-    "|loss - ref|",
-    "grads ok",
-)
+from hostsync.options import add_case, add_device, add_timeout, case_layouts, comma_list
 
 
-def worker(layout: Layout) -> Path:
-    return layout.root / "repro" / "sp_loss.py"
-
-
-# --- running the worker ---------------------------------------------------------------------------
-
-
-def run_worker(
+def run_launch(
     layout: Layout,
     tree: upstream.Tree,
-    sp_size: int,
+    spec: Launch,
+    ranks: int,
     scenarios: Sequence[str],
     *,
     device: str,
@@ -75,23 +46,35 @@ def run_worker(
     detector: bool = True,
     env: Mapping[str, str] | None = None,
 ) -> list[dict]:
-    """One torchrun of the worker on `tree`: every scenario in one engine; results by rank.
+    """One run of a launch on `tree` at `ranks` processes; each rank's result, by rank.
 
     The run folder is removed after a success and kept, with the launcher log and the failing
     rank's traceback, after a failure.
     """
-    run_dir = layout.new_run_dir(f"repro-{tree.label}-sp{sp_size}")
-    args = ["--scenarios", ",".join(scenarios), "--device", device]
+    run_dir = layout.new_run_dir(f"repro-{tree.label}-{spec.script.removesuffix('.py')}-{ranks}")
+    script = layout.repro / spec.script
+    args = ["--scenarios", ",".join(scenarios), "--device", device, *spec.args]
     args += [] if detector else ["--no-detector"]
     env = environment.device_env(device) | dict(env or {})
-    command = torchrun_command(worker(layout), sp_size, args)
-    run = Run(run_dir, tree.src, layout)
-    rank_results = launch(run, command, nprocs=sp_size, timeout=timeout, env=env)
+    run = Run(run_dir, tree, layout)
+    if spec.launcher == "accelerate":
+        return trainer_run.launch_accelerate(
+            run, script, ranks, args, device=device, timeout=timeout, env=env, keep=False
+        )
+    if spec.launcher == "torchrun":
+        command = torchrun_command(tree.python, script, ranks, args)
+    else:
+        command = [tree.python, str(script), *args]
+    rank_results = launch(run, command, nprocs=ranks, timeout=timeout, env=env)
     shutil.rmtree(run_dir)
     return rank_results
 
 
-# --- merging the ranks' reports -------------------------------------------------------------------
+# --- merging the ranks' rows ----------------------------------------------------------------------
+
+
+def is_site_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, dict) and "line" in v for v in value)
 
 
 def merge_sites(per_rank: list[list[dict]]) -> list[dict]:
@@ -108,133 +91,103 @@ def merge_sites(per_rank: list[list[dict]]) -> list[dict]:
     return [merged[key] for key in sorted(merged)]
 
 
-def merge_ranks(tree: str, rank_results: list[dict]) -> list[dict]:
-    """One row per scenario from every rank's report (ranks share the loss and the gradients)."""
-    first = rank_results[0]
-    rows = []
-    for index, scenario in enumerate(first["scenarios"]):
-        by_rank = [result["scenarios"][index] for result in rank_results]
-        syncs = [entry.get("host_syncs") for entry in by_rank]
-        diffs = [entry["loss_abs_diff"] for entry in by_rank]
-        grads = [entry["grads_ok"] for entry in by_rank]
-        grad_diffs = [entry["grad_max_abs_diff"] for entry in by_rank]
-        loss_diff = None if None in diffs else max(diffs)
-        rows.append(
-            {
-                "tree": tree,
-                "sp_size": first["sp_size"],
-                "world_size": first["world_size"],
-                "backend": first["backend"],
-                "device": first["device"],
-                "scenario": scenario["scenario"],
-                "label_tokens_per_rank": [entry["label_tokens"] for entry in by_rank],
-                "host_syncs": None if None in syncs else max(syncs),
-                "host_syncs_per_rank": syncs,
-                "sync_sites": merge_sites([entry.get("sync_sites", []) for entry in by_rank]),
-                "forward_syncs": merge_sites([entry.get("forward_syncs", []) for entry in by_rank]),
-                "cuda_syncs_per_rank": [entry.get("cuda_syncs") for entry in by_rank],
-                "loss": scenario["loss"],
-                "loss_type": scenario["loss_type"],
-                "reference_loss": scenario["reference_loss"],
-                "loss_abs_diff": loss_diff,
-                "loss_ok": None if loss_diff is None else loss_diff <= LOSS_TOLERANCE,
-                "loss_is_graph_tensor": all(entry["loss_is_graph_tensor"] for entry in by_rank),
-                "backward_error": per_rank_text([entry["backward_error"] for entry in by_rank]),
-                "grads_ok": None if None in grads else all(grads),
-                "grad_max_abs_diff": None if None in grad_diffs else max(grad_diffs),
-                "grad_scale": scenario.get("grad_scale"),
-            }
-        )
-    return rows
-
-
-def per_rank_text(values: list[str | None]) -> str | None:
+def per_rank_text(values: list[Any]) -> str | None:
     """One message when every rank says the same, else each rank's own, prefixed by its rank."""
     if not any(values):
         return None
-    if len(set(values)) == 1:
+    if len({str(v) for v in values}) == 1:
         return f"every rank: {values[0]}"
     return "; ".join(f"rank {rank}: {value}" for rank, value in enumerate(values) if value)
+
+
+def combine(values: list[Any]) -> Any:
+    """What a merged row shows where the ranks differ."""
+    if all(isinstance(v, bool) for v in values):
+        return all(values)
+    if all(isinstance(v, int | float) for v in values):
+        return max(values)
+    if None in values and all(v is None or isinstance(v, int | float) for v in values):
+        return None
+    return per_rank_text(values)
+
+
+def merge_ranks(rank_results: list[dict]) -> list[dict]:
+    """One row per scenario from every rank's rows."""
+    rows = []
+    for index, first in enumerate(rank_results[0]["runs"]):
+        by_rank = [result["runs"][index] for result in rank_results]
+        keys = list(dict.fromkeys(key for row in by_rank for key in row))
+        merged: dict[str, Any] = {}
+        for key in keys:
+            values = [row.get(key) for row in by_rank]
+            if key == "problems":
+                merged[key] = sorted({problem for value in values for problem in value or ()})
+            elif is_site_list(values[0]):
+                merged[key] = merge_sites(values)
+            elif all(v == values[0] for v in values):
+                merged[key] = values[0]
+            else:
+                merged[key] = combine(values)
+                merged[f"{key}_per_rank"] = values
+        merged["scenario"] = first["scenario"]
+        rows.append(merged)
+    return rows
 
 
 # --- presenting -----------------------------------------------------------------------------------
 
 
-def table_row(run: dict) -> list[object]:
-    per_rank = run["host_syncs_per_rank"]
-    syncs = str(run["host_syncs"]) if len(set(per_rank)) == 1 else "/".join(map(str, per_rank))
-    forward = sum(site["count"] for site in run["forward_syncs"])
-    loss = run["loss"] if run["loss_type"] == "Tensor" else f"{run['loss']} ({run['loss_type']})"
-    if run["backward_error"]:
-        grads = "backward raised " + run["backward_error"].split(": ")[1]
-    else:
-        grads = {True: "yes", False: "NO", None: "-"}[run["grads_ok"]]
-    return [
-        run["tree"],
-        run["sp_size"],
-        run["scenario"],
-        syncs,
-        sites_cell(run["sync_sites"]),
-        forward,
-        loss,
-        run["loss_abs_diff"],
-        grads,
-    ]
+def cell(run: dict, key: str) -> object:
+    """A column of the case card, shown: sites as `file:line xN`, rank differences as `a/b`."""
+    value = run.get(key)
+    if is_site_list(value):
+        return ", ".join(f"{_short(s['file'])}:{s['line']} x{s['count']}" for s in value) or "-"
+    if f"{key}_per_rank" in run:
+        return "/".join(table.cell(v) for v in run[f"{key}_per_rank"])
+    if isinstance(value, list):
+        return " ".join(table.cell(v) for v in value)
+    return value
 
 
-def sites_cell(sites: list[dict]) -> str:
-    """`integrations/deepspeed.py:741 x2`: site paths are inside the transformers package."""
-    return (
-        ", ".join(
-            f"{site['file'].removeprefix('transformers/')}:{site['line']} x{site['count']}"
-            for site in sites
-        )
-        or "-"
-    )
+def _short(file: str) -> str:
+    """A site path without its package folder: the table names the project once."""
+    return file.split("/", 1)[1] if "/" in file else file
 
 
-def anomalies(runs: list[dict]) -> list[str]:
-    """What a reader must not miss: results that differ between ranks or from the reference."""
+def anomalies(runs: list[dict], columns: Sequence[str]) -> list[str]:
+    """What a reader must not miss: ranks that disagree, and what the ranks found wrong."""
     found = []
     for run in runs:
-        where = f"{run['tree']} sp{run['sp_size']} {run['scenario']}"
-        if len(set(run["host_syncs_per_rank"])) > 1:
-            found.append(f"{where}: ranks differ in sync count {run['host_syncs_per_rank']}")
-        if run["loss_ok"] is False:
-            found.append(f"{where}: loss differs from the reference by {run['loss_abs_diff']:.3g}")
-        if run["grads_ok"] is False:
-            found.append(f"{where}: gradients differ by up to {run['grad_max_abs_diff']:.3g}")
-        if run["backward_error"]:
-            found.append(f"{where}: backward failed ({run['backward_error']})")
+        where = f"{run['tree']} x{run['ranks']} {run['scenario']}"
+        for key in columns:
+            if f"{key}_per_rank" in run:
+                found.append(f"{where}: ranks differ in {key} {run[f'{key}_per_rank']}")
+        found += [f"{where}: {problem}" for problem in run.get("problems", []) if problem]
     return found
 
 
-def measure(
-    layout: Layout,
-    trees: list[upstream.Tree],
-    sp_sizes: Sequence[int],
-    scenarios: Sequence[str],
-    *,
-    device: str,
-    timeout: float,
-) -> dict:
-    """Every (tree, sp_size) as one torchrun; the payload of the `repro` result file."""
-    runs = []
-    for tree in trees:
-        for sp_size in sp_sizes:
-            ranks = run_worker(layout, tree, sp_size, scenarios, device=device, timeout=timeout)
-            runs += merge_ranks(tree.label, ranks)
-    return {
-        "environment": environment.describe()
-        | {"world_sizes": list(sp_sizes), "backend": runs[0]["backend"]},
-        "trees": upstream.describe_trees(layout, trees),
-        "scenarios": {name: SCENARIOS[name] for name in scenarios},
-        "loss_tolerance": LOSS_TOLERANCE,
-        "runs": runs,
-    }
+def compare_trees(runs: list[dict], keys: Sequence[str]) -> list[dict]:
+    """For each key and (launch, ranks, scenario): the same value on every tree, or where not."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        groups.setdefault((run["launch"], run["ranks"], run["scenario"]), []).append(run)
+    found = []
+    for key in keys:
+        for (launch_, ranks, scenario), group in groups.items():
+            first = group[0]
+            differ = [run["tree"] for run in group[1:] if run.get(key) != first.get(key)]
+            found.append({
+                "launch": launch_, "ranks": ranks, "scenario": scenario, "key": key,
+                "trees": [run["tree"] for run in group], "same": not differ,
+                "verdict": "identical" if not differ
+                else f"differs from {first['tree']} on {', '.join(differ)}",
+            })  # fmt: skip
+    return found
 
 
 TRAINER_COLUMNS = ("tree", "Trainer step", "loss with SP", "loss without SP", "|diff|")
+# The Trainer's SP loss must equal the loss without SP to float precision.
+TRAINER_TOLERANCE = 1e-5
 
 
 def trainer_rows(comparisons: list[dict]) -> list[list[object]]:
@@ -250,7 +203,7 @@ def trainer_rows(comparisons: list[dict]) -> list[list[object]]:
 def trainer_anomalies(comparisons: list[dict]) -> list[str]:
     found = []
     for compared in comparisons:
-        if compared["max_abs_diff"] > LOSS_TOLERANCE:
+        if compared["max_abs_diff"] > TRAINER_TOLERANCE:
             found.append(
                 f"{compared['tree']} Trainer: SP loss differs from the run without SP by"
                 f" {compared['max_abs_diff']:.3g}"
@@ -260,84 +213,135 @@ def trainer_anomalies(comparisons: list[dict]) -> list[str]:
     return found
 
 
-def report(payload: dict) -> str:
-    lines = [table.text(COLUMNS, [table_row(run) for run in payload["runs"]])]
-    notes = anomalies(payload["runs"])
+def report(case: Case, payload: dict) -> str:
+    columns = ("tree", "ranks", *case.columns)
+    rows = [[cell(run, key) for key in columns] for run in payload["runs"]]
+    lines = [table.text(columns, rows)]
+    if payload["comparisons"]:
+        headers = ("scenario", "ranks", "compared", "across trees")
+        compared = [
+            [c["scenario"], c["ranks"], c["key"], c["verdict"]] for c in payload["comparisons"]
+        ]
+        lines += ["", table.text(headers, compared)]
     if "trainer" in payload:
         lines += ["", table.text(TRAINER_COLUMNS, trainer_rows(payload["trainer"]))]
-        notes += trainer_anomalies(payload["trainer"])
-    lines += [f"note: {line}" for line in notes]
+        lines += [f"note: {line}" for line in trainer_anomalies(payload["trainer"])]
+    lines += [f"note: {line}" for line in anomalies(payload["runs"], case.columns)]
+    lines += [
+        f"note: {c['scenario']} x{c['ranks']}: {c['key']} {c['verdict']}"
+        for c in payload["comparisons"]
+        if not c["same"]
+    ]
     return "\n".join(lines)
+
+
+def measure(
+    layout: Layout, case: Case, trees: list[upstream.Tree], scenarios: Sequence[str], *,
+    device: str, timeout: float, only_ranks: Sequence[int] = (),
+) -> dict:  # fmt: skip
+    """Every (tree, launch, rank count) as one run; the payload of the `repro` result file.
+    `only_ranks` keeps the runs at those rank counts."""
+    runs, devices = [], set()
+    for tree in trees:
+        for spec in case.launches:
+            wanted = [name for name in scenarios if name in spec.scenarios]
+            counts = [n for n in spec.ranks if not only_ranks or n in only_ranks]
+            for ranks in counts if wanted else ():
+                used = environment.resolve_device(device, ranks, tree.python)
+                devices.add(used)
+                rank_results = run_launch(
+                    layout, tree, spec, ranks, wanted, device=used, timeout=timeout
+                )
+                runs += [
+                    {"tree": tree.label, "launch": spec.script, "ranks": ranks} | row
+                    for row in merge_ranks(rank_results)
+                ]
+    return {
+        "environment": environment.describe(trees[0].python) | {"devices": sorted(devices)},
+        "trees": upstream.describe_trees(layout, trees),
+        "scenarios": {name: case.scenarios[name] for name in scenarios},
+        "runs": runs,
+        "comparisons": compare_trees(runs, case.compare),
+    }
 
 
 # --- command line ---------------------------------------------------------------------------------
 
 
-def parse_sp_sizes(text: str) -> list[int]:
-    sizes = []
-    for item in comma_list(text, "--sp"):
-        if not item.isdigit() or int(item) < 2 or ATTENTION_HEADS % int(item):
-            raise WorkspaceError(
-                f"--sp {item}: sequence parallelism needs sp_size >= 2 dividing the tiny model's"
-                f" {ATTENTION_HEADS} attention heads: use 2 or 4"
-            )
-        sizes.append(int(item))
-    return sizes
-
-
-def parse_scenarios(text: str) -> list[str]:
-    scenarios = comma_list(text, "--scenarios")
-    unknown = [name for name in scenarios if name not in SCENARIOS]
-    if unknown:
-        raise WorkspaceError(
-            f"unknown scenario(s) {', '.join(unknown)}: choose from {', '.join(SCENARIOS)}"
-        )
-    return scenarios
-
-
 def parser() -> argparse.ArgumentParser:
-    scenarios = "comma-separated (default: all). " + "; ".join(
-        f"{name}: {text}" for name, text in SCENARIOS.items()
-    )
     parser = argparse.ArgumentParser(
         prog="python -m hostsync repro",
-        description="Count the host syncs of deepspeed_sp_compute_loss on real Ulysses groups and"
-        " check its loss and gradients against a single process, tree by tree.",
+        description="Run a case's reproducer on real processes, tree by tree: host syncs by"
+        " source line, and the figures that show the fix changes nothing else.",
     )
+    add_case(parser)
     parser.add_argument(
         "--trees",
-        default=",".join(DEFAULT_TREES),
-        help="pinned, patched, a release (5.14.0), NAME+tests, NAME+series (default: %(default)s)",
+        help="pinned, patched, fixed (upstream's fixed release), a release like 5.14.0,"
+        " NAME+tests, NAME+series (default: the case card's)",
     )
+    parser.add_argument("--scenarios", help="comma-separated (default: all of the case's)")
     parser.add_argument(
-        "--sp",
-        default=",".join(map(str, DEFAULT_SP_SIZES)),
-        help="sequence-parallel sizes, one torchrun each (default: %(default)s)",
+        "--ranks", help="only these process counts of the card's, e.g. 2 (default: all of them)"
     )
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=scenarios)
     add_device(parser)
-    add_timeout(parser, DEFAULT_TIMEOUT_S, "one torchrun")
+    add_timeout(parser, "one run")
     parser.add_argument(
         "--trainer",
         action="store_true",
-        help="also the full Trainer path: accelerate launch + DeepSpeed ZeRO 1 + Ulysses SP, two"
-        " steps per tree, each step's loss against the same training without SP",
+        help="also the full Trainer path (transformers trees): accelerate launch + DeepSpeed ZeRO"
+        " 1 + Ulysses SP, two steps per tree, each step's loss against the same training without"
+        " SP",
     )
     return parser
 
 
+def parse_scenarios(case: Case, text: str | None) -> list[str]:
+    if text is None:
+        return list(case.scenarios)
+    scenarios = comma_list(text, "--scenarios")
+    unknown = [name for name in scenarios if name not in case.scenarios]
+    if unknown:
+        raise WorkspaceError(
+            f"unknown scenario(s) {', '.join(unknown)} of case {case.name}: choose from"
+            f" {', '.join(case.scenarios)}"
+        )
+    return scenarios
+
+
+def parse_ranks(case: Case, text: str | None) -> list[int]:
+    if text is None:
+        return []
+    declared = sorted({n for spec in case.launches for n in spec.ranks})
+    found = comma_list(text, "--ranks")
+    wrong = [item for item in found if not item.isdigit() or int(item) not in declared]
+    if wrong:
+        raise WorkspaceError(
+            f"--ranks {', '.join(wrong)}: case {case.name} runs at {', '.join(map(str, declared))}"
+            " processes (its card's repro.launch.ranks)"
+        )
+    return [int(item) for item in found]
+
+
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    sp_sizes, scenarios = parse_sp_sizes(args.sp), parse_scenarios(args.scenarios)
-    layout = Layout()
-    device = environment.resolve_device(args.device, max(sp_sizes))
-    trees = upstream.trees(layout, comma_list(args.trees, "--trees"))
-    payload = measure(layout, trees, sp_sizes, scenarios, device=device, timeout=args.timeout)
-    if args.trainer:
-        payload["trainer"] = [
-            trainer_run.compare_losses(layout, tree, timeout=args.timeout) for tree in trees
-        ]
-    print(report(payload))
-    path = results.write(layout, "repro", payload)
-    print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
+    for layout in case_layouts(args.case):
+        case = cases.load(layout.root, layout.case)
+        scenarios = parse_scenarios(case, args.scenarios)
+        only_ranks = parse_ranks(case, args.ranks)
+        names = comma_list(args.trees, "--trees") if args.trees else list(case.trees)
+        trees = upstream.trees(layout, names)
+        payload = measure(
+            layout, case, trees, scenarios, device=args.device, timeout=args.timeout,
+            only_ranks=only_ranks,
+        )  # fmt: skip
+        if args.trainer:
+            payload["trainer"] = [
+                trainer_run.compare_losses(layout, tree, timeout=args.timeout, device=args.device)
+                for tree in trees
+            ]
+        print(f"case {case.name}: {case.title}")
+        print(report(case, payload))
+        path = results.write(layout, "repro", payload)
+        print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
     return 0

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 def text(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Aligned columns for a terminal."""
-    cells = [[str(h) for h in headers], *[[_cell(v) for v in row] for row in rows]]
+    cells = [[str(h) for h in headers], *[[cell(v) for v in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
@@ -23,11 +23,11 @@ def markdown(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
         return "| " + " | ".join(v.replace("|", "\\|") for v in values) + " |"
 
     out = [line([str(h) for h in headers]), line(["---"] * len(headers))]
-    out += [line([_cell(v) for v in row]) for row in rows]
+    out += [line([cell(v) for v in row]) for row in rows]
     return "\n".join(out)
 
 
-def _cell(value: object) -> str:
+def cell(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):

@@ -1,8 +1,10 @@
 """The full Trainer path: `accelerate launch` + `Trainer` + DeepSpeed Ulysses SP, as users run it.
 
-Starts `repro/sp_trainer.py` with configs written at run time (DeepSpeed ZeRO stage 1; Ulysses
-through accelerate's `parallelism_config`) and reads back what each rank reported. Two uses: the
-full-fidelity loss check (`compare_losses`) and the host-sync hunt (`hunt_run`).
+`launch_accelerate` starts a script with configs written at run time (DeepSpeed ZeRO stage 1;
+Ulysses through accelerate's `parallelism_config` when there are several ranks) and reads back
+what each rank reported; a case's reproducer can use it too (`launcher = "accelerate"`). The
+engine's own worker, `workers/sp_trainer.py`, trains a tiny Llama with the Trainer for two uses:
+the full-fidelity loss check (`compare_losses`) and the host-sync hunt (`hunt_run`).
 """
 
 from __future__ import annotations
@@ -10,22 +12,18 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hostsync import environment
 from hostsync.errors import WorkspaceError
 from hostsync.launch import Run, RunFailed, free_port, launch
 from hostsync.layout import Layout
+from hostsync.options import DEFAULT_TIMEOUT_S
 from hostsync.upstream import Tree
 
 SP_SIZE = 2
-DEFAULT_TIMEOUT_S = 900.0
-
-
-def worker(layout: Layout) -> Path:
-    return layout.root / "repro" / "sp_trainer.py"
+WORKER = Path(__file__).parent / "workers" / "sp_trainer.py"
 
 
 def deepspeed_config() -> dict:
@@ -63,37 +61,49 @@ def accelerate_config(num_processes: int, sp_size: int, deepspeed_file: Path) ->
     return config
 
 
+def launch_accelerate(run: Run, script: Path, nprocs: int, args: Sequence[str], *, device: str,
+                      timeout: float, env: Mapping[str, str] | None = None,
+                      keep: bool = True) -> list[dict]:  # fmt: skip
+    """One `accelerate launch` of `script` on `nprocs` ranks (one SP group of all of them when
+    there are several); each rank's result, by rank. The script also gets `--output-dir` and
+    `--backend`. Without `keep`, the run folder is removed after a success."""
+    deepspeed_file = run.run_dir / "deepspeed.json"
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    deepspeed_file.write_text(json.dumps(deepspeed_config(), indent=2))
+    accelerate_file = run.run_dir / "accelerate.json"
+    config = accelerate_config(nprocs, nprocs, deepspeed_file)
+    accelerate_file.write_text(json.dumps(config, indent=2))
+    backend = "nccl" if device == "cuda" else "gloo"
+    command = [
+        run.tree.python, "-m", "accelerate.commands.launch",
+        "--config_file", str(accelerate_file), "--main_process_port", str(free_port()),
+        str(script), "--output-dir", str(run.run_dir / "output"), "--backend", backend, *args,
+    ]  # fmt: skip
+    env = environment.device_env(device) | dict(env or {})
+    results = launch(run, command, nprocs=nprocs, timeout=timeout, env=env)
+    if not keep:
+        shutil.rmtree(run.run_dir)
+    return results
+
+
 def run_trainer(layout: Layout, tree: Tree, *, sp: bool, steps: int, logging_steps: int = 1,
                 worker_args: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT_S,
-                ) -> list[dict]:  # fmt: skip
-    """One `accelerate launch` of the worker; each rank's result, by rank.
+                device: str = "auto") -> list[dict]:  # fmt: skip
+    """One `accelerate launch` of the engine's Trainer worker; each rank's result, by rank.
 
     With SP: two ranks forming one SP group of two. Without: one rank, same engine and config.
     The run folder is removed after a success and kept, with its launcher log, after a failure.
     """
     mode = f"sp{SP_SIZE}" if sp else "nosp"
-    run_dir = layout.new_run_dir(f"trainer-{tree.label}-{mode}")
-    run = Run(run_dir, tree.src, layout)
+    run = Run(layout.new_run_dir(f"trainer-{tree.label}-{mode}"), tree, layout)
     nprocs = SP_SIZE if sp else 1
-    deepspeed_file = run_dir / "deepspeed.json"
-    deepspeed_file.write_text(json.dumps(deepspeed_config(), indent=2))
-    accelerate_file = run_dir / "accelerate.json"
-    config = accelerate_config(nprocs, SP_SIZE if sp else 1, deepspeed_file)
-    accelerate_file.write_text(json.dumps(config, indent=2))
     # NCCL when every rank gets a GPU of its own; else gloo with GPUs hidden: with one GPU
     # visible accelerate would still place rank 1 on a `cuda:1` that does not exist.
-    device = environment.resolve_device("auto", SP_SIZE)
-    backend, env = ("nccl" if device == "cuda" else "gloo"), environment.device_env(device)
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(accelerate_file), "--main_process_port", str(free_port()),
-        str(worker(layout)),
-        "--output-dir", str(run_dir / "trainer"), "--backend", backend,
-        "--steps", str(steps), "--logging-steps", str(logging_steps), *worker_args,
-    ]  # fmt: skip
-    results = launch(run, command, nprocs=nprocs, timeout=timeout, env=env)
-    check_layout(results, sp_size=SP_SIZE if sp else 1, log_file=run.log_file)
-    shutil.rmtree(run_dir)
+    device = environment.resolve_device(device, SP_SIZE, tree.python)
+    args = ["--steps", str(steps), "--logging-steps", str(logging_steps), *worker_args]
+    results = launch_accelerate(run, WORKER, nprocs, args, device=device, timeout=timeout)
+    check_layout(results, sp_size=nprocs, log_file=run.log_file)
+    shutil.rmtree(run.run_dir)
     return results
 
 
@@ -118,7 +128,7 @@ def logged_losses(result: dict, steps: int) -> list[float]:
 
 
 def compare_losses(layout: Layout, tree: Tree, steps: int = 2,
-                   timeout: float = DEFAULT_TIMEOUT_S) -> dict:  # fmt: skip
+                   timeout: float = DEFAULT_TIMEOUT_S, device: str = "auto") -> dict:  # fmt: skip
     """Per-step Trainer loss with Ulysses SP (2 ranks) against the same training without SP.
 
     The reference is a single-process DeepSpeed run, not a 2-rank data-parallel one: with SP the
@@ -133,9 +143,9 @@ def compare_losses(layout: Layout, tree: Tree, steps: int = 2,
     """
     no_clipping = ["--max-grad-norm", "0"]
     sp_ranks = run_trainer(layout, tree, sp=True, steps=steps, worker_args=no_clipping,
-                           timeout=timeout)  # fmt: skip
+                           timeout=timeout, device=device)  # fmt: skip
     (reference,) = run_trainer(layout, tree, sp=False, steps=steps, worker_args=no_clipping,
-                               timeout=timeout)  # fmt: skip
+                               timeout=timeout, device=device)  # fmt: skip
     sp_losses = [logged_losses(result, steps) for result in sp_ranks]
     nosp_losses = logged_losses(reference, steps)
     diffs = [abs(a - b) for a, b in zip(sp_losses[0], nosp_losses, strict=True)]

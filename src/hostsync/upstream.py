@@ -1,16 +1,18 @@
-"""The pinned transformers as a git repository, the patch queue on it, and the trees under test.
+"""A case's pinned release as a git repository, the patch queue on it, and the trees under test.
 
-`work/transformers` is where a contributor edits. Its base is the release tag (`v5.13.1`), from a
-`git clone` when the remote answers, otherwise from the sha256-verified PyPI sdist committed as
-one reproducible commit under that tag. The branch `patched` holds `patches/` applied in `series`
-order, one commit per patch; `export-patches` writes it back. The trees the sessions measure are
-detached worktrees under `work/trees/`, regenerated from those commits, never edited by hand.
+`work/clones/<case>` is where a contributor edits. Its base is the release tag the case card pins,
+from a `git clone` when the remote answers, otherwise from the sha256-verified PyPI sdist
+committed as one reproducible commit under that tag. The branch `patched` holds
+`patches/<case>/` applied in `series` order, one commit per patch; `export-patches` writes it
+back. The trees the sessions measure are detached worktrees under `work/trees/<case>/`,
+regenerated from those commits, never edited by hand, each run by the environment that fits its
+release (`envs`).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import dataclasses
 import json
 import logging
 import os
@@ -23,10 +25,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from hostsync import pin as pinning
+from hostsync import cases, envs
+from hostsync.cases import Case, Release, Sdist
 from hostsync.errors import WorkspaceError, last_line
+from hostsync.files import sha256
 from hostsync.layout import Layout
-from hostsync.results import series
+from hostsync.options import add_case, case_layouts
+from hostsync.projects import Project
+from hostsync.sdists import fetch_sdist
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +43,6 @@ SERIES_HEADER = "# Applied in this order by `nox -s clone`; rewritten by `nox -s
 _IDENTITY = {"name": "hostsync", "email": "hostsync@localhost"}
 _REMOTE_TIMEOUT_S = 30
 _CLONE_TIMEOUT_S = 900
-_PYPI_INDEX = "https://pypi.org/simple/transformers/"
 
 
 class PatchDoesNotApply(WorkspaceError):
@@ -46,17 +51,20 @@ class PatchDoesNotApply(WorkspaceError):
 
 @dataclass(frozen=True)
 class Tree:
-    """One transformers source tree under test, chosen by path."""
+    """One source tree under test, imported by path, run by the interpreter `python`."""
 
     label: str
     root: Path
     version: str
     commit: str
     origin: str
+    project: Project
+    python: str = ""
 
     @property
     def src(self) -> Path:
-        return self.root / "src"
+        """What goes first on PYTHONPATH to import the project from this tree."""
+        return (self.root / self.project.import_root).resolve()
 
 
 # --- git -----------------------------------------------------------------------------------------
@@ -118,75 +126,47 @@ def _uncommitted(repo: Path) -> list[str]:
 # --- sdists --------------------------------------------------------------------------------------
 
 
-def fetch_sdist(layout: Layout, sdist: pinning.Sdist) -> Path:
-    """The verified sdist from the cache, downloading it first if needed.
-
-    A file that fails verification is deleted (it is only ever our own download) and refused.
-    """
-    cached = layout.cache / "sdists" / sdist.filename
-    if not cached.exists():
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_name(cached.name + ".part")
-        log.info("downloading %s", sdist.url)
-        try:
-            with urllib.request.urlopen(sdist.url, timeout=60) as response:
-                partial.write_bytes(response.read())
-        except OSError as error:
-            partial.unlink(missing_ok=True)
-            raise WorkspaceError(
-                f"cannot download {sdist.filename} ({error}): check the network to PyPI, or put"
-                f" the verified file at {cached}"
-            ) from None
-        partial.rename(cached)
-    problem = _verify(cached, sdist)
-    if problem:
-        cached.unlink()
-        raise WorkspaceError(
-            f"refusing {sdist.filename}: {problem}; the file was removed,"
-            " rerun to download it again"
-        )
-    return cached
+def series(layout: Layout) -> list[Path]:
+    """The case's patches in patches/<case>/series order (blank lines and # comments skipped)."""
+    series_file = layout.patches / "series"
+    if not series_file.exists():
+        return []
+    names = [line.strip() for line in series_file.read_text().splitlines()]
+    return [layout.patches / name for name in names if name and not name.startswith("#")]
 
 
-def _verify(path: Path, sdist: pinning.Sdist) -> str | None:
-    size = path.stat().st_size
-    if size != sdist.size:
-        return f"{size} bytes where {sdist.size} are expected (truncated or tampered)"
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != sdist.sha256:
-        return f"sha256 {digest[:16]}... where {sdist.sha256[:16]}... is expected (tampered)"
-    return None
-
-
-def pypi_sdist(version: str) -> pinning.Sdist:
-    """The sdist of a transformers release as PyPI's JSON simple index describes it."""
+def pypi_sdist(project: Project, version: str) -> Sdist:
+    """The sdist of a release as PyPI's JSON simple index describes it."""
     request = urllib.request.Request(
-        _PYPI_INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+        project.pypi_simple, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
     )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             files = json.load(response)["files"]
     except OSError as error:
-        raise WorkspaceError(f"cannot read the PyPI index for transformers ({error})") from None
-    wanted = f"transformers-{version}.tar.gz"
+        raise WorkspaceError(f"cannot read the PyPI index for {project.name} ({error})") from None
+    wanted = f"{project.name}-{version}.tar.gz"
     for entry in files:
         if entry["filename"] == wanted:
-            return pinning.Sdist(entry["url"], entry["size"], entry["hashes"]["sha256"])
+            return Sdist(entry["url"], entry["size"], entry["hashes"]["sha256"])
     raise WorkspaceError(f"PyPI has no sdist {wanted}: check the version number")
 
 
-def release_for(pin: pinning.Pin, version: str) -> pinning.Release:
-    """A release by version: the pinned ones from pin.toml, any other from PyPI's index."""
-    for known in (pin.transformers, pin.reference):
-        if known.version == version:
+def release_for(case: Case, version: str) -> Release:
+    """A release by version: the case's pinned and fixed ones from its card, any other from
+    PyPI's index (its tag named like the pinned one's)."""
+    for known in (case.pin, case.fixed):
+        if known is not None and known.version == version:
             return known
-    return pinning.Release(version=version, tag=f"v{version}", sdist=pypi_sdist(version))
+    tag = case.pin.tag.replace(case.pin.version, version)
+    return Release(version=version, tag=tag, sdist=pypi_sdist(case.project, version))
 
 
 # --- materialising a release as a git repository -------------------------------------------------
 
 
-def materialise(layout: Layout, release: pinning.Release, dest: Path, remote: str) -> None:
+def materialise(layout: Layout, project: Project, release: Release, dest: Path,
+                remote: str | None = None) -> None:  # fmt: skip
     """Create `dest` as a git repository whose tag `release.tag` is the release as published.
 
     Built in a sibling folder and renamed at the end, so a failure leaves nothing half-made.
@@ -195,13 +175,14 @@ def materialise(layout: Layout, release: pinning.Release, dest: Path, remote: st
     shutil.rmtree(partial, ignore_errors=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
+        remote = remote or project.repository
         reason = _clone_tag(remote, release.tag, partial)
         if reason:
             log.info("cannot use git (%s); using the PyPI sdist %s", reason, release.sdist.filename)
-            origin = _import_sdist(layout, release, partial)
+            origin = _import_sdist(layout, project, release, partial)
         else:
             origin = f"git clone of {remote} at tag {release.tag}"
-        _check_version(partial, release)
+        _check_version(partial, project, release)
         _write_state(partial, origin=origin)
         partial.rename(dest)
     finally:
@@ -228,7 +209,7 @@ def _as_url(remote: str) -> str:
     return Path(remote).resolve().as_uri() if Path(remote).exists() else remote
 
 
-def _import_sdist(layout: Layout, release: pinning.Release, dest: Path) -> str:
+def _import_sdist(layout: Layout, project: Project, release: Release, dest: Path) -> str:
     archive = fetch_sdist(layout, release.sdist)
     with tempfile.TemporaryDirectory(dir=dest.parent) as unpacked, tarfile.open(archive) as tar:
         tar.extractall(unpacked, filter="data")
@@ -237,9 +218,9 @@ def _import_sdist(layout: Layout, release: pinning.Release, dest: Path) -> str:
         released = int(tar.getmember(f"{top.name}/PKG-INFO").mtime)
     origin = f"PyPI sdist {release.sdist.filename} (sha256 {release.sdist.sha256})"
     message = (
-        f"transformers {release.version} as released on PyPI\n\n"
+        f"{project.name} {release.version} as released on PyPI\n\n"
         f"Imported from {release.sdist.url}\nsha256 {release.sdist.sha256}, {release.sdist.size}"
-        " bytes.\n\nThe sdist holds src/ and a few tests/*_common.py, not the full test suite.\n"
+        " bytes.\n\nAn sdist may lack tests and tooling files that the git tag has.\n"
     )
     # Fixed identity and date: the same sdist gives the same commit on every machine.
     stamp = f"@{released} +0000"
@@ -254,13 +235,11 @@ def _import_sdist(layout: Layout, release: pinning.Release, dest: Path) -> str:
     return origin
 
 
-def _check_version(repo: Path, release: pinning.Release) -> None:
-    init = (repo / "src" / "transformers" / "__init__.py").read_text()
-    match = re.search(r'^__version__ = "([^"]+)"', init, re.MULTILINE)
-    found = match[1] if match else "unknown"
+def _check_version(repo: Path, project: Project, release: Release) -> None:
+    found = project.version_in(repo)
     if found != release.version:
         raise WorkspaceError(
-            f"{release.tag} holds transformers {found}, not {release.version}: fix pin.toml"
+            f"{release.tag} holds {project.name} {found}, not {release.version}: fix the case card"
         )
 
 
@@ -271,6 +250,19 @@ def touched_files(patch: Path) -> list[str]:
     """The files a patch changes, both names of a rename."""
     pairs = re.findall(r"^diff --git a/(\S+) b/(\S+)$", patch.read_text(), re.MULTILINE)
     return sorted({path for pair in pairs for path in pair})
+
+
+def added_files(patch: Path) -> dict[str, str]:
+    """The files a patch creates, with their whole text (its `+` lines)."""
+    found = {}
+    for diff in re.split(r"^diff --git ", patch.read_text(), flags=re.MULTILINE)[1:]:
+        if "\nnew file mode" not in diff.split("@@", 1)[0]:
+            continue
+        path = re.search(r"^\+\+\+ b/(\S+)$", diff, re.MULTILINE)[1]
+        body = diff.split("\n@@", 1)[1].split("\n", 1)[1]
+        lines = [line[1:] for line in body.splitlines() if line.startswith("+")]
+        found[path] = "\n".join(lines) + "\n"
+    return found
 
 
 def touches_only_tests(patch: Path) -> bool:
@@ -306,26 +298,26 @@ def _failing_files(output: str) -> list[str]:
 
 
 def _series_state(layout: Layout) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in series(layout)}
+    return {p.name: sha256(p) for p in series(layout)}
 
 
 def clone(layout: Layout, remote: str | None = None) -> str | None:
-    """Make work/transformers the pinned tag plus patches/ on `patched`; say what was done.
+    """Make the case's clone its pinned tag plus its patches on `patched`; say what was done.
 
     Idempotent: None when there was nothing to do. Refuses, naming the way out, whenever going
     on could lose work in the clone.
     """
-    pin = pinning.load(layout.pin_file)
-    repo, tag = layout.clone, pin.transformers.tag
-    where = f"transformers {tag}"
+    case = cases.load(layout.root, layout.case)
+    repo, tag = layout.clone, case.pin.tag
+    where = f"{case.project.name} {tag}"
     if not repo.exists():
-        materialise(layout, pin.transformers, repo, remote or pin.repository)
+        materialise(layout, case.project, case.pin, repo, remote)
         git(repo, "checkout", "--quiet", "-B", PATCHED, tag)
         return f"{_read_state(repo)['origin']}: " + _apply_queue(layout, repo, tag, where)
 
     if not (repo / ".git").exists() or not _rev(repo, tag):
         raise WorkspaceError(
-            f"{repo} is not a clone of {where} (pin.toml changed?): move it aside and rerun"
+            f"{repo} is not a clone of {where} (the case card changed?): move it aside and rerun"
         )
     _refuse_to_lose_work(repo, where="the clone")
     branch = git(repo, "branch", "--show-current").stdout.strip()
@@ -396,9 +388,8 @@ def _read_patches(layout: Layout) -> dict[str, bytes]:
 
 
 def export_patches(layout: Layout) -> dict[str, list[str]]:
-    """Write the clone's `patched` commits into patches/; return the names by change."""
-    pin = pinning.load(layout.pin_file)
-    repo, tag = layout.clone, pin.transformers.tag
+    """Write the clone's `patched` commits into patches/<case>/; return the names by change."""
+    repo, tag = layout.clone, cases.load(layout.root, layout.case).pin.tag
     if not repo.exists():
         raise WorkspaceError(f"no clone at {_shown(layout, repo)}: run `nox -s clone` first")
     _refuse_to_lose_work(repo, where="the clone")
@@ -409,7 +400,7 @@ def export_patches(layout: Layout) -> dict[str, list[str]]:
         "removed": sorted(set(old) - set(new)),
         "unchanged": sorted(n for n in set(new) & set(old) if new[n] == old[n]),
     }
-    layout.patches.mkdir(exist_ok=True)
+    layout.patches.mkdir(parents=True, exist_ok=True)
     for name in report["added"] + report["changed"]:
         (layout.patches / name).write_bytes(new[name])
     for name in report["removed"]:
@@ -423,46 +414,52 @@ def export_patches(layout: Layout) -> dict[str, list[str]]:
 
 
 def tree(layout: Layout, name: str) -> Tree:
-    """The tree `name` as a detached worktree under work/trees/, created or refreshed as needed.
+    """The tree `name` as a detached worktree under work/trees/<case>/, created or refreshed.
 
-    `pinned` and `patched` come from the clone (which `clone` brings up to date first); a version
-    like `5.14.0` is that release as published. `+tests` applies only the test patches of the
-    series on top, `+series` the whole series.
+    `pinned` and `patched` come from the clone (which `clone` brings up to date first); `fixed`
+    is upstream's fixed release and a version like `5.14.0` that release, as published.
+    `+tests` applies only the test patches of the series on top, `+series` the whole series.
     """
-    pin = pinning.load(layout.pin_file)
+    case = cases.load(layout.root, layout.case)
+    name = case.tree_name(name)
     base_name, _, extra = name.partition("+")
+    if extra not in ("", "tests", "series"):
+        raise WorkspaceError(f"unknown tree {name!r}: use NAME, NAME+tests or NAME+series")
     if base_name in ("pinned", PATCHED):
         said = clone(layout)
         if said:
             log.info("%s", said)
-        repo, base = layout.clone, (pin.transformers.tag if base_name == "pinned" else PATCHED)
-        version = pin.transformers.version
+        repo, base = layout.clone, (case.pin.tag if base_name == "pinned" else PATCHED)
+        version = case.pin.version
     else:
         version = base_name
-        repo, base = _release_repo(layout, pin, version), f"v{version}"
-    if extra not in ("", "tests", "series"):
-        raise WorkspaceError(f"unknown tree {name!r}: use NAME, NAME+tests or NAME+series")
+        repo = layout.releases / f"{case.project.name}-{version}"
+        if not repo.exists():
+            materialise(layout, case.project, release_for(case, version), repo)
+        base = release_for(case, version).tag
     patches = [p for p in series(layout) if extra == "series" or touches_only_tests(p)]
     patches = patches if extra else []
-    where = f"transformers {version}" + (f" ({base_name})" if base_name == "pinned" else "")
+    where = f"{case.project.name} {version}" + (" (pinned)" if base_name == "pinned" else "")
     root = _worktree(layout, repo, base, patches, layout.trees / name, where)
     origin = _read_state(repo)["origin"]
     if base_name == PATCHED:
-        origin += " + patches/series"
+        origin += " + the case's patch series"
     if extra:
         origin += f" + {extra} patches: {', '.join(p.name for p in patches) or 'none'}"
-    return Tree(label=name, root=root, version=version, commit=_rev(root, "HEAD"), origin=origin)
+    made = Tree(name, root, version, _rev(root, "HEAD"), origin, case.project)
+    release = case.pin if base_name in ("pinned", PATCHED) else release_for(case, version)
+    return dataclasses.replace(made, python=envs.python_for(layout, case.project, release, root))
 
 
 def trees(layout: Layout, names: list[str]) -> list[Tree]:
-    """The trees asked for; `patched` is skipped, saying so, while patches/series is empty."""
+    """The trees asked for; `patched` is skipped, saying so, while the series is empty."""
     if PATCHED in names and not series(layout):
-        log.info("patches/series is empty: skipping the patched tree (it equals pinned)")
+        log.info("the case's series is empty: skipping the patched tree (it equals pinned)")
         names = [name for name in names if name != PATCHED]
         if not names:
             raise WorkspaceError(
-                "patches/series is empty, so the patched tree is the pinned one: add the fix to"
-                " patches/ (nox -s export_patches), or ask for --trees pinned"
+                "the case's series is empty, so the patched tree is the pinned one: add the fix"
+                " to patches/<case>/ (nox -s export_patches), or ask for --trees pinned"
             )
     return [tree(layout, name) for name in names]
 
@@ -471,27 +468,21 @@ def describe_trees(layout: Layout, trees: list[Tree]) -> dict:
     """What a result file says of each tree it measured."""
     return {
         tree.label: {
+            "project": tree.project.name,
             "version": tree.version,
             "commit": tree.commit,
             "origin": tree.origin,
-            "src": str(tree.src.relative_to(layout.root)),
+            "src": str(tree.src.relative_to(layout.root.resolve())),
         }
         for tree in trees
     }
-
-
-def _release_repo(layout: Layout, pin: pinning.Pin, version: str) -> Path:
-    repo = layout.releases / f"transformers-{version}"
-    if not repo.exists():
-        materialise(layout, release_for(pin, version), repo, pin.repository)
-    return repo
 
 
 def _worktree(layout: Layout, repo: Path, base: str, patches: list[Path], path: Path,
               where: str) -> Path:  # fmt: skip
     wanted = {
         "base": _rev(repo, base),
-        "patches": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in patches},
+        "patches": {p.name: sha256(p) for p in patches},
     }
     if path.exists() and not _is_worktree_of(path, repo):
         log.info("replacing %s: it is no worktree of %s", path, repo)
@@ -522,25 +513,29 @@ def _is_worktree_of(path: Path, repo: Path) -> bool:
 def clone_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hostsync clone",
-        description="Materialise the pinned transformers in work/transformers, apply patches/.",
+        description="Materialise a case's pinned release in work/clones/<case>, apply its patches.",
     )
-    parser.add_argument("--remote", help="git remote to clone from (default: pin.toml's)")
+    add_case(parser)
+    parser.add_argument("--remote", help="git remote to clone from (default: the project's)")
     args = parser.parse_args(argv)
-    layout = Layout()
-    said = clone(layout, remote=args.remote)
-    log.info("%s", said or f"{_shown(layout, layout.clone)} matches patches/: nothing to do")
+    for layout in case_layouts(args.case):
+        said = clone(layout, remote=args.remote)
+        log.info("%s: %s", layout.case, said or "the clone matches the patches: nothing to do")
     return 0
 
 
 def export_main(argv: list[str]) -> int:
-    argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="python -m hostsync export-patches",
-        description="Write the commits of `patched` in work/transformers back into patches/.",
-    ).parse_args(argv)
-    report = export_patches(Layout())
-    for change in ("added", "changed", "removed"):
-        for name in report[change]:
-            log.info("%s patches/%s", change, name)
-    if not any(report[change] for change in ("added", "changed", "removed")):
-        log.info("patches/ already matches the clone: nothing changed")
+        description="Write the commits of `patched` in a case's clone back into patches/<case>/.",
+    )
+    add_case(parser)
+    args = parser.parse_args(argv)
+    for layout in case_layouts(args.case):
+        report = export_patches(layout)
+        for change in ("added", "changed", "removed"):
+            for name in report[change]:
+                log.info("%s patches/%s/%s", change, layout.case, name)
+        if not any(report[change] for change in ("added", "changed", "removed")):
+            log.info("patches/%s already matches the clone: nothing changed", layout.case)
     return 0

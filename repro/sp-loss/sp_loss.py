@@ -1,13 +1,13 @@
 """One rank of the reproducer: the real `deepspeed_sp_compute_loss` on real Ulysses SP groups.
 
-Started by `python -m hostsync repro` through torchrun, one process per sequence-parallel rank
-(gloo on CPU, NCCL with one GPU per rank). Every rank builds the same tiny Llama from a config,
-computes a single-process reference over the whole sequence for each scenario, then registers
-Ulysses, builds the engine once, and for each scenario calls the transformers function of the tree
-under test unchanged. The host syncs inside its loss aggregation are counted with the model forward
-allowed (and reported apart), the loss is compared with the reference, and the gradients after
-`engine.backward` with the reference gradients.
-"""
+Started by `python -m hostsync repro` through torchrun (the case card says so), one process per
+sequence-parallel rank (gloo on CPU, NCCL with one GPU per rank). Every rank builds the same tiny
+Llama from a config, computes a single-process reference over the whole sequence for each scenario,
+then registers Ulysses, builds the engine once, and for each scenario calls the transformers
+function of the tree under test unchanged. The host syncs inside its loss aggregation are counted
+with the model forward allowed (and reported apart), the loss is compared with the reference, and
+the gradients after `engine.backward` with the reference gradients. Each rank returns one row per
+scenario, with the problems it saw (see `hostsync.repro` for the contract)."""
 
 from __future__ import annotations
 
@@ -21,19 +21,21 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from hostsync.launch import rank_entry
-from hostsync.repro import ATTENTION_HEADS, SCENARIOS
+from hostsync.protocol import rank_entry
 
+# Ulysses splits the attention heads across ranks, so sp_size must divide them: 2 or 4.
+ATTENTION_HEADS = 4
 MICRO_BATCH = 1
 TOKENS_PER_RANK = 8
 VOCAB = 128
 GRAD_ATOL = 1e-6
 GRAD_RTOL = 1e-4
+LOSS_TOLERANCE = 1e-5
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--scenarios", required=True)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
         "--no-detector", action="store_true", help="skip the sync detector (to time its overhead)"
@@ -214,13 +216,28 @@ def run_scenario(engine, pc, batch: dict, ref_loss: float, ref_grads: dict, dete
         "grads_ok": None,
         "grad_max_abs_diff": None,
     }
+    diff = result["loss_abs_diff"]
+    result["loss_ok"] = None if diff is None else diff <= LOSS_TOLERANCE
     try:
         engine.backward(loss)
     except Exception as error:  # what the pinned tree does with a loss that is not a tensor
         result["backward_error"] = f"{type(error).__name__}: {error}"
-        return result
-    result.update(compare_grads(engine.module, ref_grads, sp_size))
+    else:
+        result.update(compare_grads(engine.module, ref_grads, sp_size))
+    result["problems"] = problems(result)
     return result
+
+
+def problems(result: dict) -> list[str]:
+    """What this rank saw go wrong, in words, for the report."""
+    found = []
+    if result["loss_ok"] is False:
+        found.append(f"loss differs from the reference by {result['loss_abs_diff']:.3g}")
+    if result["grads_ok"] is False:
+        found.append(f"gradients differ by up to {result['grad_max_abs_diff']:.3g}")
+    if result["backward_error"]:
+        found.append(f"backward failed ({result['backward_error']})")
+    return found
 
 
 def compare_grads(model: torch.nn.Module, ref_grads: dict, sp_size: int) -> dict:
@@ -277,18 +294,20 @@ def main() -> dict:
     references = {name: reference(model, batch) for name, batch in batches.items()}
     engine = sp_engine(model, sp_size, seq_len=TOKENS_PER_RANK * sp_size)
     pc = ParallelismConfig(sp_size=sp_size, sp_backend="deepspeed")
-    scenarios = [
-        {"scenario": name}
-        | run_scenario(engine, pc, batches[name], *references[name], detect=not args.no_detector)
-        for name in args.scenarios
-    ]
-    return {
-        "rank": torch.distributed.get_rank(),
-        "world_size": sp_size,
+    setup = {
         "sp_size": sp_size,
         "backend": torch.distributed.get_backend(),
         "device": device.type,
-        "scenarios": scenarios,
+    }
+    return {
+        "runs": [
+            {"scenario": name}
+            | setup
+            | run_scenario(
+                engine, pc, batches[name], *references[name], detect=not args.no_detector
+            )
+            for name in args.scenarios
+        ]
     }
 
 

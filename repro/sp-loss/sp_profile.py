@@ -2,9 +2,9 @@
 
 Started through torchrun like `sp_loss.py`, whose setup it reuses unchanged (the tiny Llama, the
 engine that makes the real Ulysses SP group, a scenario's sharded batch, the call of the tree's
-`deepspeed_sp_compute_loss`). Each step runs the loss call inside a range named `compute_loss`
-(a profiler range, and an NVTX range on CUDA), with the model forward inside it in its own range
-`model_forward`, so that the aggregation's syncs can be told apart from the forward's; then
+`deepspeed_sp_compute_loss`). Each step runs the loss call inside the measured range (a profiler
+range, and an NVTX range on CUDA), with the model forward inside it in the excluded range, so
+that the aggregation's syncs can be told apart from the forward's; then
 `engine.backward`, outside the range, as in training.
 
 `--profiler torch` records the steps with the PyTorch profiler and writes this rank's Chrome trace
@@ -24,8 +24,7 @@ from pathlib import Path
 import sp_loss  # torchrun puts this script's folder first on sys.path
 import torch
 
-from hostsync.launch import RUN_DIR_ENV, rank_entry
-from hostsync.profiling import FORWARD_RANGE, LOSS_RANGE
+from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, RUN_DIR_ENV, rank_entry
 
 
 def parse_args() -> argparse.Namespace:
@@ -57,7 +56,7 @@ def train_step(engine, batch: dict, pc, nvtx: bool) -> float:
     inputs = sp_loss.shard(batch, rank, sp_size)
     engine.zero_grad()
     started = time.perf_counter()
-    with named_range(LOSS_RANGE, nvtx):
+    with named_range(MEASURED_RANGE, nvtx):
         loss, _ = sp_loss.compute_loss(engine, inputs, pc, detect=False)
     seconds = time.perf_counter() - started
     engine.backward(loss)
@@ -99,7 +98,7 @@ def main() -> dict:
     pc = ParallelismConfig(sp_size=sp_size, sp_backend="deepspeed")
     run_dir = Path(os.environ[RUN_DIR_ENV])
     trace = run_dir / f"trace-rank{rank}.json.gz" if args.profiler == "torch" else None
-    with sp_loss.around_forward(engine, lambda: named_range(FORWARD_RANGE, nvtx=cuda)):
+    with sp_loss.around_forward(engine, lambda: named_range(EXCLUDED_RANGE, nvtx=cuda)):
         for _ in range(args.warmup):
             train_step(engine, batch, pc, nvtx=cuda)
         with recording(args.profiler, cuda, trace):

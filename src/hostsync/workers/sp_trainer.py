@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from hostsync.launch import rank_entry
-from hostsync.profiling import SYNC_OP, SYNC_OPS
+from hostsync.protocol import SYNC_OP, SYNC_OPS, rank_entry
 
 SEQ_LEN = 16
 VOCAB = 128

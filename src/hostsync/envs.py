@@ -1,0 +1,190 @@
+"""One Python environment per distinct dependency set, shared by every session, case and tree.
+
+A tree runs with the dependencies its own release declares (transformers 5.24.0 needs a newer
+tokenizers than 5.13.1). An environment is a virtualenv under `work/envs/` holding pin.toml's
+pins, with the tree's own project at the tree's release so that pip brings what that release
+needs. A tree uses the first environment that satisfies both its release's requirements and
+pin.toml's pins; a new one is built only when none does. The tree itself is always imported by
+path, never from the environment.
+
+With `nox --no-venv` (a prepared environment, e.g. a GPU box with its own CUDA torch) the running
+interpreter is the only environment: it is checked against `supported` and the tree's
+requirements, never changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from email.parser import HeaderParser
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from hostsync import cases
+from hostsync import pin as pinning
+from hostsync.cases import Release
+from hostsync.errors import WorkspaceError, last_line
+from hostsync.layout import Layout
+from hostsync.projects import Project
+from hostsync.sdists import fetch_sdist, requires_dist
+
+log = logging.getLogger(__name__)
+
+PREPARED_ENV = "HOSTSYNC_PREPARED"
+RECORD = "hostsync-env.json"
+_INSTALL_TIMEOUT_S = 1800
+
+
+def prepared() -> bool:
+    """Set by the nox sessions under `--no-venv`: use this interpreter, install nothing."""
+    return os.environ.get(PREPARED_ENV) == "1"
+
+
+# --- what a release needs ------------------------------------------------------------------------
+
+
+def declared(layout: Layout, project: Project, release: Release, root: Path | None = None,
+             ) -> list[str]:  # fmt: skip
+    """The requirements a release declares, from its PKG-INFO: the tree's own (a tree made from
+    the sdist has one), else the verified sdist's. Extras are left out."""
+    pkg_info = root / "PKG-INFO" if root else None
+    if pkg_info and pkg_info.exists():
+        found = HeaderParser().parsestr(pkg_info.read_text()).get_all("Requires-Dist") or []
+    else:
+        found = requires_dist(fetch_sdist(layout, release.sdist))
+    return [text for text in found if _applies(Requirement(text))]
+
+
+def _applies(requirement: Requirement) -> bool:
+    return requirement.marker is None or requirement.marker.evaluate({"extra": ""})
+
+
+# --- what an environment holds -------------------------------------------------------------------
+
+
+def installed_in(site_packages: list[str] | None = None) -> dict[str, str]:
+    """Installed distributions by canonical name: of `site_packages`, or of this interpreter."""
+    found = (
+        metadata.distributions(path=site_packages) if site_packages else metadata.distributions()
+    )
+    return {canonicalize_name(d.metadata["Name"]): d.version for d in found if d.metadata["Name"]}
+
+
+def problems(
+    installed: dict[str, str], pin: pinning.Pin, project: Project, requires: list[str], *,
+    exact: bool,
+) -> list[str]:  # fmt: skip
+    """Why an environment holding `installed` cannot run the tree (empty when it can).
+
+    `exact`: pin.toml's `install` versions (a managed environment), else its `supported` ranges
+    (a prepared one). The tree's own project is imported from the tree: only its needs count.
+    """
+    found = []
+    for requirement in pin.requirements:
+        if requirement.name == project.name:
+            continue
+        wanted = f"=={requirement.install}" if exact else requirement.supported
+        found += _unmet(installed, requirement.name, SpecifierSet(wanted, prereleases=True))
+    for text in requires:
+        requirement = Requirement(text)
+        found += _unmet(installed, requirement.name, requirement.specifier)
+    return found
+
+
+def _unmet(installed: dict[str, str], name: str, specifier: SpecifierSet) -> list[str]:
+    version = installed.get(canonicalize_name(name))
+    if version is None:
+        return [f"{name} is not installed"]
+    if specifier and Version(version) not in specifier:
+        return [f"{name} {version} is outside {specifier}"]
+    return []
+
+
+# --- choosing and building -----------------------------------------------------------------------
+
+
+def python_for(layout: Layout, project: Project, release: Release, root: Path | None = None,
+               ) -> str:  # fmt: skip
+    """The interpreter that runs a tree of `project` at `release`: an environment that fits,
+    built first if none does."""
+    pin = pinning.load(layout.pin_file)
+    version = release.version
+    requires = declared(layout, project, release, root)
+    if prepared():
+        unmet = problems(installed_in(), pin, project, requires, exact=False)
+        if unmet:
+            raise WorkspaceError(
+                f"the prepared environment {sys.executable} cannot run {project.name} {version}:"
+                f" {'; '.join(unmet)} (install them there, or drop --no-venv)"
+            )
+        return sys.executable
+    for env in sorted(layout.envs.glob("*/" + RECORD)):
+        record = json.loads(env.read_text())
+        if not problems(record["installed"], pin, project, requires, exact=True):
+            return record["python"]
+    return build(layout, pin, project, version, requires)
+
+
+def build(
+    layout: Layout, pin: pinning.Pin, project: Project, version: str, requires: list[str]
+) -> str:
+    """A new environment: pin.toml's pins with `project` at `version`, checked after install."""
+    name = f"{project.name}-{version}"
+    target = layout.envs / name
+    if (target / RECORD).exists():
+        raise WorkspaceError(
+            f"{target} exists but does not fit {project.name} {version} (pin.toml changed?):"
+            " remove it and rerun"
+        )
+    shutil.rmtree(target, ignore_errors=True)  # a build that was interrupted
+    specs = pin.install_specs(replace={project.name: version})
+    log.info("building the environment %s: %s", name, " ".join(specs))
+    # Built where it stays (console scripts such as torchrun name their interpreter by path);
+    # only an environment with its record counts, so a failed build is never used.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    python = target / "bin" / "python"
+    for command in (
+        [sys.executable, "-m", "venv", str(target)],
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *specs],
+    ):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=_INSTALL_TIMEOUT_S)
+        if done.returncode != 0:
+            shutil.rmtree(target, ignore_errors=True)
+            raise WorkspaceError(
+                f"cannot build the environment for {project.name} {version}"
+                f" ({last_line(done.stderr)}): check the network to PyPI and pin.toml"
+            )
+    site = [str(p) for p in target.glob("lib/python*/site-packages")]
+    installed = installed_in(site)
+    unmet = problems(installed, pin, project, requires, exact=True)
+    if unmet:
+        raise WorkspaceError(
+            f"the new environment {name} does not fit its own release: {'; '.join(unmet)}:"
+            " pin.toml's pins conflict with what that release needs"
+        )
+    record = {"python": str(target / "bin" / "python"), "specs": specs, "installed": installed}
+    (target / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return record["python"]
+
+
+def main(argv: list[str]) -> int:
+    """Print the interpreter the commands run in: the environment of the default case's pinned
+    release (pin.toml's own pins), built first if needed."""
+    argparse.ArgumentParser(
+        prog="python -m hostsync env",
+        description="Print the interpreter of the environment the workspace's commands run in.",
+    ).parse_args(argv)
+    layout = Layout()
+    case = cases.load(layout.root, pinning.load(layout.pin_file).default_case)
+    print(python_for(layout, case.project, case.pin))
+    return 0

@@ -1,0 +1,70 @@
+"""What the launcher and the ranks agree on, for the rank side: standard library only.
+
+Rank scripts import this module, torch and the tree under test, nothing else of the workspace
+(besides the detector): the launcher's git, download and environment code never loads in a rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import os
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+RUN_DIR_ENV = "HOSTSYNC_RUN_DIR"
+TREE_SRC_ENV = "HOSTSYNC_TREE_SRC"
+TREE_PACKAGE_ENV = "HOSTSYNC_TREE_PACKAGE"
+# Every device-to-host read of a scalar reaches the first; `.item()` and `bool(t)` wrap it in the
+# others. The names the PyTorch profiler gives them.
+SYNC_OPS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
+SYNC_OP = SYNC_OPS[0]
+# The profile's ranges: each step's measured region, and the part of it measured apart (a model
+# forward, say); a case's profile script opens them, `hostsync.profiling` reads them.
+MEASURED_RANGE = "hostsync.measured"
+EXCLUDED_RANGE = "hostsync.excluded"
+
+
+def rank_entry(main: Callable[[], dict]) -> Callable[[], None]:
+    """Decorate a rank's main: its returned dict, or its traceback, lands in the run folder."""
+
+    @functools.wraps(main)
+    def wrapper() -> None:
+        run_dir = Path(os.environ[RUN_DIR_ENV])
+        rank = int(os.environ.get("RANK", "0"))
+        try:
+            check_tree_origin()
+            result = main()
+        except BaseException as error:
+            # First line: the exception itself, for the launcher's one-line message.
+            summary = traceback.format_exception_only(error)[0].strip()
+            (run_dir / f"rank-{rank}.error").write_text(f"{summary}\n\n{traceback.format_exc()}")
+            raise
+        (run_dir / f"rank-{rank}.json").write_text(json.dumps(result, indent=2) + "\n")
+        _leave_process_group()
+
+    return wrapper
+
+
+def _leave_process_group() -> None:
+    """Tear the process group down before the interpreter exits: gloo's threads, left running,
+    make some exits abort ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def check_tree_origin() -> None:
+    """Refuse to measure an installed package when a tree was asked for."""
+    package = importlib.import_module(os.environ[TREE_PACKAGE_ENV])
+    expected = Path(os.environ[TREE_SRC_ENV]).resolve()
+    actual = Path(package.__file__).resolve()
+    if expected not in actual.parents:
+        raise RuntimeError(
+            f"{package.__name__} was imported from {actual.parent}, not from the tree under test"
+            f" {expected}: something earlier on sys.path shadows it"
+        )

@@ -1,0 +1,223 @@
+"""The engine apart from any case: case cards, the case option, result schemas, environments,
+the drafts' placeholders. Real files in temporary workspaces; no process is launched."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hostsync import cases, envs, options, projects, repro, results, review, upstream
+from hostsync.errors import WorkspaceError
+from hostsync.layout import ROOT, Layout
+from hostsync.pin import load as load_pin
+
+from conftest import make_workspace
+
+# --- cases ---------------------------------------------------------------------------------------
+
+
+def test_every_committed_case_loads_and_has_its_folders() -> None:
+    names = cases.names(ROOT)
+
+    assert "sp-loss" in names and "trainer-nan-filter" in names
+    for name in names:
+        case = cases.load(ROOT, name)
+        layout = Layout(ROOT, name)
+        assert upstream.series(layout), f"{name} has no patch series"
+        for launch in case.launches:
+            assert (layout.repro / launch.script).exists(), f"{name}: {launch.script}"
+        assert set(case.red_on_pinned), f"{name} names no test that must fail on its pin"
+        assert list((ROOT / "cases" / name).glob("*.md")), f"{name} has no draft template"
+
+
+def test_fixed_stands_for_upstreams_release_and_is_refused_without_one() -> None:
+    loss, live = cases.load(ROOT, "sp-loss"), cases.load(ROOT, "trainer-nan-filter")
+
+    assert loss.tree_name("fixed+tests") == f"{loss.fixed.version}+tests"
+    with pytest.raises(WorkspaceError, match="has no fixed upstream release"):
+        live.tree_name("fixed")
+
+
+def test_an_unknown_case_names_the_known_ones(workspace: Layout) -> None:
+    with pytest.raises(WorkspaceError, match=r"no case 'nope' .*sp-loss"):
+        options.case_layouts("nope", workspace)
+
+
+def test_a_malformed_card_is_refused_in_one_line(workspace: Layout) -> None:
+    card = workspace.root / "cases" / "broken.toml"
+    card.write_text('title = "x"\nproject = "transformers"\n')
+
+    with pytest.raises(WorkspaceError, match=r"cases/broken\.toml is malformed .*fix the card"):
+        cases.load(workspace.root, "broken")
+
+
+def test_no_case_means_the_default_and_all_means_every_one(workspace: Layout) -> None:
+    default = load_pin(workspace.pin_file).default_case
+
+    assert [layout.case for layout in options.case_layouts(None, workspace)] == [default]
+    assert [layout.case for layout in options.case_layouts("all", workspace)] == cases.names(
+        workspace.root
+    )
+
+
+def test_a_case_is_added_by_adding_files(workspace: Layout) -> None:
+    """No engine change: a card, a series and a script make a case the commands accept."""
+    card = (workspace.root / "cases" / "sp-loss.toml").read_text()
+    (workspace.root / "cases" / "copy.toml").write_text(card)
+
+    (layout,) = options.case_layouts("copy", workspace)
+
+    assert cases.load(layout.root, "copy").project is projects.get("transformers")
+    assert layout.patches == workspace.root / "patches" / "copy"
+    assert layout.profiles == workspace.root / "profiles" / "copy"
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "soon"])
+def test_a_timeout_that_is_no_positive_number_is_refused(value: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        repro.parser().parse_args(["--timeout", value])
+
+    assert "is no positive number of seconds" in capsys.readouterr().err
+
+
+# --- result files --------------------------------------------------------------------------------
+
+
+def test_a_result_is_never_overwritten_and_reads_back(workspace: Layout) -> None:
+    payload = {"setup": {}, "allowlist": [], "trees": [{"label": "pinned"}]}
+
+    first = results.write(workspace, "hunt", payload)
+    second = results.write(workspace, "hunt", payload)
+
+    assert first != second and first.parent == workspace.root / "profiles" / "sp-loss"
+    assert results.read(first, "hunt")["trees"] == [{"label": "pinned"}]
+
+
+def test_a_partial_or_older_result_is_refused_naming_the_file(workspace: Layout) -> None:
+    path = results.write(workspace, "hunt", {"setup": {}, "allowlist": [], "trees": []})
+    document = json.loads(path.read_text())
+    partial, older = dict(document), dict(document, schema=1)
+    del partial["trees"]
+
+    for broken, complaint in ((partial, "lacks trees"), (older, "has schema 1")):
+        path.write_text(json.dumps(broken))
+        with pytest.raises(WorkspaceError, match=f"{path.name} {complaint}.*rerun"):
+            results.read(path, "hunt")
+
+
+def test_a_result_goes_stale_when_its_card_or_series_changes(workspace: Layout) -> None:
+    path = results.write(workspace, "hunt", {"setup": {}, "allowlist": [], "trees": []})
+    document = results.read(path, "hunt")
+    assert results.stale_reasons(workspace, document) == []
+
+    workspace.case_file.write_text(workspace.case_file.read_text() + "\n")
+    (workspace.patches / "series").write_text("")
+
+    reasons = results.stale_reasons(workspace, document)
+    assert "cases/sp-loss.toml changed" in reasons
+    assert any(reason.endswith("was removed") for reason in reasons)
+
+
+# --- environments --------------------------------------------------------------------------------
+
+
+PIN = load_pin(ROOT / "pin.toml")
+TRANSFORMERS = projects.get("transformers")
+PINNED = {r.name: r.install for r in PIN.requirements} | {"tokenizers": "0.22.2"}
+
+
+def test_an_environment_with_the_pins_fits_a_release_whose_ranges_it_meets() -> None:
+    requires = ["tokenizers<=0.23.0,>=0.22.0", "torch>=2.0"]
+
+    assert envs.problems(PINNED, PIN, TRANSFORMERS, requires, exact=True) == []
+
+
+def test_a_release_that_needs_newer_dependencies_gets_another_environment() -> None:
+    requires = ["tokenizers<0.24,>=0.23.1"]
+
+    assert envs.problems(PINNED, PIN, TRANSFORMERS, requires, exact=True) == [
+        "tokenizers 0.22.2 is outside <0.24,>=0.23.1"
+    ]
+
+
+def test_a_prepared_environment_needs_only_the_supported_ranges() -> None:
+    gpu_box = PINNED | {"torch": "2.11.0", "transformers": "5.17.0"}
+
+    assert envs.problems(gpu_box, PIN, TRANSFORMERS, [], exact=False) == []
+    assert envs.problems(gpu_box, PIN, TRANSFORMERS, [], exact=True) == [
+        "torch 2.11.0 is outside ==2.13.0"
+    ]
+    assert envs.problems({}, PIN, TRANSFORMERS, [], exact=False)[0] == "torch is not installed"
+
+
+def test_a_release_declares_its_requirements_in_its_pkg_info(tmp_path: Path) -> None:
+    (tmp_path / "PKG-INFO").write_text(
+        "Metadata-Version: 2.1\nName: transformers\nRequires-Dist: tokenizers<=0.23.0,>=0.22.0\n"
+        'Requires-Dist: pytest; extra == "testing"\n'
+    )
+    case = cases.load(ROOT, "sp-loss")
+
+    found = envs.declared(Layout(tmp_path), TRANSFORMERS, case.pin, tmp_path)
+
+    assert found == ["tokenizers<=0.23.0,>=0.22.0"]
+
+
+def test_the_sessions_share_environments_by_dependency_set() -> None:
+    """What `nox -s ...` runs in: the environment of the default case's pin, named by release."""
+    done = subprocess.run(
+        [sys.executable, "-m", "hostsync", "env"], capture_output=True, text=True, timeout=1800,
+        env={"PYTHONPATH": str(ROOT / "src"), "PATH": str(Path(sys.executable).parent)},
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    python = Path(done.stdout.strip())
+    assert python.parent.parent.parent == ROOT / "work" / "envs"
+
+
+# --- the drafts' placeholders --------------------------------------------------------------------
+
+DOCUMENTS = {
+    "repro": {
+        "trees": {"pinned": {"version": "5.13.1"}, "5.14.0": {"version": "5.14.0"}},
+        "runs": [
+            {"tree": "pinned", "ranks": 2, "host_syncs": 3, "per_batch": [2, 2]},
+            {"tree": "pinned", "ranks": 4, "host_syncs": 5, "per_batch": [2, 1]},
+            {"tree": "patched", "ranks": 2, "host_syncs": 0, "per_batch": [0, 0]},
+        ],
+    },
+    "case": {"upstream": {"reviewers": ["@a", "@b"]}},
+}
+
+
+@pytest.mark.parametrize(
+    ("template", "filled"),
+    [
+        ("{{repro:runs[tree=pinned,ranks=2].host_syncs}}", "3"),
+        ("{{repro:runs[tree=pinned].host_syncs|max}}", "5"),
+        ("{{ repro:runs[tree=pinned,ranks=4].per_batch|join }}", "2, 1"),
+        ("{{repro:runs[tree=patched].host_syncs|count}}", "1"),
+        ("{{repro:trees.'5.14.0'.version}}", "5.14.0"),
+        ("{{case:upstream.reviewers|join}}", "@a, @b"),
+        ("{{repro:runs[tree=fixed].host_syncs|max}}", review.NOT_MEASURED),
+        ("code {not a placeholder} stays", "code {not a placeholder} stays"),
+    ],
+)
+def test_placeholders_are_queries_over_the_results(template: str, filled: str) -> None:
+    assert review.fill(template, DOCUMENTS) == filled
+
+
+def test_an_unknown_source_or_reducer_is_refused() -> None:
+    for template in ("{{nope:runs.x}}", "{{repro:runs.host_syncs|median}}"):
+        with pytest.raises(WorkspaceError, match="unknown placeholder"):
+            review.fill(template, DOCUMENTS)
+
+
+def test_review_without_results_says_which_session_to_run(tmp_path: Path) -> None:
+    layout = make_workspace(tmp_path / "ws")
+
+    with pytest.raises(WorkspaceError, match=r"no repro result in profiles/sp-loss/: run `nox"):
+        review.review(layout)
