@@ -12,10 +12,10 @@ it, one event per wait:
 What a call costs on CUDA is decided by `hostsync.sync_ops`, the table of operators and torch
 functions whose CUDA path reads the device, each with its source in PyTorch: a dispatch mode
 judges aten calls (`_local_scalar_dense`, which `bool(t)` and `.item()` become, nonzero, unique,
-masks, bincount, linalg error checks, ...), a function mode the Python-level ones that never
-reach a CPU kernel (`.tolist()`, `.cpu()`, `.to("cpu")`, `.numpy()`, `torch.tensor([t0, t1])`)
-and the CPU-only validations to leave out (`one_hot` reads its input on CPU only); `torch.save`
-counts one copy per device storage. Event kinds are the table's.
+masks, bincount, linalg error checks, ...); wrappers, in place while any scope is open, judge the
+Python-level calls that never reach a CPU kernel (`.tolist()`, `.cpu()`, `.to("cpu")`,
+`.numpy()`, `torch.tensor([t0, t1])`) and leave out CPU-only validations (`one_hot` reads its
+input on CPU only); `torch.save` counts one copy per device storage. Event kinds are the table's.
 
 The model is "every tensor would be on the GPU", except host memory the code names as such
 (`device="cpu"` spelled in the statement, `pin_memory=True`) and what is computed from it
@@ -52,7 +52,6 @@ from types import CodeType, FrameType
 from typing import Any, NamedTuple, TypeVar
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import (
     TorchDispatchMode,
     _get_dispatch_stack_at,
@@ -297,7 +296,7 @@ class _Observer:
     """What the open scopes of one context share: the instrumentation and the events it sees.
 
     A context is the thread that opened the first scope, plus the threads its modes are carried
-    to: autograd's device threads (torch copies the dispatch and function mode stacks there) and
+    to: autograd's device threads (torch copies the dispatch mode stack there) and
     those started with `SyncScope.carry`.
     """
 
@@ -310,7 +309,7 @@ class _Observer:
         self._lock = threading.RLock()
         self._local = threading.local()
         self._instrumentation = ExitStack()
-        self._modes: tuple[TorchFunctionMode, TorchDispatchMode] | None = None
+        self._recorder: _SyncRecorder | None = None
         # Naming a file walks sys.path: once per line and scope, or a read in a loop costs 50 us.
         self._sites: dict[tuple[CodeType, int] | None, Site] = {}
         # The host copy `.cpu()` made last, and where: reading it once on that line is free.
@@ -334,10 +333,7 @@ class _Observer:
                 with ExitStack() as instrumentation:
                     self.counts_cuda_syncs = torch.cuda.is_available()
                     instrumentation.enter_context(_process_wide.installed(self.counts_cuda_syncs))
-                    modes = (_HostReads(self), _SyncRecorder(self))
-                    for mode in modes:
-                        instrumentation.enter_context(mode)
-                    self._modes = modes
+                    self._recorder = instrumentation.enter_context(_SyncRecorder(self))
                     self._instrumentation = instrumentation.pop_all()
             scope.cuda_syncs = 0 if self.counts_cuda_syncs else None
             self.scopes.append(scope)
@@ -348,24 +344,21 @@ class _Observer:
             if not self.scopes:
                 self._host_copy = None
                 self._sites.clear()
-                self._modes = None
+                self._recorder = None
                 self._instrumentation.close()
 
     @contextmanager
     def carried(self) -> Iterator[None]:
-        """This context's modes pushed in another thread, as autograd does for its threads."""
-        modes = self._modes
-        if modes is None:
+        """This context's mode pushed in another thread, as autograd does for its threads."""
+        recorder = self._recorder
+        if recorder is None:
             yield
             return
-        function_mode, dispatch_mode = modes
-        torch._C._push_on_torch_function_stack(function_mode)
-        _push_mode(dispatch_mode)
+        _push_mode(recorder)
         try:
             yield
         finally:
             _pop_mode()
-            torch._C._pop_torch_function_stack()
 
     @property
     def quiet(self) -> bool:
@@ -469,10 +462,13 @@ for _entry in sync_ops.KERNEL_SYNCS:
     for _overload in sync_ops.overloads(_entry):
         _KERNEL_RULES.setdefault(_overload, []).append(_entry)
 
-_FUNCTION_RULES: dict[object, sync_ops.FunctionSync] = {
-    sync_ops.resolve(entry.name): entry for entry in sync_ops.FUNCTION_SYNCS
-}
-_HOST_SOURCES = (torch.Tensor.pin_memory,)
+
+def _names_host_memory(kwargs: dict, host: _HostMemory) -> bool:
+    """A factory or copy into pinned memory, or onto a cpu device the statement names."""
+    if kwargs.get("pin_memory"):
+        return True
+    device = kwargs.get("device")
+    return device is not None and device.type == "cpu" and host.named()
 
 
 class _SyncRecorder(TorchDispatchMode):
@@ -503,7 +499,9 @@ class _SyncRecorder(TorchDispatchMode):
                 result = func(*args, **kwargs)
         else:
             result = func(*args, **kwargs)
-        if observer.host:
+        if _names_host_memory(kwargs, observer.host):
+            observer.host.add(result)
+        elif observer.host:
             inputs = [*_tensors_in(args), *_tensors_in(list(kwargs.values()))]
             if inputs and all(observer.host.holds(tensor) for tensor in inputs):
                 observer.host.add(result)
@@ -512,52 +510,25 @@ class _SyncRecorder(TorchDispatchMode):
         return result
 
 
-class _HostReads(TorchFunctionMode):
-    """Sees torch's Python-level calls: the host reads that never reach a CPU kernel (`.tolist()`,
-    `.cpu()`, `torch.tensor([t0, t1])`), the CPU-only validations to leave out, host memory."""
+def _judging(rule: sync_ops.FunctionSync, original: Callable[..., Any]) -> Callable[..., Any]:
+    """`original`, judged by `rule` in any context with an open scope (found on the dispatch mode
+    stack, which autograd carries to its device threads)."""
+    op = rule.name.removeprefix("torch.")
 
-    def __init__(self, observer: _Observer) -> None:
-        super().__init__()
-        self.observer = observer
-
-    def __torch_function__(
-        self,
-        func: Callable[..., Any],
-        types: Sequence[type],
-        args: tuple = (),
-        kwargs: dict | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        observer = self.observer
-        rule = _FUNCTION_RULES.get(func)
-        count = 0
-        if rule is not None and not observer.quiet:
-            count = rule.syncs(args, kwargs, observer.host)
-        with ExitStack() as context:
-            if observer.counts_cuda_syncs:
-                context.enter_context(observer.handling())
-            if rule is not None and rule.replaces_kernels:
-                context.enter_context(observer.quieted())
-            result = func(*args, **kwargs)
+    @functools.wraps(original)
+    def judged(*args: Any, **kwargs: Any) -> Any:
+        observer = _Observer.current()
+        if observer is None or observer.quiet:
+            return original(*args, **kwargs)
+        count = rule.syncs(args, kwargs, observer.host)
+        with observer.quieted() if rule.replaces_kernels else contextlib.nullcontext():
+            result = original(*args, **kwargs)
         if count:
             copy = result if rule.kind == "cpu" else None
-            op = rule.name.removeprefix("torch.")
             observer.record(rule.kind, op, count, read=args[0] if args else None, host_copy=copy)
-        if self._makes_host_memory(func, args, kwargs, result):
-            observer.host.add(result)
         return result
 
-    def _makes_host_memory(self, func: object, args: tuple, kwargs: dict, result: object) -> bool:
-        if not isinstance(result, torch.Tensor) or any(result is arg for arg in args):
-            return False
-        if func in _HOST_SOURCES or kwargs.get("pin_memory"):
-            return True
-        device = kwargs.get("device")
-        if func is torch.Tensor.to:
-            device = next((a for a in args[1:] if isinstance(a, str | torch.device)), device)
-        if device is None or isinstance(device, int):
-            return False
-        return torch.device(device).type == "cpu" and self.observer.host.named()
+    return judged
 
 
 def _device_storages(value: object, host: _HostMemory, seen: set[int]) -> int:
@@ -580,6 +551,7 @@ def _device_storages(value: object, host: _HostMemory, seen: set[int]) -> int:
 class _ProcessWide:
     """What only exists once per process, installed while any scope is open anywhere.
 
+    - the Python-level calls of `sync_ops.FUNCTION_SYNCS`, judged in contexts with a scope;
     - `torch.save` and `torch.serialization.save`: each device storage is copied to the host;
     - the torch.compile guard (`_COMPILED_IN_SCOPE`);
     - on CUDA, torch's sync-debug mode, whose warnings are counted for the context they are
@@ -619,6 +591,10 @@ class _ProcessWide:
 
     def _install(self) -> ExitStack:
         restore = ExitStack()
+        for rule in sync_ops.FUNCTION_SYNCS:
+            owner_name, _, name = rule.name.rpartition(".")
+            owner = sync_ops.resolve(owner_name)
+            restore.enter_context(_replaced(owner, name, _judging(rule, getattr(owner, name))))
         save = torch.serialization.save
         restore.enter_context(_replaced(torch, "save", _saving(save)))
         restore.enter_context(_replaced(torch.serialization, "save", _saving(save)))
@@ -645,14 +621,21 @@ class _ProcessWide:
 _process_wide = _ProcessWide()
 
 
+_INHERITED = object()
+
+
 @contextmanager
 def _replaced(owner: object, name: str, value: object) -> Iterator[None]:
-    saved = owner.__dict__[name]
+    """`owner.name` is `value` until exit; then what it was, inherited again if it was."""
+    saved = owner.__dict__.get(name, _INHERITED)
     setattr(owner, name, value)
     try:
         yield
     finally:
-        setattr(owner, name, saved)
+        if saved is _INHERITED:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, saved)
 
 
 def _saving(save: Callable[..., Any]) -> Callable[..., Any]:
