@@ -7,16 +7,20 @@ one-time JIT compile of DeepSpeed's shared-memory op (the OS file cache is left 
 runs reuse the cache. The detector's overhead is measured on the whole run, and on the loss call
 itself (`deepspeed_sp_compute_loss`, forward included, timed inside each rank; a step waits for
 its slowest rank, so each call counts at its slowest rank's time; each run's first call, a
-warm-up, is left out).
+warm-up, is left out). The detector's precision and recall come from its labelled suite
+(tests/detector_cases.py), with its cost per intercepted operation; `--detector-only` prints
+those alone, without the multi-rank runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 import tempfile
 import time
+from types import ModuleType
 
 from hostsync import environment, repro, results, table, upstream
 from hostsync.layout import Layout
@@ -31,6 +35,68 @@ def loss_call_seconds(rank_results: list[dict]) -> list[float]:
 
 def overhead(with_detector: float, without: float, unit: str) -> str:
     return f"{with_detector - without:+.3g} {unit} ({with_detector / without - 1:+.0%})"
+
+
+def detector_suite(layout: Layout) -> ModuleType:
+    """The labelled suite the detector is measured on (tests/detector_cases.py)."""
+    path = layout.root / "tests" / "detector_cases.py"
+    spec = importlib.util.spec_from_file_location("detector_cases", path)
+    suite = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = suite  # dataclasses resolve their module by name
+    spec.loader.exec_module(suite)
+    return suite
+
+
+def detector_truth(layout: Layout) -> dict:
+    """Precision and recall of the detector on its suite: syncs matched at their source line."""
+    result = detector_suite(layout).score()
+    return {
+        "cases": result.cases,
+        "syncs_found": result.true,
+        "false_events": result.false,
+        "syncs_missed": result.missed,
+        "precision": result.precision,
+        "recall": result.recall,
+        "wrong_lines": result.wrong_lines,
+        "misses": result.misses,
+    }
+
+
+def intercepted_op_us(ops: int = 2000, repeats: int = 5) -> dict[str, float]:
+    """Median time of one small aten call with a scope open and without, in microseconds."""
+    import torch
+
+    from hostsync.detector import SyncScope
+
+    t = torch.ones(4)
+
+    def timed() -> float:
+        started = time.perf_counter()
+        for _ in range(ops):
+            torch.add(t, t)
+        return (time.perf_counter() - started) / ops * 1e6
+
+    without, with_scope = [], []
+    for _ in range(repeats):
+        without.append(timed())
+        with SyncScope():
+            with_scope.append(timed())
+    return {"with_detector": statistics.median(with_scope), "without": statistics.median(without)}
+
+
+def print_detector(truth: dict, op_us: dict[str, float]) -> None:
+    print(
+        f"detector on its labelled suite ({truth['cases']} cases): precision"
+        f" {truth['precision']:.3f}, recall {truth['recall']:.3f} ({truth['syncs_found']} syncs"
+        f" found at their line, {truth['false_events']} false, {truth['syncs_missed']} missed)"
+    )
+    for line in truth["wrong_lines"] + truth["misses"]:
+        print(f"  {line}")
+    print(
+        f"one intercepted aten call: {op_us['with_detector']:.1f} us with the detector,"
+        f" {op_us['without']:.1f} us without"
+        f" ({overhead(op_us['with_detector'], op_us['without'], 'us')})"
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -55,14 +121,27 @@ def parser() -> argparse.ArgumentParser:
     )
     add_device(parser)
     add_timeout(parser, repro.DEFAULT_TIMEOUT_S, "one torchrun")
+    parser.add_argument(
+        "--detector-only",
+        action="store_true",
+        help="only the detector's precision, recall and cost per operation (no multi-rank runs)",
+    )
     parser.add_argument("--write", action="store_true", help="keep the figures in profiles/")
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    (sp_size,) = repro.parse_sp_sizes(args.sp)
     layout = Layout()
+    truth, op_us = detector_truth(layout), intercepted_op_us()
+    if args.detector_only:
+        print_detector(truth, op_us)
+        if args.write:
+            payload = {"environment": environment.describe(), "detector": truth, "op_us": op_us}
+            path = results.write(layout, "bench", payload)
+            print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
+        return 0
+    (sp_size,) = repro.parse_sp_sizes(args.sp)
     device = environment.resolve_device(args.device, sp_size)
     tree = upstream.tree(layout, args.tree)
     scenarios = list(repro.SCENARIOS) * args.repeat
@@ -105,6 +184,7 @@ def main(argv: list[str]) -> int:
             ],
         )
     )  # fmt: skip
+    print_detector(truth, op_us)
     if args.write:
         payload = {
             "environment": environment.describe() | {"world_sizes": [sp_size]},
@@ -119,6 +199,8 @@ def main(argv: list[str]) -> int:
                 "with_detector": call_ms[True],
                 "without_detector": call_ms[False],
             },
+            "detector": truth,
+            "op_us": op_us,
         }
         path = results.write(layout, "bench", payload)
         print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
