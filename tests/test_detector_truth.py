@@ -3,8 +3,12 @@ what a scope does with compiled code and other threads."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -243,3 +247,31 @@ def test_on_cuda_the_cross_check_counts_per_context():
     assert (len(scope.events), scope.cuda_syncs) == (2, 2)
     assert other["scope"].cuda_syncs == 0
     assert torch.cuda.get_sync_debug_mode() == previous_mode
+
+
+def test_a_function_compiled_while_a_scope_is_open_is_refused_too(tmp_path):
+    """In a fresh process dynamo is not imported when the first scope opens."""
+    script = tmp_path / "compile_in_scope.py"
+    script.write_text(
+        "import sys, torch\n"
+        "from hostsync.detector import SyncScope, SyncScopeError\n"
+        "assert 'torch._dynamo.eval_frame' not in sys.modules\n"
+        "with SyncScope():\n"
+        "    double = torch.compile(lambda x: x * 2, backend='eager')\n"
+        "    try:\n"
+        "        double(torch.ones(2))\n"
+        "    except SyncScopeError:\n"
+        "        print('refused')\n"
+        "print(double(torch.ones(2)).tolist())\n"
+    )
+    source = Path(sync_ops.__file__).parents[1]
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(source), "OMP_NUM_THREADS": "1"},
+        timeout=300,
+        check=False,
+    )
+
+    assert run.stdout.split("\n")[:2] == ["refused", "[2.0, 2.0]"], run.stderr[-2000:]

@@ -468,7 +468,7 @@ def _names_host_memory(kwargs: dict, host: _HostMemory) -> bool:
     if kwargs.get("pin_memory"):
         return True
     device = kwargs.get("device")
-    return device is not None and device.type == "cpu" and host.named()
+    return getattr(device, "type", None) == "cpu" and host.named()
 
 
 class _SyncRecorder(TorchDispatchMode):
