@@ -223,6 +223,28 @@ def backward_reads_item():
     Scaled.apply(x).sum().backward()
 
 
+INDEXING = "ATen/TensorIndexing.h handleDimInMultiDimIndexing: a 0-d integer/bool index is read"
+
+
+@case("scalar_read", INDEXING + " with tensor.item<int64_t>() and becomes a select")
+def index_by_zero_dim_tensor():
+    t = values()
+    return t[counts()[2]]  # sync
+
+
+@case("scalar_read", INDEXING + " with tensor.item<bool>()")
+def index_by_zero_dim_bool():
+    t = values()
+    return t[t.sum() > 0]  # sync
+
+
+@case("scalar_read", INDEXING + "; assignment goes through the same index conversion")
+def assign_at_zero_dim_index():
+    t = values()
+    t[counts()[1]] = 0.0  # sync
+    return t
+
+
 # --- outputs sized by device data ------------------------------------------------------------
 
 TAG = "tagged dynamic_output_shape in native_functions.yaml; "
@@ -702,6 +724,14 @@ def scatter_add():
 def assert_async():
     t = values()
     return torch._assert_async((t > -10).all())
+
+
+@case(
+    "none", "cuda/IndexKernel.cu launch_masked_scatter_kernel: prefix sum and a size-check kernel"
+)
+def masked_scatter():
+    t = values()
+    return t.masked_scatter(t > 0, t * 2)
 
 
 @case("none", "cuda/Embedding.cu embedding_renorm_cuda_: cub::unique, count stays on device")

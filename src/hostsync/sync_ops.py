@@ -319,8 +319,8 @@ NOT_SYNCING: dict[str, str] = {
     "one_hot": "tagged dynamic_output_shape, but CompositeImplicit: never reaches a dispatch"
     " mode; FUNCTION_SYNCS judges torch.nn.functional.one_hot",
     "nonzero_static": f"{_NATIVE}cuda/Nonzero.cu nonzero_static_cuda: fixed size, no read",
-    "masked_scatter": f"{_NATIVE}cuda/IndexKernel.cpp masked_scatter__cuda: prefix sum and"
-    " device-side checks (decided from sources)",
+    "masked_scatter": f"{_NATIVE}cuda/IndexKernel.cu launch_masked_scatter_kernel: a prefix sum"
+    " on the device, the source size checked by a kernel (masked_scatter_size_check)",
     "index_select": f"{_NATIVE}cuda/Indexing.cu: bounds checked with CUDA_KERNEL_ASSERT (the CPU"
     " kernel checks on the host, inside C++: not seen on CPU either)",
     "gather": f"{_NATIVE}cuda/ScatterGatherKernel.cu: CUDA_KERNEL_ASSERT bounds check",
