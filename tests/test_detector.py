@@ -366,13 +366,15 @@ def test_sync_sites_are_json_ready_with_counts():
 
 def test_everything_is_restored_after_the_scope_also_when_the_body_raises():
     methods = {name: getattr(torch.Tensor, name) for name in HOST_READ_METHODS}
+    functions = (torch.tensor, torch.save, torch.nn.functional.one_hot, torch.Tensor.to)
     with pytest.raises(RuntimeError, match="boom"), SyncScope() as scope:
         with SyncScope():
             numbers().tolist()
         raise RuntimeError("boom")
 
     assert {name: getattr(torch.Tensor, name) for name in HOST_READ_METHODS} == methods
-    assert not any(name in torch.Tensor.__dict__ for name in HOST_READ_METHODS)
+    assert not any(name in torch.Tensor.__dict__ for name in (*HOST_READ_METHODS, "to"))
+    assert (torch.tensor, torch.save, torch.nn.functional.one_hot, torch.Tensor.to) == functions
     assert _get_current_dispatch_mode() is None
     numbers().sum().item(), numbers().tolist()
     assert len(scope.events) == 1

@@ -1,23 +1,31 @@
 """`python -m hostsync bench`: how long the reproducer takes, and what the sync detector costs.
 
-A benchmark, not a test: it prints figures (kept in profiles/<case>/bench-<stamp>.json with --write)
-and asserts nothing. Each run is what `repro` starts for the case's first launch at its first rank
-count: one run through every scenario of that launch. The cold run starts with an empty DeepSpeed
-extensions cache, so it includes the one-time JIT compile of DeepSpeed's shared-memory op (the OS
-file cache is left as it is); warm runs reuse the cache. The detector's overhead is measured on the
-whole run, and on the measured call itself where the rank script times it (`call_seconds` of its
-rows; a step waits for its slowest rank, so each call counts at its slowest rank's time; each run's
-first call, a warm-up, is left out)."""
+A benchmark, not a test: it prints figures (kept in profiles/<case>/bench-<stamp>.json with
+--write) and asserts nothing. Each run is what `repro` starts for the case's first launch at its
+first rank count: one run through every scenario of that launch. The cold run starts with an
+empty DeepSpeed extensions cache, so it includes the one-time JIT compile of DeepSpeed's
+shared-memory op (the OS file cache is left as it is); warm runs reuse the cache. The detector's
+overhead is measured on the whole run, and on the measured call itself where the rank script
+times it (`call_seconds` of its rows; a step waits for its slowest rank, so each call counts at
+its slowest rank's time; each run's first call, a warm-up, is left out). Last, one warm
+`repro` of the whole case (every tree, launch and rank count), as the command runs it.
+
+The detector's precision and recall come from its labelled suite (tests/detector_cases.py), with
+its cost per intercepted operation; `--detector-only` prints those alone, without any run.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 import tempfile
 import time
+from types import ModuleType
 
 from hostsync import cases, environment, repro, results, table, upstream
+from hostsync.layout import Layout
 from hostsync.options import add_case, add_device, add_timeout, case_layouts
 
 
@@ -29,6 +37,68 @@ def call_seconds(rank_results: list[dict]) -> list[float]:
 
 def overhead(with_detector: float, without: float, unit: str) -> str:
     return f"{with_detector - without:+.3g} {unit} ({with_detector / without - 1:+.0%})"
+
+
+def detector_suite(layout: Layout) -> ModuleType:
+    """The labelled suite the detector is measured on (tests/detector_cases.py)."""
+    path = layout.root / "tests" / "detector_cases.py"
+    spec = importlib.util.spec_from_file_location("detector_cases", path)
+    suite = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = suite  # dataclasses resolve their module by name
+    spec.loader.exec_module(suite)
+    return suite
+
+
+def detector_truth(layout: Layout) -> dict:
+    """Precision and recall of the detector on its suite: syncs matched at their source line."""
+    result = detector_suite(layout).score()
+    return {
+        "cases": result.cases,
+        "syncs_found": result.true,
+        "false_events": result.false,
+        "syncs_missed": result.missed,
+        "precision": result.precision,
+        "recall": result.recall,
+        "wrong_lines": result.wrong_lines,
+        "misses": result.misses,
+    }
+
+
+def intercepted_op_us(ops: int = 2000, repeats: int = 5) -> dict[str, float]:
+    """Median time of one small aten call with a scope open and without, in microseconds."""
+    import torch
+
+    from hostsync.detector import SyncScope
+
+    t = torch.ones(4)
+
+    def timed() -> float:
+        started = time.perf_counter()
+        for _ in range(ops):
+            torch.add(t, t)
+        return (time.perf_counter() - started) / ops * 1e6
+
+    without, with_scope = [], []
+    for _ in range(repeats):
+        without.append(timed())
+        with SyncScope():
+            with_scope.append(timed())
+    return {"with_detector": statistics.median(with_scope), "without": statistics.median(without)}
+
+
+def print_detector(truth: dict, op_us: dict[str, float]) -> None:
+    print(
+        f"detector on its labelled suite ({truth['cases']} cases): precision"
+        f" {truth['precision']:.3f}, recall {truth['recall']:.3f} ({truth['syncs_found']} syncs"
+        f" found at their line, {truth['false_events']} false, {truth['syncs_missed']} missed)"
+    )
+    for line in truth["wrong_lines"] + truth["misses"]:
+        print(f"  {line}")
+    print(
+        f"one intercepted aten call: {op_us['with_detector']:.1f} us with the detector,"
+        f" {op_us['without']:.1f} us without"
+        f" ({overhead(op_us['with_detector'], op_us['without'], 'us')})"
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -53,13 +123,35 @@ def parser() -> argparse.ArgumentParser:
     )
     add_device(parser)
     add_timeout(parser, "one run")
+    parser.add_argument(
+        "--detector-only",
+        action="store_true",
+        help="only the detector's precision, recall and cost per operation (no multi-rank runs)",
+    )
     parser.add_argument("--write", action="store_true", help="keep the figures in profiles/")
     return parser
+
+
+def whole_repro_seconds(layout: Layout, case: cases.Case, device: str, timeout: float) -> float:
+    """One warm `repro` of the case as the command runs it: its trees brought up to date, then
+    every launch at every rank count."""
+    started = time.perf_counter()
+    trees = upstream.trees(layout, list(case.trees))
+    repro.measure(layout, case, trees, list(case.scenarios), device=device, timeout=timeout)
+    return time.perf_counter() - started
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     (layout,) = case_layouts(args.case)
+    truth, op_us = detector_truth(layout), intercepted_op_us()
+    if args.detector_only:
+        print_detector(truth, op_us)
+        if args.write:
+            payload = {"environment": {}, "detector": truth, "op_us": op_us}
+            path = results.write(layout, "bench", payload)
+            print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
+        return 0
     case = cases.load(layout.root, layout.case)
     spec = case.launches[0]
     sp_size = spec.ranks[0]
@@ -86,6 +178,7 @@ def main(argv: list[str]) -> int:
             wall_s[detector].append(seconds)
             call_s[detector] += call_seconds(ranks)
 
+    whole_s = whole_repro_seconds(layout, case, args.device, args.timeout)
     wall = {detector: statistics.median(s) for detector, s in wall_s.items()}
     call_ms = {d: 1000 * statistics.median(s) if s else None for d, s in call_s.items()}
     print(
@@ -94,6 +187,7 @@ def main(argv: list[str]) -> int:
         f" each way, {len(call_s[True])} timed calls each way"
     )
     print(f"cold run (empty extensions cache, detector on): {cold_s:.1f} s")
+    print(f"warm repro of the whole case ({len(case.trees)} trees, every launch): {whole_s:.1f} s")
     print(
         table.text(
             ["median", "with detector", "without", "overhead"],
@@ -105,6 +199,7 @@ def main(argv: list[str]) -> int:
             ],
         )
     )  # fmt: skip
+    print_detector(truth, op_us)
     if args.write:
         payload = {
             "environment": environment.describe(tree.python) | {"ranks": [sp_size]},
@@ -113,12 +208,15 @@ def main(argv: list[str]) -> int:
             "device_kind": device,
             "scenarios": scenarios,
             "cold_run_s": cold_s,
+            "whole_repro_s": whole_s,
             "warm_run_s": {"with_detector": wall_s[True], "without_detector": wall_s[False]},
             "loss_call_s": {"with_detector": call_s[True], "without_detector": call_s[False]},
             "median_loss_call_ms": {
                 "with_detector": call_ms[True],
                 "without_detector": call_ms[False],
             },
+            "detector": truth,
+            "op_us": op_us,
         }
         path = results.write(layout, "bench", payload)
         print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)

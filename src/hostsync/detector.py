@@ -1,37 +1,43 @@
 """Hidden host syncs, counted where they are written: a scope, an allow-list, an assertion.
 
 A device-to-host read (`if t > 0`, `max(t, 1)`, `.item()`, `.tolist()`, a boolean mask) makes
-the CPU wait for the GPU. The same Python line reaches the same aten operator on CPU tensors, so
-a `TorchDispatchMode` counts in CI, without a GPU, the syncs a GPU would stall on, each with the
-source line that caused it:
+the CPU wait for the GPU. The same Python line reaches the same torch calls on CPU tensors, so
+CI counts, without a GPU, the syncs a GPU would stall on, each with the source line that caused
+it, one event per wait:
 
     with SyncScope(allow=[AllowRule("transformers/masking_utils.py", reason="...")]) as scope:
         loss = compute_loss(model, inputs)
     scope.assert_no_unexpected_syncs()
 
-Event kinds: "scalar_read" (aten._local_scalar_dense, which `bool(t)`, `.item()`, `int(t)`
-become; also aten.equal and aten.allclose, which read their answer inside the kernel),
-"nonzero", "masked_select", "unique", "repeat_interleave" (without `output_size`),
-"bool_index" (indexing with a bool/uint8 mask), and "tolist", "cpu", "numpy" (Tensor methods
-that never reach the dispatcher on CPU, so they are wrapped while a scope is open).
+What a call costs on CUDA is decided by `hostsync.sync_ops`, the table of operators and torch
+functions whose CUDA path reads the device, each with its source in PyTorch: a dispatch mode
+judges aten calls (`_local_scalar_dense`, which `bool(t)` and `.item()` become, nonzero, unique,
+masks, bincount, linalg error checks, ...); wrappers, in place while any scope is open, judge the
+Python-level calls that never reach a CPU kernel (`.tolist()`, `.cpu()`, `.to("cpu")`,
+`.numpy()`, `torch.tensor([t0, t1])`) and leave out CPU-only validations (`one_hot` reads its
+input on CPU only); `torch.save` counts one copy per device storage. Event kinds are the table's.
 
-The model is "every tensor would be on the GPU": on CPU, `cpu_tensor.item()` counts too.
-A chained read of a fresh host copy on the same line (`t.cpu().numpy()`) counts once. Not
-counted: reads made inside C++ kernels (a dispatch mode cannot see them), `.to("cpu")` and
-`.copy_()` into host memory, and `t[mask] = 0`: index_put_ turns it into masked_fill_, which does
-not sync on CUDA either (on CPU a one-element tensor value is taken for such a scalar, although
-on CUDA a device one would sync). On CUDA, torch's own
-sync-debug mode runs alongside as a second opinion (`cuda_syncs`); it flags device-to-host
-copies and stream synchronizations, as Python warnings: in Python threads only (not in
-autograd's device threads), and not inside code that silences or records warnings itself.
-A scope observes the thread that opened it, and the autograd threads torch carries it to.
+The model is "every tensor would be on the GPU", except host memory the code names as such
+(`device="cpu"` spelled in the statement, `pin_memory=True`) and what is computed from it
+only: reads of those are free, copies into them (`host[i] = t0`,
+`host.copy_(t)`) count. A chained read of a fresh host copy on the same line (`t.cpu().numpy()`)
+counts once.
+
+A scope observes its context: the thread that opened it, autograd's device threads (torch carries
+the modes there) and functions wrapped with `scope.carry`. torch.compile'd functions raise
+`SyncScopeError` inside a scope: their graphs would not run under it (dynamo skips frames while
+a dispatch mode is active) and the scope would count eager code instead. On CUDA, torch's own
+sync-debug mode runs alongside as a second opinion (`cuda_syncs`), counted per context; it only
+sees warnings outside code that silences or records warnings itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import linecache
 import os
+import re
 import sys
 import threading
 import warnings
@@ -43,14 +49,21 @@ from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from types import CodeType, FrameType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _get_dispatch_stack_at,
+    _pop_mode,
+    _push_mode,
+)
+
+from hostsync import sync_ops
 
 _TORCH_DIR = str(Path(torch.__file__).parent) + os.sep
 _CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
-_MASK_DTYPES = (torch.bool, torch.uint8)
+_Result = TypeVar("_Result")
 
 
 class Site(NamedTuple):
@@ -102,13 +115,33 @@ class SyncScope:
         self.events: list[SyncEvent] = []
         self.cuda_syncs: int | None = None
         self._allowing: list[str] = []
+        self._observer: _Observer | None = None
 
     def __enter__(self) -> SyncScope:
-        _Observer.of_this_thread().open(self)
+        self._observer = _Observer.current() or _Observer()
+        self._observer.open(self)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        _Observer.of_this_thread().close(self)
+        if self._observer is not None:
+            self._observer.close(self)
+            self._observer = None
+
+    def carry(self, function: Callable[..., _Result]) -> Callable[..., _Result]:
+        """`function`, to run in another thread and be observed by this scope's context there.
+
+        Autograd does the same for its device threads: it copies the mode stacks they run with.
+        """
+        observer = self._observer
+        if observer is None:
+            raise SyncScopeError("carry() needs an open scope: call it inside `with scope:`")
+
+        @functools.wraps(function)
+        def carried(*args: Any, **kwargs: Any) -> _Result:
+            with observer.carried():
+                return function(*args, **kwargs)
+
+        return carried
 
     @contextmanager
     def allow(self, reason: str) -> Iterator[None]:
@@ -231,12 +264,11 @@ def _source(frame: FrameType) -> str:
 
 
 def _caller_frame() -> FrameType | None:
-    """The innermost frame outside torch and this module (else the innermost outside this one)."""
-    here = _caller_frame.__code__.co_filename
+    """The innermost frame outside torch and the detector (else the innermost outside it)."""
     frame, fallback = sys._getframe(1), None
     while frame is not None:
         filename = frame.f_code.co_filename
-        if filename != here:
+        if filename not in _DETECTOR_FILES:
             if not filename.startswith(_TORCH_DIR):
                 return frame
             fallback = fallback or frame
@@ -244,139 +276,207 @@ def _caller_frame() -> FrameType | None:
     return fallback
 
 
-class _Observer:
-    """What the open scopes of one thread share: the instrumentation and the events it sees."""
+_DETECTOR_FILES = (_caller_frame.__code__.co_filename, sync_ops.__file__)
 
-    _local = threading.local()
+
+class SyncScopeError(RuntimeError):
+    """The scope cannot measure what is asked of it (raised instead of measuring other code)."""
+
+
+_COMPILED_IN_SCOPE = (
+    "a torch.compile'd function was called inside a SyncScope: compiled graphs do not run under"
+    " the scope's dispatch mode, so it would count eager code instead; call the function"
+    " uncompiled inside the scope (e.g. under torch.compiler.set_stance('force_eager'))"
+)
+
+_NAMES_HOST = re.compile(r"\bcpu\b|pin_memory")
+
+
+class _Observer:
+    """What the open scopes of one context share: the instrumentation and the events it sees.
+
+    A context is the thread that opened the first scope, plus the threads its modes are carried
+    to: autograd's device threads (torch copies the dispatch mode stack there) and
+    those started with `SyncScope.carry`.
+    """
+
+    _handling = threading.local()  # the observer whose mode is handling a call in this thread
 
     def __init__(self) -> None:
         self.scopes: list[SyncScope] = []
         self.counts_cuda_syncs = False
+        self.host = _HostMemory(self)
+        self._lock = threading.RLock()
+        self._local = threading.local()
         self._instrumentation = ExitStack()
+        self._recorder: _SyncRecorder | None = None
         # Naming a file walks sys.path: once per line and scope, or a read in a loop costs 50 us.
         self._sites: dict[tuple[CodeType, int] | None, Site] = {}
         # The host copy `.cpu()` made last, and where: reading it once on that line is free.
         self._host_copy: tuple[tuple[int, int], weakref.ref[torch.Tensor]] | None = None
 
     @classmethod
-    def of_this_thread(cls) -> _Observer:
-        if not hasattr(cls._local, "observer"):
-            cls._local.observer = cls()
-        return cls._local.observer
+    def current(cls) -> _Observer | None:
+        """The observer of this context: the one handling a call here, else the mode stack's."""
+        observer = getattr(cls._handling, "observer", None)
+        if observer is not None:
+            return observer
+        for index in range(torch._C._len_torch_dispatch_stack()):
+            mode = _get_dispatch_stack_at(index)
+            if isinstance(mode, _SyncRecorder):
+                return mode.observer
+        return None
 
     def open(self, scope: SyncScope) -> None:
-        if not self.scopes:
-            with ExitStack() as instrumentation:
-                instrumentation.enter_context(_host_read_methods)
-                instrumentation.enter_context(_SyncRecorder(self))
-                self.counts_cuda_syncs = torch.cuda.is_available()
-                if self.counts_cuda_syncs:
-                    instrumentation.enter_context(_counting_cuda_syncs(self))
-                self._instrumentation = instrumentation.pop_all()
-        scope.cuda_syncs = 0 if self.counts_cuda_syncs else None
-        self.scopes.append(scope)
+        with self._lock:
+            if not self.scopes:
+                with ExitStack() as instrumentation:
+                    self.counts_cuda_syncs = torch.cuda.is_available()
+                    instrumentation.enter_context(_process_wide.installed(self.counts_cuda_syncs))
+                    self._recorder = instrumentation.enter_context(_SyncRecorder(self))
+                    self._instrumentation = instrumentation.pop_all()
+            scope.cuda_syncs = 0 if self.counts_cuda_syncs else None
+            self.scopes.append(scope)
 
     def close(self, scope: SyncScope) -> None:
-        self.scopes.remove(scope)
-        if not self.scopes:
-            self._host_copy = None
-            self._sites.clear()
-            self._instrumentation.close()
+        with self._lock:
+            self.scopes.remove(scope)
+            if not self.scopes:
+                self._host_copy = None
+                self._sites.clear()
+                self._recorder = None
+                self._instrumentation.close()
+
+    @contextmanager
+    def carried(self) -> Iterator[None]:
+        """This context's mode pushed in another thread, as autograd does for its threads."""
+        recorder = self._recorder
+        if recorder is None:
+            yield
+            return
+        _push_mode(recorder)
+        try:
+            yield
+        finally:
+            _pop_mode()
+
+    @property
+    def quiet(self) -> bool:
+        """Inside a call whose CUDA truth replaces what its CPU kernels show."""
+        return getattr(self._local, "quiet", 0) > 0
+
+    @contextmanager
+    def quieted(self) -> Iterator[None]:
+        self._local.quiet = getattr(self._local, "quiet", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.quiet -= 1
+
+    @contextmanager
+    def handling(self) -> Iterator[None]:
+        """Marks this thread as inside this observer's handler (the modes are popped there)."""
+        previous = getattr(_Observer._handling, "observer", None)
+        _Observer._handling.observer = self
+        try:
+            yield
+        finally:
+            _Observer._handling.observer = previous
+
+    def site(self) -> tuple[FrameType | None, Site]:
+        frame = _caller_frame()
+        key = (frame.f_code, frame.f_lineno) if frame else None
+        site = self._sites.get(key)
+        if site is None:
+            site = self._sites[key] = _site(frame)
+        return frame, site
 
     def record(
         self,
         kind: str,
         op: str,
+        count: int = 1,
         read: object = None,
         host_copy: torch.Tensor | None = None,
     ) -> None:
-        """One host read of `read`; `host_copy` is the host tensor it produced, if any."""
-        frame = _caller_frame()
+        """`count` host reads of `read`; `host_copy` is the host tensor it produced, if any."""
+        frame, site = self.site()
         where = (id(frame), frame.f_lineno if frame else 0)
-        if host_copy is not None:
-            self._host_copy = (where, weakref.ref(host_copy))
-        elif self._host_copy and self._host_copy[0] == where and self._host_copy[1]() is read:
-            self._host_copy = None
-            return
-        key = (frame.f_code, frame.f_lineno) if frame else None
-        site = self._sites.get(key)
-        if site is None:
-            site = self._sites[key] = _site(frame)
-        for scope in self.scopes:
-            scope._add(kind, op, site)
+        with self._lock:
+            if host_copy is not None:
+                self._host_copy = (where, weakref.ref(host_copy))
+            elif self._host_copy and self._host_copy[0] == where and self._host_copy[1]() is read:
+                self._host_copy = None
+                return
+            for scope in self.scopes:
+                for _ in range(count):
+                    scope._add(kind, op, site)
 
     def count_cuda_sync(self) -> None:
-        for scope in self.scopes:
-            scope.cuda_syncs = (scope.cuda_syncs or 0) + 1
+        with self._lock:
+            for scope in self.scopes:
+                scope.cuda_syncs = (scope.cuda_syncs or 0) + 1
 
 
-def _argument(args: tuple, kwargs: dict, position: int, name: str, default: Any) -> Any:
-    return args[position] if len(args) > position else kwargs.get(name, default)
+class _HostMemory:
+    """Tensors known to live in host memory even on a GPU box: what the code put there by name.
+
+    On CPU every tensor is in host memory, so the model is "every tensor would be on the GPU",
+    except those created with a named host destination (`device="cpu"`, `pin_memory=True`,
+    `.to("cpu", dtype)` when it makes a new tensor) and their views and results. A device value
+    is ambiguous here (`args.device` is cpu on CPU, cuda on the GPU box), so a destination counts
+    as host only when the statement spells it.
+    """
+
+    def __init__(self, observer: _Observer) -> None:
+        self._observer = observer
+        # By id: a WeakSet compares tensors with ==, which is elementwise.
+        self._tensors: dict[int, weakref.ref[torch.Tensor]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._tensors)
+
+    def holds(self, tensor: object) -> bool:
+        held = self._tensors.get(id(tensor)) if self._tensors else None
+        return held is not None and held() is tensor
+
+    def named(self) -> bool:
+        return bool(_NAMES_HOST.search(self._observer.site()[1].code))
+
+    def add(self, values: object) -> None:
+        for value in _tensors_in(values):
+            key = id(value)
+            self._tensors[key] = weakref.ref(value, lambda _, key=key: self._tensors.pop(key, None))
 
 
-def _indexes_with_mask(args: tuple, kwargs: dict) -> bool:
-    return any(index is not None and index.dtype in _MASK_DTYPES for index in args[1])
+def _tensors_in(values: object) -> Iterator[torch.Tensor]:
+    if isinstance(values, torch.Tensor):
+        yield values
+    elif isinstance(values, list | tuple):
+        for value in values:
+            yield from _tensors_in(value)
 
 
-def _puts_through_mask(args: tuple, kwargs: dict) -> bool:
-    """A masked index_put_ syncs, unless it is the masked_fill_ case (canDispatchToMaskedFill)."""
-    if not _indexes_with_mask(args, kwargs):
-        return False
-    target, indices = args[0], args[1]
-    values = _argument(args, kwargs, 2, "values", None)
-    accumulate = _argument(args, kwargs, 3, "accumulate", False)
-    masks = [index for index in indices if index is not None]
-    fills_masked = (
-        not accumulate
-        and values.numel() == 1
-        and values.device.type == "cpu"
-        and len(masks) == 1
-        and masks[0].dtype in _MASK_DTYPES
-        and masks[0].device == target.device
-    )
-    return not fills_masked
+_KERNEL_RULES: dict[torch._ops.OpOverload, list[sync_ops.OpSync]] = {}
+for _entry in sync_ops.KERNEL_SYNCS:
+    for _overload in sync_ops.overloads(_entry):
+        _KERNEL_RULES.setdefault(_overload, []).append(_entry)
 
 
-def _counts_repeats(args: tuple, kwargs: dict) -> bool:
-    return kwargs.get("output_size") is None
-
-
-def _always(args: tuple, kwargs: dict) -> bool:
-    return True
-
-
-_Condition = Callable[[tuple, dict], bool]
-
-# Which aten overloads read the device, as what kind, and under which condition on the arguments.
-_SYNCING_OPS: list[tuple[str, tuple[str, ...], tuple[str, ...], _Condition]] = [
-    ("scalar_read", ("_local_scalar_dense", "equal", "allclose"), (), _always),
-    ("nonzero", ("nonzero",), (), _always),
-    ("masked_select", ("masked_select",), (), _always),
-    (
-        "unique",
-        ("_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive"),
-        (),
-        _always,
-    ),
-    ("repeat_interleave", ("repeat_interleave",), ("Tensor", "Tensor_out"), _counts_repeats),
-    ("bool_index", ("index",), ("Tensor", "Tensor_out", "Tensor_hacked_twin"), _indexes_with_mask),
-    ("bool_index", ("index_put", "index_put_", "_index_put_impl_"), (), _puts_through_mask),
-]
-
-_SYNC_OF_OP: dict[torch._ops.OpOverload, tuple[str, _Condition]] = {
-    getattr(packet, overload): (kind, condition)
-    for kind, packet_names, overloads, condition in _SYNCING_OPS
-    for packet in (getattr(torch.ops.aten, name) for name in packet_names)
-    for overload in overloads or packet.overloads()
-}
+def _names_host_memory(kwargs: dict, host: _HostMemory) -> bool:
+    """A factory or copy into pinned memory, or onto a cpu device the statement names."""
+    if kwargs.get("pin_memory"):
+        return True
+    device = kwargs.get("device")
+    return getattr(device, "type", None) == "cpu" and host.named()
 
 
 class _SyncRecorder(TorchDispatchMode):
-    """Sees every aten call below autograd and reports those that read the device."""
+    """Sees every aten call below autograd and reports those whose CUDA kernel reads the device."""
 
     def __init__(self, observer: _Observer) -> None:
         super().__init__()
-        self._observer = observer
+        self.observer = observer
 
     def __torch_dispatch__(
         self,
@@ -386,77 +486,216 @@ class _SyncRecorder(TorchDispatchMode):
         kwargs: dict | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        kind, condition = _SYNC_OF_OP.get(func, (None, None))
-        syncs = condition is not None and condition(args, kwargs)
-        result = func(*args, **kwargs)
-        if syncs:
-            self._observer.record(kind, str(func), read=args[0] if args else None)
+        observer = self.observer
+        syncs = []
+        rules = _KERNEL_RULES.get(func)
+        if rules and not observer.quiet:
+            for rule in rules:
+                count = rule.syncs(args, kwargs, observer.host)
+                if count:
+                    syncs.append((rule.kind, count))
+        if observer.counts_cuda_syncs:
+            with observer.handling():
+                result = func(*args, **kwargs)
+        else:
+            result = func(*args, **kwargs)
+        if _names_host_memory(kwargs, observer.host):
+            observer.host.add(result)
+        elif observer.host:
+            inputs = [*_tensors_in(args), *_tensors_in(list(kwargs.values()))]
+            if inputs and all(observer.host.holds(tensor) for tensor in inputs):
+                observer.host.add(result)
+        for kind, count in syncs:
+            observer.record(kind, str(func), count, read=args[0] if args else None)
         return result
 
 
-class _HostReadMethods:
-    """Wraps Tensor.tolist/.cpu/.numpy while any scope is open, in any thread; then restores."""
+def _judging(rule: sync_ops.FunctionSync, original: Callable[..., Any]) -> Callable[..., Any]:
+    """`original`, judged by `rule` in any context with an open scope (found on the dispatch mode
+    stack, which autograd carries to its device threads)."""
+    op = rule.name.removeprefix("torch.")
 
-    _NAMES = ("tolist", "cpu", "numpy")
-    _INHERITED = object()
+    @functools.wraps(original)
+    def judged(*args: Any, **kwargs: Any) -> Any:
+        observer = _Observer.current()
+        if observer is None or observer.quiet:
+            return original(*args, **kwargs)
+        count = rule.syncs(args, kwargs, observer.host)
+        with observer.quieted() if rule.replaces_kernels else contextlib.nullcontext():
+            result = original(*args, **kwargs)
+        if count:
+            copy = result if rule.kind == "cpu" else None
+            observer.record(rule.kind, op, count, read=args[0] if args else None, host_copy=copy)
+        return result
+
+    return judged
+
+
+def _device_storages(value: object, host: _HostMemory, seen: set[int]) -> int:
+    """How many distinct storages of device tensors `torch.save(value)` would copy to the host."""
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage().data_ptr()
+        if host.holds(value) or storage in seen:
+            return 0
+        seen.add(storage)
+        return 1
+    if isinstance(value, torch.nn.Module):
+        value = value.state_dict()
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list | tuple | set):
+        return sum(_device_storages(item, host, seen) for item in value)
+    return 0
+
+
+class _ProcessWide:
+    """What only exists once per process, installed while any scope is open anywhere.
+
+    - the Python-level calls of `sync_ops.FUNCTION_SYNCS`, judged in contexts with a scope;
+    - `torch.save` and `torch.serialization.save`: each device storage is copied to the host;
+    - the torch.compile guard (`_COMPILED_IN_SCOPE`);
+    - on CUDA, torch's sync-debug mode, whose warnings are counted for the context they are
+      raised in (warnings of autograd's device threads are replayed in the thread that called
+      backward), and shown as before elsewhere.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._users = 0
-        self._saved: dict[str, object] = {}
+        self._cuda_users = 0
+        self._restore = ExitStack()
+        self._cuda_restore = ExitStack()
+        self._guarded = False
 
-    def __enter__(self) -> None:
+    @contextmanager
+    def installed(self, cuda: bool) -> Iterator[None]:
         with self._lock:
             if self._users == 0:
-                for name in self._NAMES:
-                    self._saved[name] = torch.Tensor.__dict__.get(name, self._INHERITED)
-                    setattr(torch.Tensor, name, _reporting(name, getattr(torch.Tensor, name)))
+                self._restore = self._install()
             self._users += 1
-
-    def __exit__(self, *exc_info: object) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users == 0:
-                for name, saved in self._saved.items():
-                    if saved is self._INHERITED:
-                        delattr(torch.Tensor, name)
-                    else:
-                        setattr(torch.Tensor, name, saved)
-
-
-_host_read_methods = _HostReadMethods()
-
-
-def _reporting(kind: str, method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(method)
-    def host_read(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        result = method(tensor, *args, **kwargs)
-        observer = _Observer.of_this_thread()
-        if observer.scopes:
-            host_copy = result if kind == "cpu" else None
-            observer.record(kind, f"Tensor.{kind}", read=tensor, host_copy=host_copy)
-        return result
-
-    return host_read
-
-
-@contextmanager
-def _counting_cuda_syncs(observer: _Observer) -> Iterator[None]:
-    """torch's own sync-debug mode as a second opinion: count the syncs it warns about."""
-    previous_mode = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("always", message=_CUDA_SYNC_WARNING)
-        show_other = warnings.showwarning
-
-        def count_or_show(message: Warning | str, *args: Any, **kwargs: Any) -> None:
-            if str(message).startswith(_CUDA_SYNC_WARNING):
-                observer.count_cuda_sync()
-            else:
-                show_other(message, *args, **kwargs)
-
-        warnings.showwarning = count_or_show
-        torch.cuda.set_sync_debug_mode("warn")
+            if cuda:
+                if self._cuda_users == 0:
+                    self._cuda_restore = _counting_cuda_syncs()
+                self._cuda_users += 1
         try:
             yield
         finally:
-            torch.cuda.set_sync_debug_mode(previous_mode)
+            with self._lock:
+                if cuda:
+                    self._cuda_users -= 1
+                    if self._cuda_users == 0:
+                        self._cuda_restore.close()
+                self._users -= 1
+                if self._users == 0:
+                    self._restore.close()
+
+    def _install(self) -> ExitStack:
+        restore = ExitStack()
+        for rule in sync_ops.FUNCTION_SYNCS:
+            owner_name, _, name = rule.name.rpartition(".")
+            owner = sync_ops.resolve(owner_name)
+            restore.enter_context(_replaced(owner, name, _judging(rule, getattr(owner, name))))
+        save = torch.serialization.save
+        restore.enter_context(_replaced(torch, "save", _saving(save)))
+        restore.enter_context(_replaced(torch.serialization, "save", _saving(save)))
+        self._guarded = "torch._dynamo.eval_frame" in sys.modules
+        if self._guarded:
+            restore.enter_context(_guarding_compiled_calls())
+        else:  # no compiled function exists yet; one made while scopes are open gets the guard
+            restore.enter_context(_replaced(torch, "compile", self._guarding(torch.compile)))
+        return restore
+
+    def _guarding(self, compile_: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(compile_)
+        def compile_then_guard(*args: Any, **kwargs: Any) -> Any:
+            compiled = compile_(*args, **kwargs)
+            with self._lock:
+                if self._users and not self._guarded:
+                    self._restore.enter_context(_guarding_compiled_calls())
+                    self._guarded = True
+            return compiled
+
+        return compile_then_guard
+
+
+_process_wide = _ProcessWide()
+
+
+_INHERITED = object()
+
+
+@contextmanager
+def _replaced(owner: object, name: str, value: object) -> Iterator[None]:
+    """`owner.name` is `value` until exit; then what it was, inherited again if it was."""
+    saved = owner.__dict__.get(name, _INHERITED)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        if saved is _INHERITED:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, saved)
+
+
+def _saving(save: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(save)
+    def saving(obj: object, *args: Any, **kwargs: Any) -> Any:
+        observer = _Observer.current()
+        if observer is not None and not observer.quiet:
+            count = _device_storages(obj, observer.host, set())
+            if count:
+                observer.record("host_copy", "torch.save", count)
+        return save(obj, *args, **kwargs)
+
+    return saving
+
+
+@contextmanager
+def _guarding_compiled_calls() -> Iterator[None]:
+    """Every compiled-code entry asks dynamo for its callback (`_callback_from_stance`, torch >=
+    2.6); refuse it inside a scope, where dynamo would silently run the eager code."""
+    from torch._dynamo import eval_frame
+
+    from_stance = eval_frame._callback_from_stance
+
+    def refusing_in_scope(callback: Any) -> Any:
+        resolved = from_stance(callback)
+        if resolved is not None and _Observer.current() is not None:
+            raise SyncScopeError(_COMPILED_IN_SCOPE)
+        return resolved
+
+    with _replaced(eval_frame, "_callback_from_stance", refusing_in_scope):
+        yield
+
+
+def _counting_cuda_syncs() -> ExitStack:
+    """torch's own sync-debug mode as a second opinion, counted per context."""
+    restore = ExitStack()
+    previous_mode = torch.cuda.get_sync_debug_mode()
+    if previous_mode == 0:
+        torch.cuda.set_sync_debug_mode("warn")
+        restore.callback(torch.cuda.set_sync_debug_mode, previous_mode)
+    warnings.filterwarnings("always", message=_CUDA_SYNC_WARNING)
+    our_filter = warnings.filters[0]
+    restore.callback(_remove_filter, our_filter)
+    show_other = warnings.showwarning
+
+    def count_or_show(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+        if str(message).startswith(_CUDA_SYNC_WARNING):
+            observer = _Observer.current()
+            if observer is not None:
+                observer.count_cuda_sync()
+                return
+            if previous_mode == 0:
+                return
+        show_other(message, *args, **kwargs)
+
+    warnings.showwarning = count_or_show
+    restore.callback(setattr, warnings, "showwarning", show_other)
+    return restore
+
+
+def _remove_filter(entry: tuple) -> None:
+    with contextlib.suppress(ValueError):
+        warnings.filters.remove(entry)

@@ -1,0 +1,431 @@
+"""Which torch operations make the host wait for a CUDA device, how often, and how we know.
+
+The detector runs on CPU tensors and judges each call by what its CUDA kernel would do. The
+aten part starts from the two tags `native_functions.yaml` gives the operators whose output
+depends on device data (`dynamic_output_shape`, `data_dependent_output`, defined in
+`aten/src/ATen/native/tags.yaml`); every tagged overload of the installed torch is an entry
+here, in `NOT_SYNCING` or in `UNDECIDED` (tests/test_detector_truth.py checks it). The
+`torch.linalg` part follows the functions whose documentation says they synchronize; the rest
+is read from the CUDA kernels, each entry naming its file and function. Counts are host waits
+per call on success (an error path may read more).
+
+Importable with torch alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+
+class HostMemory(Protocol):
+    """What a rule may ask about the call: which tensors live in host memory."""
+
+    def holds(self, tensor: torch.Tensor) -> bool: ...
+
+    def named(self) -> bool:
+        """Whether the calling statement names host memory ("cpu") as a destination."""
+        ...
+
+
+Syncs = Callable[[tuple, dict, HostMemory], int]
+
+
+@dataclass(frozen=True)
+class OpSync:
+    """aten overloads (`packet` or `packet.overload`) and the host waits one CUDA call takes."""
+
+    kind: str
+    ops: tuple[str, ...]
+    syncs: Syncs
+    source: str
+
+
+@dataclass(frozen=True)
+class FunctionSync:
+    """A Python-level torch callable (dotted name) whose CUDA path waits where CPU shows nothing.
+
+    `replaces_kernels`: the CPU path reads the host where CUDA does not (a validation done with
+    `.item()` on CPU only); inside the call, `syncs` is the whole truth.
+    """
+
+    kind: str
+    name: str
+    syncs: Syncs
+    source: str
+    replaces_kernels: bool = False
+
+
+def argument(args: tuple, kwargs: dict, position: int, name: str, default: Any = None) -> Any:
+    return args[position] if len(args) > position else kwargs.get(name, default)
+
+
+def _one(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    return 0 if host.holds(args[0]) else 1
+
+
+def _all_on_host(tensors: Iterator[Any], host: HostMemory) -> bool:
+    return all(host.holds(t) for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _reads_device(args: tuple, kwargs: dict, host: HostMemory) -> bool:
+    tensors = [t for t in _flat(args) if isinstance(t, torch.Tensor)]
+    return bool(tensors) and not all(host.holds(t) for t in tensors)
+
+
+def _flat(values: Any) -> Iterator[Any]:
+    for value in values:
+        if isinstance(value, list | tuple):
+            yield from _flat(value)
+        else:
+            yield value
+
+
+def _if_device(count: int) -> Syncs:
+    def syncs(args: tuple, kwargs: dict, host: HostMemory) -> int:
+        return count if _reads_device(args, kwargs, host) else 0
+
+    return syncs
+
+
+def _repeats_counted(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    if kwargs.get("output_size") is not None or not _reads_device(args, kwargs, host):
+        return 0
+    return 1
+
+
+def _with_mask(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    indices = args[1]
+    if not any(index is not None and index.dtype in _MASK_DTYPES for index in indices):
+        return 0
+    return 1 if _reads_device(args, kwargs, host) else 0
+
+
+def _put_through_mask(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    """A masked index_put_ syncs, unless it is the masked_fill_ case (canDispatchToMaskedFill)."""
+    if not _with_mask(args, kwargs, host):
+        return 0
+    target, indices = args[0], args[1]
+    values = argument(args, kwargs, 2, "values")
+    accumulate = argument(args, kwargs, 3, "accumulate", False)
+    masks = [index for index in indices if index is not None]
+    fills_masked = (
+        not accumulate
+        and values.numel() == 1
+        and values.device.type == "cpu"
+        and len(masks) == 1
+        and masks[0].dtype in _MASK_DTYPES
+        and masks[0].device == target.device
+    )
+    return 0 if fills_masked else 1
+
+
+def _bincount(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    values = args[0]
+    if (values.dim() == 1 and values.numel() == 0) or not _reads_device(args, kwargs, host):
+        return 0
+    return 1 if values.dtype == torch.uint8 else 2
+
+
+def _histc(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    low, high = argument(args, kwargs, 2, "min", 0), argument(args, kwargs, 3, "max", 0)
+    if low != high or args[0].numel() == 0 or not _reads_device(args, kwargs, host):
+        return 0
+    return 2
+
+
+def _multinomial(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    samples = argument(args, kwargs, 1, "num_samples")
+    replacement = argument(args, kwargs, 2, "replacement", False)
+    if (replacement and samples != 1) or not _reads_device(args, kwargs, host):
+        return 0
+    return 2
+
+
+def _checking_errors(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    return 1 if kwargs.get("check_errors") and _reads_device(args, kwargs, host) else 0
+
+
+def _copy_to_host(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    target, source = args[0], args[1]
+    blocking = not argument(args, kwargs, 2, "non_blocking", False)
+    return int(blocking and host.holds(target) and not host.holds(source))
+
+
+def _fill_host_from_device(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    target, value = args[0], args[1]
+    return int(host.holds(target) and not host.holds(value))
+
+
+def _put_device_values_on_host(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    values = argument(args, kwargs, 2, "values")
+    return int(host.holds(args[0]) and not host.holds(values))
+
+
+_NATIVE = "aten/src/ATen/native/"
+_TAGGED = "tagged dynamic_output_shape (native_functions.yaml); "
+
+KERNEL_SYNCS: tuple[OpSync, ...] = (
+    OpSync(
+        "scalar_read",
+        ("_local_scalar_dense", "item"),
+        _one,
+        "tagged data_dependent_output; cuda/CUDAScalar.cu _local_scalar_dense_cuda copies one"
+        " value with at::cuda::memcpy_and_sync (`bool(t)`, `.item()`, `int(t)` reach it)",
+    ),
+    OpSync(
+        "scalar_read",
+        ("equal",),
+        _if_device(1),
+        f"{_NATIVE}cuda/Equal.cpp cuda_equal: at::eq(self, src).all().item<bool>()",
+    ),
+    OpSync(
+        "scalar_read",
+        ("allclose",),
+        _if_device(1),
+        f"{_NATIVE}TensorCompare.cpp allclose: isclose(...).all().item<uint8_t>(), shared by"
+        " all devices",
+    ),
+    OpSync(
+        "nonzero",
+        ("nonzero",),
+        _if_device(1),
+        _TAGGED + f"{_NATIVE}cuda/Nonzero.cu nonzero_out_cuda copies the count to the host;"
+        " torch.nonzero docs: 'causes host-device synchronization'",
+    ),
+    OpSync(
+        "masked_select",
+        ("masked_select",),
+        _if_device(1),
+        _TAGGED + f"{_NATIVE}TensorAdvancedIndexing.cpp masked_select: nonzero of the mask",
+    ),
+    OpSync(
+        "unique",
+        ("_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive"),
+        _if_device(1),
+        _TAGGED + f"{_NATIVE}cuda/Unique.cu: the number of unique values is read to size the"
+        " output (unique_dim_consecutive is untagged but shares _unique_dim_cuda_template)",
+    ),
+    OpSync(
+        "repeat_interleave",
+        ("repeat_interleave.Tensor", "repeat_interleave.Tensor_out"),
+        _repeats_counted,
+        _TAGGED + f"{_NATIVE}Repeat.h repeat_interleave_common: without output_size the total"
+        " is read from the device",
+    ),
+    OpSync(
+        "bool_index",
+        ("index.Tensor", "index.Tensor_out", "index.Tensor_hacked_twin"),
+        _with_mask,
+        _TAGGED + f"{_NATIVE}TensorAdvancedIndexing.cpp / IndexingUtils.h expandTensors: a"
+        " bool/uint8 mask becomes indices through nonzero",
+    ),
+    OpSync(
+        "bool_index",
+        ("index_put", "index_put_", "_index_put_impl_"),
+        _put_through_mask,
+        f"{_NATIVE}TensorAdvancedIndexing.cpp index_put_: masks go through nonzero, except"
+        " the canDispatchToMaskedFill case (one mask, one host scalar value)",
+    ),
+    OpSync(
+        "bincount",
+        ("bincount",),
+        _bincount,
+        _TAGGED + f"{_NATIVE}cuda/SummaryOps.cu _bincount_cuda_template: self.min().cpu()"
+        " (not for uint8) and self.max().item() size the output",
+    ),
+    OpSync(
+        "histc",
+        ("histc", "histc.out"),
+        _histc,
+        f"{_NATIVE}cuda/SummaryOps.cu _histc_cuda_template: with min == max (the default) the"
+        " range is read from the device, two values",
+    ),
+    OpSync(
+        "multinomial",
+        ("multinomial",),
+        _multinomial,
+        f"{_NATIVE}Distributions.cpp multinomial_out (all devices): without replacement or for"
+        " one sample, two .item() sanity checks before the gumbel-max path; with replacement"
+        " the CUDA kernel checks on the device. torch 2.13 on CPU, torch.profiler: 2 reads",
+    ),
+    OpSync(
+        "linalg_check",
+        ("_linalg_check_errors",),
+        _one,
+        f"{_NATIVE}BatchLinearAlgebra.cpp _linalg_check_errors: infos.any().item<bool>();"
+        " torch.linalg docs (inv, cholesky, solve, lu_factor, ldl_factor): 'synchronizes that"
+        " device with the CPU'",
+    ),
+    OpSync(
+        "linalg_check",
+        (
+            "linalg_inv_ex",
+            "linalg_cholesky_ex",
+            "linalg_lu_factor_ex",
+            "linalg_ldl_factor_ex",
+            "linalg_solve_ex",
+            "_linalg_solve_ex",
+            "linalg_lu",
+        ),
+        _checking_errors,
+        "torch.linalg docs of the _ex variants: 'synchronizes only when check_errors = True'"
+        f" ({_NATIVE}BatchLinearAlgebra.cpp calls _linalg_check_errors then)",
+    ),
+    OpSync(
+        "linalg_check",
+        ("_linalg_eigh", "_linalg_svd", "linalg_eig", "linalg_pinv"),
+        _if_device(1),
+        "torch.linalg docs of eigh, eigvalsh, svdvals, matrix_rank, eig, eigvals, pinv:"
+        " 'synchronizes that device with the CPU' (the kernels call _linalg_check_errors; svd"
+        " may also read gesvdj's convergence info, eig runs on the host: at least one)",
+    ),
+    OpSync(
+        "host_copy",
+        ("_ctc_loss.Tensor", "_use_cudnn_ctc_loss.Tensor"),
+        _if_device(2),
+        f"{_NATIVE}LossCTC.cpp ctc_loss_tensor / cudnn/LossCTC.cpp: input_lengths and"
+        " target_lengths .to(kCPU) (decided from sources)",
+    ),
+    OpSync(
+        "host_copy",
+        ("copy_",),
+        _copy_to_host,
+        f"{_NATIVE}cuda/Copy.cu copy_kernel_cuda: a blocking device-to-host copy ends in"
+        " stream synchronize (warned by set_sync_debug_mode)",
+    ),
+    OpSync(
+        "scalar_read",
+        ("fill_.Tensor",),
+        _fill_host_from_device,
+        f"{_NATIVE}Fill.cpp fill_: a 0-d value on another device is read with .item()"
+        " (`host[i] = t0`)",
+    ),
+    OpSync(
+        "host_copy",
+        ("index_put_", "_index_put_impl_"),
+        _put_device_values_on_host,
+        f"{_NATIVE}TensorAdvancedIndexing.cpp index_put_: values are copied to the host target",
+    ),
+)
+
+# Operators one might expect to sync, or tagged ones, that do not on CUDA, and why.
+NOT_SYNCING: dict[str, str] = {
+    "one_hot": "tagged dynamic_output_shape, but CompositeImplicit: never reaches a dispatch"
+    " mode; FUNCTION_SYNCS judges torch.nn.functional.one_hot",
+    "nonzero_static": f"{_NATIVE}cuda/Nonzero.cu nonzero_static_cuda: fixed size, no read",
+    "masked_scatter": f"{_NATIVE}cuda/IndexKernel.cu launch_masked_scatter_kernel: a prefix sum"
+    " on the device, the source size checked by a kernel (masked_scatter_size_check)",
+    "index_select": f"{_NATIVE}cuda/Indexing.cu: bounds checked with CUDA_KERNEL_ASSERT (the CPU"
+    " kernel checks on the host, inside C++: not seen on CPU either)",
+    "gather": f"{_NATIVE}cuda/ScatterGatherKernel.cu: CUDA_KERNEL_ASSERT bounds check",
+    "embedding": f"{_NATIVE}Embedding.cpp: index_select; bounds by device assert",
+    "nll_loss_forward": f"{_NATIVE}cuda/Loss.cu: target range by CUDA_KERNEL_ASSERT",
+    "_assert_async": f"{_NATIVE}cuda/TensorCompare.cu _assert_async_cuda: device-side assert",
+    "embedding_renorm_": f"{_NATIVE}cuda/Embedding.cu embedding_renorm_cuda_: cub::unique"
+    " keeps the count on the device (torch >= 2.3)",
+    "randperm": f"{_NATIVE}cuda/Randperm.cu: no host read",
+    "argwhere": "CompositeImplicit: reaches nonzero, which is judged",
+    "_ctc_loss": "tagged; the default overload takes host IntArrayRef lengths (the .Tensor"
+    " overload is judged)",
+}
+
+# Tagged operators not decided from the sources yet: not counted, named so that the table test
+# lists every tagged operator somewhere.
+UNDECIDED: dict[str, str] = {
+    "linalg_lstsq": "tagged dynamic_output_shape (rank/residuals shapes); no sync note in the"
+    " torch.linalg.lstsq docs; torch.profiler on CPU shows one read, CPU-only or not unknown",
+}
+
+
+def _tensor_elements(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    """torch.tensor([t0, t1]): each device tensor element is read with .item()."""
+    data = argument(args, kwargs, 0, "data")
+    if isinstance(data, torch.Tensor):
+        device = kwargs.get("device")
+        moves_to_host = device is not None and torch.device(device).type == "cpu"
+        return int(moves_to_host and host.named() and not host.holds(data))
+    if not isinstance(data, list | tuple):
+        return 0
+    return sum(
+        1 for value in _flat(data) if isinstance(value, torch.Tensor) and not host.holds(value)
+    )
+
+
+def _to_host(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    """`t.to("cpu")`, `t.to(torch.device("cpu"))`: a blocking copy, unless non_blocking."""
+    device = kwargs.get("device")
+    for value in args[1:]:
+        if isinstance(value, str | torch.device):
+            device = value
+        elif isinstance(value, torch.Tensor):
+            device = value.device
+    if device is None or torch.device(device).type != "cpu" or kwargs.get("non_blocking"):
+        return 0
+    return int(host.named() and not host.holds(args[0]))
+
+
+def _one_hot(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    classes = argument(args, kwargs, 1, "num_classes", -1)
+    return int(classes == -1 and args[0].numel() > 0 and not host.holds(args[0]))
+
+
+FUNCTION_SYNCS: tuple[FunctionSync, ...] = (
+    FunctionSync(
+        "tolist",
+        "torch.Tensor.tolist",
+        _one,
+        "torch/csrc/utils/tensor_list.cpp tensor_to_list: copies the tensor to the host first",
+    ),
+    FunctionSync("cpu", "torch.Tensor.cpu", _one, f"{_NATIVE}cuda/Copy.cu: blocking D2H copy"),
+    FunctionSync("cpu", "torch.Tensor.to", _to_host, f"{_NATIVE}cuda/Copy.cu: blocking D2H copy"),
+    FunctionSync(
+        "numpy",
+        "torch.Tensor.numpy",
+        _one,
+        "torch/csrc/utils/tensor_numpy.cpp: a CUDA tensor must be copied to the host first",
+    ),
+    FunctionSync(
+        "scalar_read",
+        "torch.tensor",
+        _tensor_elements,
+        "torch/csrc/utils/tensor_new.cpp recursive_store: each tensor element is read with"
+        " .item() (torch.profiler on CPU: one aten::_local_scalar_dense per element)",
+    ),
+    FunctionSync("scalar_read", "torch.as_tensor", _tensor_elements, "as torch.tensor"),
+    FunctionSync("scalar_read", "torch.asarray", _tensor_elements, "as torch.tensor"),
+    FunctionSync(
+        "scalar_read",
+        "torch.nn.functional.one_hot",
+        _one_hot,
+        f"{_NATIVE}Onehot.cpp one_hot: on CPU self_min/self_max are read to validate; on CUDA"
+        " only num_classes=-1 reads self.max().item() ('for cuda, rely on device assert')",
+        replaces_kernels=True,
+    ),
+)
+
+
+def resolve(name: str) -> Any:
+    """The object a dotted name like `torch.Tensor.tolist` names in the installed torch."""
+    module, *attributes = name.split(".")
+    value: Any = {"torch": torch}[module]
+    for attribute in attributes:
+        value = getattr(value, attribute)
+    return value
+
+
+def overloads(entry: OpSync) -> Iterator[torch._ops.OpOverload]:
+    """The installed overloads an entry covers (packets missing from this torch are skipped)."""
+    for op in entry.ops:
+        packet_name, _, overload = op.partition(".")
+        packet = getattr(torch.ops.aten, packet_name, None)
+        if packet is None:
+            continue
+        for name in [overload] if overload else packet.overloads():
+            if name in packet.overloads():
+                yield getattr(packet, name)
