@@ -421,3 +421,31 @@ def test_a_scope_observes_only_the_thread_that_opened_it():
         other.join()
 
     assert scope.events == []
+
+
+def test_a_rule_can_accept_a_shared_helper_only_for_one_caller() -> None:
+    """A read inside a helper is paid for by its caller: accept one caller, not the other."""
+
+    def is_invalid(norm: torch.Tensor) -> bool:
+        return bool(norm < 0)
+
+    def step(norm: torch.Tensor) -> bool:
+        return is_invalid(norm)
+
+    def clip(norm: torch.Tensor) -> bool:
+        return is_invalid(norm)
+
+    rule = AllowRule(
+        "test_detector.py", reason="decides a skipped step", function="is_invalid",
+        caller="step", code="norm < 0",
+    )  # fmt: skip
+    with SyncScope(allow=[rule]) as scope:
+        step(torch.tensor(1.0))
+        clip(torch.tensor(1.0))
+
+    (site,) = scope.sync_sites(by_caller=True)
+    assert (site["function"], site["caller"], site["count"]) == (
+        "is_invalid", "test_detector.py:clip", 1,
+    )  # fmt: skip
+    (allowed,) = scope.allowed_sync_sites()
+    assert allowed["reason"] == "decides a skipped step"

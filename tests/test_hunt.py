@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import hunt, results, trainer_run, upstream
+from hostsync import cases, hunt, projects, results, trainer_run, upstream
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
 
@@ -283,3 +283,39 @@ def test_a_tree_that_could_not_run_is_reported_but_not_compared(workspace: Layou
     assert "Not measured: rank 0 raised ImportError" in text
     assert "| 5.99.0 |" in text
     assert "gone in 5.99.0" not in text
+
+
+def test_a_site_a_case_carries_is_labelled_with_the_case_not_accepted() -> None:
+    carried = [{"file": "transformers/integrations/deepspeed.py", "code": "t > 0", "reason": "c"}]
+
+    sites = hunt.summarize([rank(0)], [ACCEPT_LOGGING], carried)
+
+    by_function = {site["function"]: site for site in sites}
+    assert (by_function["<genexpr>"]["carried"], by_function["<genexpr>"]["allowed"]) == ("c", None)
+    assert by_function["_maybe_log_save_evaluate"]["carried"] is None
+
+
+def test_every_case_carries_sites_the_hunt_matches_by_its_rules() -> None:
+    carried = hunt.carried_sites(ROOT)
+
+    assert {rule["reason"] for rule in carried} == set(cases.names(ROOT))
+    assert all(set(rule) <= hunt._RULE_KEYS for rule in carried)
+
+
+def test_setups_are_a_precision_and_a_zero_stage() -> None:
+    setup = trainer_run.Setup.parse("bf16-zero2")
+
+    assert (setup.precision, setup.zero_stage, setup.label) == ("bf16", 2, "bf16-zero2")
+    config = trainer_run.deepspeed_config(setup)
+    assert (config["zero_optimization"]["stage"], config["bf16"]["enabled"]) == (2, True)
+    with pytest.raises(WorkspaceError, match="PRECISION-zeroSTAGE"):
+        trainer_run.Setup.parse("fp16-zero1")
+
+
+def test_a_case_of_the_same_project_cannot_be_stacked(workspace: Layout) -> None:
+    tree = upstream.Tree(
+        "pinned", workspace.root, "5.13.1", "", "a test", projects.get("transformers")
+    )
+
+    with pytest.raises(WorkspaceError, match="--stack trainer-nan-filter: a case of transformers"):
+        hunt.stacked(workspace, tree, ["trainer-nan-filter"])

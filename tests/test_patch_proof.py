@@ -275,3 +275,24 @@ def test_the_live_trainer_case_is_red_on_its_release_and_green_patched(tmp_path:
     assert all(t["message"].startswith("AssertionError") for t in red["tests"] if t["message"])
     assert red["tree"]["version"] == "5.24.0"
     assert checks["series tests", upstream.PATCHED]["counts"] == {PASSED: 4}
+
+
+@pytest.mark.distributed
+@pytest.mark.network
+def test_the_deepspeed_case_is_red_on_its_release_green_patched_and_formatted(
+    tmp_path: Path,
+) -> None:
+    """DeepSpeed 0.19.8 from its sdist: the unit test on the harness stand-in, as its CPU CI."""
+    layout = make_workspace(tmp_path / "workspace").for_case("ds-clip-norm")
+    said: list[str] = []
+
+    status, path = patch_proof.prove_and_report(layout, [], timeout=900, say=said.append)
+
+    checks = json.loads(path.read_text())["checks"]
+    assert status == 0, "\n".join(said)
+    (red,) = [check for check in checks if check["label"] == "pinned+tests"]
+    assert red["tree"]["version"] == "0.19.8"
+    assert all(t["message"].endswith("read 1 device value(s) on the host") for t in red["tests"])
+    (lint,) = [check for check in checks if check["expected"] == "clean"]
+    assert lint["check"] == "yapf 0.43.0, flake8 5.0.4, codespell 2.1.0"
+    assert (lint["verdict"], [t["outcome"] for t in lint["tests"]]) == (OK, [PASSED] * 3)

@@ -283,3 +283,23 @@ def test_the_trainer_filter_reads_twice_per_finite_micro_batch_and_the_fix_never
     for scenario in ("finite", "nan"):
         assert runs["patched", scenario]["syncs_per_micro_batch"] == [0, 0, 0, 0]
     assert [c["verdict"] for c in measured["comparisons"]] == ["identical", "identical"]
+
+
+@pytest.mark.distributed
+@pytest.mark.network
+def test_zero_clipping_reads_the_norm_once_per_group_and_the_fix_never(tmp_path: Path) -> None:
+    """The DeepSpeed case, bf16 ZeRO 1 on real ranks: same training, two reads fewer a step."""
+    layout = make_workspace(tmp_path / "workspace").for_case("ds-clip-norm")
+    case = cases.load(layout.root, layout.case)
+    trees = upstream.trees(layout, ["pinned", "patched"])
+
+    measured = repro.measure(layout, case, trees, ["bf16-zero1"], device="cpu", timeout=900)
+
+    runs = {run["tree"]: run for run in measured["runs"]}
+    groups = runs["pinned"]["param_groups"]
+    overflow = runs["pinned"]["overflow_step"] - 1
+    pinned = runs["pinned"]["clip_reads_per_step"]
+    assert pinned == [0 if step == overflow else groups for step in range(len(pinned))]
+    assert set(runs["patched"]["clip_reads_per_step"]) == {0}
+    assert runs["pinned"]["skipped_steps"] == runs["patched"]["skipped_steps"] == 1
+    assert [c["verdict"] for c in measured["comparisons"]] == ["identical"]

@@ -54,6 +54,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-dir", type=Path, default=Path(os.environ[RUN_DIR_ENV]) / "output")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument(
+        "--precision", choices=("fp32",), default="fp32", help="as accelerate launches: fp32 only"
+    )
+    parser.add_argument(
         "--no-detector", action="store_true", help="train without the sync detector (to time it)"
     )
     args = parser.parse_args()

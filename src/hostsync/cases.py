@@ -3,7 +3,8 @@
 The engine holds no word of any one bug. Everything about one comes from its card: the project
 and release it pins, upstream's own fix when one is released, what upstream knows of it, how its
 reproducer is launched and what it prints, which of its tests must fail on the pinned release,
-and where the drafts' figures come from. Its patches, rank scripts, results and drafts live in
+and which host-sync sites its fix removes (`[[carries]]`, matched like the hunt's allow rules).
+Its patches, rank scripts, results and drafts live in
 folders of the same name (see `Layout`).
 """
 
@@ -80,7 +81,7 @@ class Case:
     neighbours: tuple[str, ...]
     workspace_only: tuple[str, ...]
     profile: dict[str, Any]
-    figures: dict[str, str]
+    carries: tuple[dict[str, Any], ...]
     digest: str
     raw: dict[str, Any] = field(repr=False, compare=False)
 
@@ -166,7 +167,7 @@ def _case(name: str, raw: dict[str, Any], digest: str) -> Case:
         neighbours=tuple(tests.get("neighbours", ())),
         workspace_only=tuple(tests.get("workspace_only", ())),
         profile=dict(raw.get("profile", {})),
-        figures=dict(raw.get("review", {}).get("figures", {})),
+        carries=tuple(raw.get("carries", ())),
         digest=digest,
         raw=raw,
     )

@@ -79,32 +79,52 @@ class Site(NamedTuple):
 
 
 class SyncEvent(NamedTuple):
-    """One device-to-host read; `allowed` is the reason it is accepted, None when unexpected."""
+    """One device-to-host read; `allowed` is the reason it is accepted, None when unexpected.
+    `caller` is the function that called the site's own (`file:function`): a read inside a
+    shared helper is paid for by its caller."""
 
     kind: str
     op: str
     site: Site
     allowed: str | None
+    caller: str = ""
 
 
 @dataclass(frozen=True)
 class AllowRule:
-    """A known, accepted sync site: a file (a path suffix), optionally one function or line."""
+    """A known, accepted sync site: a file (a path suffix), optionally one function or line,
+    a statement containing `code`, and only when called from `caller` (`function`, or
+    `file suffix:function`)."""
 
     file: str
     reason: str
     function: str | None = None
     line: int | None = None
+    caller: str | None = None
+    code: str | None = None
 
     def __post_init__(self) -> None:
         _require_reason(self.reason)
 
-    def matches(self, site: Site) -> bool:
+    def matches(self, site: Site, caller: str = "") -> bool:
         return (
-            (site.file == self.file or site.file.endswith("/" + self.file))
+            _suffix(site.file, self.file)
             and self.function in (None, site.function)
             and self.line in (None, site.line)
+            and (self.code is None or self.code in site.code)
+            and (self.caller is None or _called_from(caller, self.caller))
         )
+
+
+def _suffix(file: str, suffix: str) -> bool:
+    return file == suffix or file.endswith("/" + suffix)
+
+
+def _called_from(caller: str, wanted: str) -> bool:
+    """`wanted` is a function name, or a file suffix and a function: `a/b.py:step`."""
+    file, _, function = caller.rpartition(":")
+    wanted_file, _, wanted_function = wanted.rpartition(":")
+    return function == wanted_function and (not wanted_file or _suffix(file, wanted_file))
 
 
 class SyncScope:
@@ -153,12 +173,13 @@ class SyncScope:
         finally:
             self._allowing.pop()
 
-    def _add(self, kind: str, op: str, site: Site) -> None:
+    def _add(self, kind: str, op: str, site: Site, caller: str = "") -> None:
         """Judge one event against this scope's allow blocks, then its rules, and keep it."""
         reason = self._allowing[-1] if self._allowing else None
         if reason is None:
-            reason = next((rule.reason for rule in self.rules if rule.matches(site)), None)
-        self.events.append(SyncEvent(kind, op, site, reason))
+            matching = (rule.reason for rule in self.rules if rule.matches(site, caller))
+            reason = next(matching, None)
+        self.events.append(SyncEvent(kind, op, site, reason, caller))
 
     @property
     def unexpected(self) -> list[SyncEvent]:
@@ -173,11 +194,18 @@ class SyncScope:
         allowed = (event for event in self.events if event.allowed is not None)
         return dict(Counter((event.site, event.allowed) for event in allowed).most_common())
 
-    def sync_sites(self) -> list[dict[str, Any]]:
-        """The unexpected sites as JSON-ready dicts: file, line, function, code, count, kinds."""
+    def sync_sites(self, by_caller: bool = False) -> list[dict[str, Any]]:
+        """The unexpected sites as JSON-ready dicts: file, line, function, code, count, kinds;
+        `by_caller` gives one entry per (site, caller), each with its `caller`."""
+        if not by_caller:
+            return [
+                {**site._asdict(), "count": count, "kinds": self._kinds_at(site)}
+                for site, count in self.counts().items()
+            ]
+        per_caller = Counter((event.site, event.caller) for event in self.unexpected)
         return [
-            {**site._asdict(), "count": count, "kinds": self._kinds_at(site)}
-            for site, count in self.counts().items()
+            {**site._asdict(), "caller": caller, "count": count, "kinds": self._kinds_at(site)}
+            for (site, caller), count in per_caller.most_common()
         ]
 
     def allowed_sync_sites(self) -> list[dict[str, Any]]:
@@ -312,6 +340,7 @@ class _Observer:
         self._recorder: _SyncRecorder | None = None
         # Naming a file walks sys.path: once per line and scope, or a read in a loop costs 50 us.
         self._sites: dict[tuple[CodeType, int] | None, Site] = {}
+        self._callers: dict[CodeType, str] = {}
         # The host copy `.cpu()` made last, and where: reading it once on that line is free.
         self._host_copy: tuple[tuple[int, int], weakref.ref[torch.Tensor]] | None = None
 
@@ -344,6 +373,7 @@ class _Observer:
             if not self.scopes:
                 self._host_copy = None
                 self._sites.clear()
+                self._callers.clear()
                 self._recorder = None
                 self._instrumentation.close()
 
@@ -391,6 +421,17 @@ class _Observer:
             site = self._sites[key] = _site(frame)
         return frame, site
 
+    def caller(self, frame: FrameType | None) -> str:
+        """`file:function` of the frame that called `frame`'s function ("" for none)."""
+        calling = frame.f_back if frame else None
+        if calling is None:
+            return ""
+        code = calling.f_code
+        found = self._callers.get(code)
+        if found is None:
+            found = self._callers[code] = f"{package_path(code.co_filename)}:{code.co_name}"
+        return found
+
     def record(
         self,
         kind: str,
@@ -401,6 +442,7 @@ class _Observer:
     ) -> None:
         """`count` host reads of `read`; `host_copy` is the host tensor it produced, if any."""
         frame, site = self.site()
+        caller = self.caller(frame)
         where = (id(frame), frame.f_lineno if frame else 0)
         with self._lock:
             if host_copy is not None:
@@ -410,7 +452,7 @@ class _Observer:
                 return
             for scope in self.scopes:
                 for _ in range(count):
-                    scope._add(kind, op, site)
+                    scope._add(kind, op, site, caller)
 
     def count_cuda_sync(self) -> None:
         with self._lock:

@@ -16,6 +16,7 @@ its project's pinned and patched trees, the other packages from the environment.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -25,7 +26,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from hostsync import environment, results, table, trainer_run, upstream
+from hostsync import cases, environment, results, table, trainer_run, upstream
 from hostsync.errors import WorkspaceError
 from hostsync.launch import RunFailed
 from hostsync.layout import Layout
@@ -36,13 +37,16 @@ DEFAULT_TREES = ("pinned", "patched")
 DEFAULT_STEPS = 7
 LOGGING_STEPS = 3
 PACKAGES = ("transformers", "accelerate", "deepspeed", "torch")
-_RULE_KEYS = {"file", "function", "line", "reason"}
+_RULE_KEYS = {"file", "function", "line", "caller", "code", "reason"}
+# What users run: bf16 mixed precision in every ZeRO stage (fp32 is a labelled variant).
+DEFAULT_SETUPS = ("bf16-zero1", "bf16-zero2", "bf16-zero3")
 
 # --- the allow-list ------------------------------------------------------------------------------
 
 
 def load_allowlist(path: Path) -> list[dict[str, Any]]:
-    """The accepted sites: [[allow]] tables with file, reason, and optionally function, line."""
+    """The accepted sites: [[allow]] tables with file, reason, and optionally function, line,
+    caller (for a read inside a shared helper: which of its callers is accepted)."""
     if not path.exists():
         raise WorkspaceError(f"no allow-list at {path}: restore it from version control")
     try:
@@ -65,9 +69,18 @@ def allow_reason(rules: list[dict[str, Any]], site: dict[str, Any]) -> str | Non
 
     where = Site(site["file"], site["line"], site["function"], site["code"])
     for rule in rules:
-        if AllowRule(**rule).matches(where):
+        if AllowRule(**rule).matches(where, site.get("caller", "")):
             return rule["reason"]
     return None
+
+
+def carried_sites(root: Path) -> list[dict[str, Any]]:
+    """Every case's `[[carries]]`, as rules whose reason is the case's name."""
+    return [
+        site | {"reason": name}
+        for name in cases.names(root)
+        for site in cases.load(root, name).carries
+    ]
 
 
 # --- from rank records to sites ------------------------------------------------------------------
@@ -78,8 +91,10 @@ def package(file: str) -> str:
     return top if top in PACKAGES else "other"
 
 
-def summarize(ranks: list[dict], rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize(ranks: list[dict], rules: list[dict[str, Any]],
+              carried: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:  # fmt: skip
     """One entry per sync site over all ranks and steps, ranked: candidates by syncs per step.
+    `carried` names the case whose fix removes a site (`carried`), before any allow rule.
 
     `per_step` is the most syncs one rank made there in one step (after the warm-up, unless it
     occurs only then); `rate` the mean per rank per step after the warm-up (what the site costs
@@ -94,22 +109,24 @@ def summarize(ranks: list[dict], rules: list[dict[str, Any]]) -> list[dict[str, 
     for rank in ranks:
         for step in rank["steps"]:
             for site in step["sites"]:
-                key = (site["file"], site["line"], site["function"], site["code"])
+                key = (site["file"], site["line"], site["function"], site["code"],
+                       site.get("caller", ""))  # fmt: skip
                 counts[key][(rank["rank"], step["step"])] += site["count"]
                 kinds[key].add(site["kind"])
     sites = []
     for key, by_rank_step in counts.items():
-        file, line, function, code = key
+        file, line, function, code, caller = key
         steps = sorted({step for _, step in by_rank_step})
         in_steady = [n for (_, step), n in by_rank_step.items() if step in steady]
         site = {
             "package": package(file), "file": file, "line": line, "function": function,
-            "code": code, "kinds": sorted(kinds[key]), "steps": steps,
+            "code": code, "caller": caller, "kinds": sorted(kinds[key]), "steps": steps,
             "when": when(steps, steady, logging_steps),
             "per_step": max(in_steady or by_rank_step.values()),
             "rate": sum(in_steady) / (len(ranks) * len(steady)) if steady else 0.0,
         }  # fmt: skip
-        site["allowed"] = allow_reason(rules, site)
+        site["carried"] = allow_reason(carried, site)
+        site["allowed"] = None if site["carried"] else allow_reason(rules, site)
         sites.append(site)
     return sorted(sites, key=rank_key)
 
@@ -184,9 +201,9 @@ def cross_check(ranks: list[dict], twin: int) -> list[dict[str, int]]:
 # --- comparing trees -----------------------------------------------------------------------------
 
 
-def site_identity(site: dict[str, Any]) -> tuple[str, str, str]:
+def site_identity(site: dict[str, Any]) -> tuple[str, str, str, str]:
     """What stays the same for one site across releases: its line number does not."""
-    return (site["file"], site["function"], site["code"])
+    return (site["file"], site["function"], site["code"], site.get("caller", ""))
 
 
 def compare(trees: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -200,7 +217,8 @@ def compare(trees: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for site in tree["sites"]:
             row = rows.setdefault(site_identity(site), {
                 "package": site["package"], "file": site["file"], "function": site["function"],
-                "code": site["code"], "allowed": site["allowed"], "trees": {},
+                "caller": site.get("caller", ""), "code": site["code"],
+                "allowed": site["allowed"], "carried": site.get("carried"), "trees": {},
             })  # fmt: skip
             row["trees"][tree["label"]] = {k: site[k] for k in ("line", "per_step", "when", "rate")}
     for row in rows.values():
@@ -265,22 +283,32 @@ def reading(site: dict[str, Any]) -> str:
 
 
 def hunt_tree(layout: Layout, tree: upstream.Tree, steps: int, rules: list[dict[str, Any]],
-              timeout: float) -> dict[str, Any]:  # fmt: skip
-    """One tree's hunt: its sites, the profiler-only reads, and every rank's raw record.
+              timeout: float, setup: trainer_run.Setup = trainer_run.DEFAULT_SETUP,
+              carried: list[dict[str, Any]] = ()) -> dict[str, Any]:  # fmt: skip
+    """One tree's hunt in one DeepSpeed setup: its sites, the profiler-only reads, and every
+    rank's raw record, labelled `<tree> <setup>`.
 
     A failed run is kept as the tree's `error`, so that one tree that cannot run (a release
     needing newer dependencies than the pin) does not throw away the others' results.
     """
     started = time.monotonic()
-    hunted = {"label": tree.label, **upstream.describe_trees(layout, [tree])[tree.label]}
+    hunted = {
+        **upstream.describe_trees(layout, [tree])[tree.label],
+        "label": f"{tree.label} {setup.label}",
+        "tree": tree.label,
+        "setup": setup.label,
+        "stacked": [str(path.relative_to(layout.root.resolve())) for path in tree.stacked],
+    }
     try:
-        plan, ranks = trainer_run.hunt_run(layout, tree, steps, LOGGING_STEPS, timeout=timeout)
+        plan, ranks = trainer_run.hunt_run(
+            layout, tree, steps, LOGGING_STEPS, timeout=timeout, setup=setup
+        )
     except RunFailed as error:
         return hunted | {"seconds": round(time.monotonic() - started, 1), "error": str(error)}
     return hunted | {
         "seconds": round(time.monotonic() - started, 1),
         "plan": plan,
-        "sites": summarize(ranks, rules),
+        "sites": summarize(ranks, rules, carried),
         "profiler_only": profiler_only(ranks, plan["twin"]),
         "cross_check": cross_check(ranks, plan["twin"]),
         "ranks": ranks,
@@ -300,10 +328,11 @@ def render(document: dict[str, Any], source: str) -> str:
         "## Trees",
         "",
         table.markdown(
-            ("tree", "transformers", "origin", "commit", "hunt run (s)", "result"),
+            ("tree", "release", "origin", "commit", "stacked", "hunt run (s)", "result"),
             [
                 (tree["label"], tree["version"], tree["origin"], tree["commit"][:12],
-                 tree["seconds"], tree.get("error", "measured"))
+                 ", ".join(tree.get("stacked", [])) or "-", tree["seconds"],
+                 tree.get("error", "measured"))
                 for tree in document["trees"]
             ],
         ),
@@ -314,10 +343,10 @@ def render(document: dict[str, Any], source: str) -> str:
         " function and code line; *change* is relative to the first tree.",
         "",
         table.markdown(
-            ("package", "file", "function", *labels, "change", "code"),
+            ("package", "file", "function", *labels, "change", "verdict", "code"),
             [
-                (row["package"], row["file"], row["function"], *_cells(row, labels),
-                 _change(row), f"`{row['code']}`")
+                (row["package"], row["file"], _function(row), *_cells(row, labels),
+                 _change(row), _verdict(row), f"`{row['code']}`")
                 for row in compare(trees)
             ],
         ),
@@ -334,12 +363,14 @@ def _header(document: dict[str, Any], source: str) -> list[str]:
         "# Host syncs in a full DeepSpeed Ulysses SP training step (Trainer)",
         "",
         f"> Generated by `python -m hostsync hunt` from `{source}` ({document['created']})."
-        " `profiles/hunt.md` is regenerated from the newest hunt result on every run; each"
+        " `hunt.md` beside it is regenerated from the newest hunt result on every run; each"
         " result keeps its own copy beside it as `hunt-<stamp>.md`.",
         "",
-        "**What ran.** For each transformers tree below: `accelerate launch` with DeepSpeed"
-        f" ZeRO stage 1 on {setup['world_size']} ranks forming one Ulysses sequence-parallel"
-        f" group (sp_size {setup['sp_size']}, sdpa attention), and `Trainer.train()` on a tiny"
+        "**What ran.** For each tree and DeepSpeed setup below (*bf16-zero2*: bf16 mixed"
+        " precision, ZeRO stage 2; what users run is bf16, fp32 is a labelled variant):"
+        f" `accelerate launch` on {setup['world_size']} ranks forming one Ulysses"
+        f" sequence-parallel group (sp_size {setup['sp_size']}, sdpa attention), gradient"
+        " clipping at the Trainer's default max_grad_norm 1.0, and `Trainer.train()` on a tiny"
         f" `LlamaForCausalLM` built from a config ({setup['model']}), logging every"
         f" {plan['logging_steps']} steps. Steps 1 to {plan['steps']} ran under"
         " `hostsync.detector`, each from fetching its batch to the end of its logging: a"
@@ -354,15 +385,18 @@ def _header(document: dict[str, Any], source: str) -> list[str]:
         f"**On.** {setup['device']} ({setup['backend']}); {versions}."
         f" Command: `{document['command']}`.",
         "",
-        "**Rerun.** `nox -s hunt`, or `python -m hostsync hunt --trees pinned,patched"
-        " --transformers VERSION --steps N`.",
+        "**Rerun.** `nox -s hunt`, or `python -m hostsync hunt --case NAME --trees"
+        " pinned,patched --release VERSION --setups bf16-zero1,fp32-zero1 --stack CASE"
+        " --steps N`.",
         "",
         "**Reading the tables.** *per step*: the most syncs one rank made at the site in one"
         " step; *when*: every step after the warm-up, logging steps only, some steps (the SP"
         " data loader refills every sp_size steps), or the warm-up only. The detector treats"
         " every tensor as a device tensor, so on CPU it also counts reads of tensors that stay"
         " on the host in a GPU run; `hunt_allowlist.toml` accepts those, and the syncs that are"
-        " there by design, each with its reason.",
+        " there by design, each with its reason. A site a case's fix removes is *carried* (its"
+        " card's `[[carries]]`). A read inside a shared helper is listed once per caller"
+        " (*from*): each caller is judged on its own.",
         "",
     ]
 
@@ -381,8 +415,20 @@ def _change(row: dict[str, Any]) -> str:
     return row["change"] or ("accepted" if row["allowed"] else "")
 
 
+def _function(row: dict[str, Any]) -> str:
+    return f"{row['function']} (from {row['caller']})" if row.get("caller") else row["function"]
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    """Where the site stands: carried by a case, accepted (why), or a candidate."""
+    if row.get("carried"):
+        return f"carried by case {row['carried']}"
+    return f"accepted: {row['allowed']}" if row["allowed"] else "candidate"
+
+
 def _site(site: dict[str, Any]) -> str:
-    return f"{site['file']}:{site['line']} `{site['function']}`"
+    called = f", called from `{site['caller']}`" if site.get("caller") else ""
+    return f"{site['file']}:{site['line']} `{site['function']}`{called}"
 
 
 def _failed_section(tree: dict[str, Any]) -> list[str]:
@@ -390,8 +436,9 @@ def _failed_section(tree: dict[str, Any]) -> list[str]:
 
 
 def _tree_section(tree: dict[str, Any]) -> list[str]:
-    candidates = [site for site in tree["sites"] if site["allowed"] is None]
+    carried = [site for site in tree["sites"] if site.get("carried")]
     accepted = [site for site in tree["sites"] if site["allowed"] is not None]
+    candidates = [site for site in tree["sites"] if site not in carried + accepted]
     checks = "; ".join(
         f"rank {check['rank']}: {check['profiler']} vs {check['detector']}"
         for check in tree["cross_check"]
@@ -408,6 +455,16 @@ def _tree_section(tree: dict[str, Any]) -> list[str]:
                 (number, site["package"], _site(site), site["when"], site["per_step"],
                  f"`{site['code']}`", reading(site))
                 for number, site in enumerate(candidates, start=1)
+            ],
+        ),
+        "",
+        f"### Carried by a case ({len(carried)}: its fix removes them)",
+        "",
+        table.markdown(
+            ("package", "site", "when", "per step", "case"),
+            [
+                (site["package"], _site(site), site["when"], site["per_step"], site["carried"])
+                for site in carried
             ],
         ),
         "",
@@ -458,9 +515,10 @@ def render_file(layout: Layout, json_path: Path) -> str:
 def console_summary(trees: list[dict[str, Any]]) -> str:
     labels = [tree["label"] for tree in trees]
     rows = [
-        (row["file"], row["function"], *_cells(row, labels), _change(row)) for row in compare(trees)
+        (row["file"], _function(row), *_cells(row, labels), _change(row), _verdict(row)[:40])
+        for row in compare(trees)
     ]
-    return table.text(("file", "function", *labels, "change"), rows)
+    return table.text(("file", "function", *labels, "change", "verdict"), rows)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -480,6 +538,13 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                         help="steps under the detector, the first being the warm-up"
                         " (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--setups", default=",".join(DEFAULT_SETUPS),
+                        help="DeepSpeed setups, PRECISION-zeroSTAGE each, one run per tree"
+                        " and setup (default: %(default)s; fp32-zero1: the labelled variant)",
+                        )  # fmt: skip
+    parser.add_argument("--stack", action="append", default=[], metavar="CASE",
+                        help="also import this case's patched tree (another project) in every"
+                        " run: a hunt with every carried fix applied (repeatable)")  # fmt: skip
     add_timeout(parser, "one training run")
     return parser
 
@@ -488,16 +553,34 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     names = list(dict.fromkeys(comma_list(args.trees, "--trees") + args.releases))
     trainer_run.hunt_plan(args.steps, LOGGING_STEPS)  # refuse bad --steps before any download
+    args.setups = [trainer_run.Setup.parse(text) for text in comma_list(args.setups, "--setups")]
     status = 0
     for layout in case_layouts(args.case):
         status = max(status, hunt_case(layout, names, args))
     return status
 
 
+def stacked(layout: Layout, tree: upstream.Tree, names: list[str]) -> upstream.Tree:
+    """`tree` with the patched trees of the cases `names` imported beside it."""
+    clash = [name for name in names if cases.load(layout.root, name).project == tree.project]
+    if clash:
+        raise WorkspaceError(
+            f"--stack {', '.join(clash)}: a case of {tree.project.name} cannot be stacked on a"
+            f" {tree.project.name} tree; stack cases of other projects"
+        )
+    others = [upstream.tree(layout.for_case(name), upstream.PATCHED) for name in names]
+    return dataclasses.replace(tree, stacked=tuple(other.src for other in others))
+
+
 def hunt_case(layout: Layout, names: list[str], args: argparse.Namespace) -> int:
     rules = load_allowlist(layout.allowlist)
-    trees = upstream.trees(layout, names)
-    hunted = [hunt_tree(layout, tree, args.steps, rules, args.timeout) for tree in trees]
+    carried = carried_sites(layout.root)
+    trees = [stacked(layout, tree, args.stack) for tree in upstream.trees(layout, names)]
+    hunted = [
+        hunt_tree(layout, tree, args.steps, rules, args.timeout, setup, carried)
+        for tree in trees
+        for setup in args.setups
+    ]
     failed = [tree for tree in hunted if "error" in tree]
     for tree in failed:
         print(f"error: {tree['label']}: {tree['error']}", file=sys.stderr)

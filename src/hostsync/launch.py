@@ -42,6 +42,13 @@ class Run:
     layout: Layout = field(default_factory=Layout)
 
     @property
+    def extensions_dir(self) -> Path:
+        where = Path(self.tree.python).parent.parent.name
+        if self.tree.project.name == "deepspeed":
+            where += f"-{self.layout.case}-{self.tree.label}"
+        return self.layout.cache / "torch_extensions" / where
+
+    @property
     def log_file(self) -> Path:
         return self.run_dir / "launcher.log"
 
@@ -49,17 +56,19 @@ class Run:
         """The ranks import the project from the tree under test and hostsync from here, and
         find the tree's environment's own tools (torchrun, accelerate) first on the PATH."""
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(self.tree.src), str(self.layout.root / "src"), env.get("PYTHONPATH", "")]
-        ).rstrip(os.pathsep)
+        paths = [self.tree.src, *self.tree.stacked, self.layout.root / "src"]
+        env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), env.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        )
         env["PATH"] = os.pathsep.join([str(Path(self.tree.python).parent), env.get("PATH", "")])
         env[RUN_DIR_ENV] = str(self.run_dir)
         env[TREE_SRC_ENV] = str(self.tree.src)
         env[TREE_PACKAGE_ENV] = self.tree.project.name
         # Two ranks on two cores: one thread each, or they fight over the cores.
         env.setdefault("OMP_NUM_THREADS", "1")
-        # DeepSpeed JIT-compiles its shared-memory op once; keep it between runs.
-        env.setdefault("TORCH_EXTENSIONS_DIR", str(self.layout.cache / "torch_extensions"))
+        # DeepSpeed JIT-compiles its shared-memory op once per source and torch: keep it between
+        # runs, apart per environment and per DeepSpeed tree, or each would rebuild the other's.
+        env.setdefault("TORCH_EXTENSIONS_DIR", str(self.extensions_dir))
         env.update(extra or {})
         return env
 

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.layout import Layout
@@ -36,10 +37,12 @@ class Step:
         return re.sub(r"[^\w.-]+", "-", self.name).strip("-")
 
 
-def steps(layout: Layout, tree: Tree) -> list[Step]:
-    """The lint steps of the tree's project."""
+def steps(layout: Layout, tree: Tree, settings: dict, workdir: Path) -> list[Step]:
+    """The lint steps of the tree's project. `settings` is the case card's `[lint]`, for a tree
+    that lacks the project's own lint configuration (a PyPI sdist may); config files it holds are
+    written to `workdir`."""
     if tree.project.name == "deepspeed":
-        return _deepspeed(layout, tree)
+        return _deepspeed(layout, tree, settings, workdir)
     return _ruff(layout, tree)
 
 
@@ -62,26 +65,56 @@ def _ruff(layout: Layout, tree: Tree) -> list[Step]:
     ]
 
 
-def _deepspeed(layout: Layout, tree: Tree) -> list[Step]:
-    """The formatters of DeepSpeed's .pre-commit-config.yaml that check Python files."""
-    config = tree.root / ".pre-commit-config.yaml"
-    text = config.read_text() if config.exists() else ""
-    yapf = re.search(r"google/yapf\s+rev:\s*v?([\w.]+)", text)
-    flake8 = re.search(r"flake8\s+rev:\s*v?([\w.]+)", text)
-    if not (yapf and flake8):
+def _deepspeed(layout: Layout, tree: Tree, settings: dict, workdir: Path) -> list[Step]:
+    """The formatters of DeepSpeed's .pre-commit-config.yaml that check Python files: from the
+    tree when it has it (a git clone), else as the case card records them."""
+    tools = _pre_commit_versions(tree) or {
+        name: (spec["version"], _written(workdir, spec)) for name, spec in settings.items()
+    }
+    missing = [name for name in ("yapf", "flake8", "codespell") if name not in tools]
+    if missing:
         raise WorkspaceError(
-            f"{tree.label} has no .pre-commit-config.yaml naming yapf and flake8 (a PyPI sdist"
-            " lacks it): add it to the series' tooling or lint from a git clone"
+            f"{tree.label} has no .pre-commit-config.yaml and the case card's [lint] lacks"
+            f" {', '.join(missing)}: add them to the card with their versions and configs"
         )
     found = []
-    for name, version, args in (
-        ("yapf", yapf[1], ("--diff",)),
-        ("flake8", flake8[1], ()),
+    for name, check, config_flag in (
+        ("yapf", ("--diff",), "--style"),
+        ("flake8", (), "--config"),
+        ("codespell", (), None),
     ):
+        version, config = tools[name]
+        flags = (*check, *((config_flag, str(config)) if config and config_flag else ()))
         python, env = installed(layout, f"{name}=={version}")
         tool = f"{name} {version}"
-        found.append(Step(tool, tool, (python, "-m", name, *args), env))
+        module = {"codespell": "codespell_lib"}.get(name, name)
+        found.append(Step(tool, tool, (python, "-m", module, *flags), env))
     return found
+
+
+def _pre_commit_versions(tree: Tree) -> dict[str, tuple[str, Path | None]]:
+    """Each formatter's version from the tree's .pre-commit-config.yaml (configs found by the
+    tools themselves from the tree root), or {} when the tree has none."""
+    config = tree.root / ".pre-commit-config.yaml"
+    if not config.exists():
+        return {}
+    text = config.read_text()
+    found = {}
+    for name, repo in (("yapf", "google/yapf"), ("flake8", "flake8"), ("codespell", "codespell")):
+        match = re.search(rf"{re.escape(repo)}\s+rev:\s*v?([\w.]+)", text)
+        if match:
+            found[name] = (match[1], None)
+    return found
+
+
+def _written(workdir: Path, spec: dict) -> Path | None:
+    """The card's config text for a tool, as the file the tool reads, or None."""
+    if "text" not in spec:
+        return None
+    path = workdir / spec["config"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(spec["text"])
+    return path
 
 
 def pinned(tree: Tree, file: str, pattern: str) -> str:

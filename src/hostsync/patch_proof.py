@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import shutil
 import time
@@ -185,7 +186,12 @@ def pytest_in_tree(
     command = [
         tree.python, "-m", "pytest", *paths, f"--junitxml={report}", "-p", "no:cacheprovider",
     ]  # fmt: skip
-    returncode = run_group(run, command, timeout=timeout, cwd=tree.root)
+    env = dict(tree.project.test_env)
+    harness = tree.project.harness_for(tree.root)
+    if harness:
+        command += ["-p", f"hostsync.harness.{tree.project.harness}.plugin"]
+        env["PYTHONPATH"] = os.pathsep.join([str(harness), run.environment()["PYTHONPATH"]])
+    returncode = run_group(run, command, timeout=timeout, cwd=tree.root, env=env)
     if not report.exists():
         raise WorkspaceError(
             f"pytest exited with status {returncode} and wrote no report in {tree.label}:"
@@ -260,7 +266,8 @@ def check_lint(layout: Layout, workdir: Path, tree: upstream.Tree) -> Check:
     check = Check("lint", tree.label, "clean", tree)
     with measured(check):
         files = [f for f in touched_files(upstream.series(layout)) if f.endswith(".py")]
-        steps = linters.steps(layout, tree)
+        settings = cases.load(layout.root, layout.case).raw.get("lint", {})
+        steps = linters.steps(layout, tree, settings, workdir / "lint")
         check.name = ", ".join(dict.fromkeys(step.tool for step in steps))
         failures = []
         for step in steps:

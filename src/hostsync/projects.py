@@ -1,8 +1,11 @@
-"""The upstream projects a case can pin: where each keeps its package, version and lint rules.
+"""The upstream projects a case can pin: where each keeps its package and version, and how its
+CI runs its tests.
 
 A tree under test is imported by path: `Project.import_root` is the folder that goes first on
 `PYTHONPATH` (transformers and accelerate keep their package under `src/`, DeepSpeed at the top
-together with its `accelerator` and `op_builder` packages).
+together with its `accelerator` and `op_builder` packages). DeepSpeed's unit tests need its own
+harness (`tests/unit/common.py`), which the PyPI sdist lacks: `harness` names the stand-in under
+`hostsync/harness/` that takes its place there.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ class Project:
     import_root: str  # relative to the tree root
     version_file: str  # relative to the tree root
     version_pattern: str  # its group 1 is the version
+    test_env: tuple[tuple[str, str], ...] = ()  # as the project's CPU CI sets it
+    harness: str = ""  # a stand-in for test infrastructure an sdist lacks
+    harness_marker: str = ""  # the tree file whose absence calls for the stand-in
 
     def version_in(self, root: Path) -> str:
         """The version the tree at `root` says it is, or "unknown"."""
@@ -31,6 +37,12 @@ class Project:
             else None
         )
         return match[1] if match else "unknown"
+
+    def harness_for(self, root: Path) -> Path | None:
+        """The stand-in harness a tree at `root` needs, or None when it has its own."""
+        if not self.harness or (root / self.harness_marker).exists():
+            return None
+        return Path(__file__).parent / "harness" / self.harness
 
     @property
     def pypi_simple(self) -> str:
@@ -53,6 +65,9 @@ PROJECTS = {
         Project(
             "deepspeed", "https://github.com/deepspeedai/DeepSpeed", ".",
             "version.txt", r"^(\S+)\s*$",
+            # Its cpu-torch-latest workflow: `cd tests; DS_ACCELERATOR=cpu pytest unit/...`.
+            test_env=(("DS_ACCELERATOR", "cpu"),),
+            harness="deepspeed", harness_marker="tests/unit/common.py",
         ),
     )
 }  # fmt: skip

@@ -9,7 +9,7 @@ for, in the project's own template), with every figure a query over the latest r
     {{series:added[path=tests/test_x.py].text}}             a file the series adds, whole
 
 A path walks dicts by key and maps over lists; `[key=value,...]` keeps the list items that
-match. Reducers: first (the default), max, min, sum, count, join. A figure no result holds is
+match. Reducers: first (the default), last, max, min, sum, count, join. A figure no result holds is
 written "not measured", never guessed. Results measured against another pin.toml, card or patch
 series (or, for `profile`, another snippet, whose output the issue quotes) are stale: `review`
 names them and refuses, or reruns their commands with `--rerun`. The same results give
@@ -50,6 +50,7 @@ REDUCERS: dict[str, Callable[[list[Any]], Any]] = {
     "min": min,
     "sum": sum,
     "first": lambda values: values[0],
+    "last": lambda values: values[-1],
     "count": len,
     "join": lambda values: ", ".join(str(v) for v in values),
 }

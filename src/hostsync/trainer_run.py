@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from hostsync import environment
@@ -26,10 +28,37 @@ SP_SIZE = 2
 WORKER = Path(__file__).parent / "workers" / "sp_trainer.py"
 
 
-def deepspeed_config() -> dict:
-    """ZeRO stage 1, every size left to the Trainer ("auto") so both runs share one config."""
+@dataclass(frozen=True)
+class Setup:
+    """What DeepSpeed users choose per run and several host reads depend on: the ZeRO stage and
+    the precision (ZeRO 1/2 check overflow on the host in fp32, and in bf16 only with
+    check_grad_overflow)."""
+
+    zero_stage: int = 1
+    precision: str = "fp32"
+
+    @property
+    def label(self) -> str:
+        return f"{self.precision}-zero{self.zero_stage}"
+
+    @classmethod
+    def parse(cls, text: str) -> Setup:
+        match = re.fullmatch(r"(bf16|fp32)-zero([123])", text)
+        if not match:
+            raise WorkspaceError(f"setup {text!r}: use PRECISION-zeroSTAGE, e.g. bf16-zero2")
+        return cls(zero_stage=int(match[2]), precision=match[1])
+
+
+DEFAULT_SETUP = Setup()
+
+
+def deepspeed_config(setup: Setup) -> dict:
+    """The setup's stage and precision, every size left to the Trainer ("auto") so that runs
+    with and without SP share one config. bf16 is spelled out: accelerate fills an "auto" one
+    from its own mixed precision, which it ignores beside a DeepSpeed config file."""
     return {
-        "zero_optimization": {"stage": 1},
+        "zero_optimization": {"stage": setup.zero_stage},
+        "bf16": {"enabled": setup.precision == "bf16"},
         "train_batch_size": "auto",
         "train_micro_batch_size_per_gpu": "auto",
         "gradient_accumulation_steps": "auto",
@@ -62,14 +91,15 @@ def accelerate_config(num_processes: int, sp_size: int, deepspeed_file: Path) ->
 
 
 def launch_accelerate(run: Run, script: Path, nprocs: int, args: Sequence[str], *, device: str,
-                      timeout: float, env: Mapping[str, str] | None = None,
-                      keep: bool = True) -> list[dict]:  # fmt: skip
+                      timeout: float, env: Mapping[str, str] | None = None, keep: bool = True,
+                      setup: Setup = DEFAULT_SETUP) -> list[dict]:  # fmt: skip
     """One `accelerate launch` of `script` on `nprocs` ranks (one SP group of all of them when
-    there are several); each rank's result, by rank. The script also gets `--output-dir` and
-    `--backend`. Without `keep`, the run folder is removed after a success."""
+    there are several), DeepSpeed set up as `setup` says; each rank's result, by rank. The script
+    also gets `--output-dir`, `--backend` and `--precision`. Without `keep`, the run folder is
+    removed after a success."""
     deepspeed_file = run.run_dir / "deepspeed.json"
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    deepspeed_file.write_text(json.dumps(deepspeed_config(), indent=2))
+    deepspeed_file.write_text(json.dumps(deepspeed_config(setup), indent=2))
     accelerate_file = run.run_dir / "accelerate.json"
     config = accelerate_config(nprocs, nprocs, deepspeed_file)
     accelerate_file.write_text(json.dumps(config, indent=2))
@@ -77,7 +107,8 @@ def launch_accelerate(run: Run, script: Path, nprocs: int, args: Sequence[str], 
     command = [
         run.tree.python, "-m", "accelerate.commands.launch",
         "--config_file", str(accelerate_file), "--main_process_port", str(free_port()),
-        str(script), "--output-dir", str(run.run_dir / "output"), "--backend", backend, *args,
+        str(script), "--output-dir", str(run.run_dir / "output"), "--backend", backend,
+        "--precision", setup.precision, *args,
     ]  # fmt: skip
     env = environment.device_env(device) | dict(env or {})
     results = launch(run, command, nprocs=nprocs, timeout=timeout, env=env)
@@ -88,7 +119,7 @@ def launch_accelerate(run: Run, script: Path, nprocs: int, args: Sequence[str], 
 
 def run_trainer(layout: Layout, tree: Tree, *, sp: bool, steps: int, logging_steps: int = 1,
                 worker_args: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT_S,
-                device: str = "auto") -> list[dict]:  # fmt: skip
+                device: str = "auto", setup: Setup = DEFAULT_SETUP) -> list[dict]:  # fmt: skip
     """One `accelerate launch` of the engine's Trainer worker; each rank's result, by rank.
 
     With SP: two ranks forming one SP group of two. Without: one rank, same engine and config.
@@ -101,7 +132,9 @@ def run_trainer(layout: Layout, tree: Tree, *, sp: bool, steps: int, logging_ste
     # visible accelerate would still place rank 1 on a `cuda:1` that does not exist.
     device = environment.resolve_device(device, SP_SIZE, tree.python)
     args = ["--steps", str(steps), "--logging-steps", str(logging_steps), *worker_args]
-    results = launch_accelerate(run, WORKER, nprocs, args, device=device, timeout=timeout)
+    results = launch_accelerate(
+        run, WORKER, nprocs, args, device=device, timeout=timeout, setup=setup
+    )
     check_layout(results, sp_size=nprocs, log_file=run.log_file)
     shutil.rmtree(run.run_dir)
     return results
@@ -187,7 +220,8 @@ def hunt_plan(steps: int, logging_steps: int) -> dict[str, int]:
 
 
 def hunt_run(layout: Layout, tree: Tree, steps: int, logging_steps: int = 3,
-             timeout: float = DEFAULT_TIMEOUT_S) -> tuple[dict[str, int], list[dict]]:  # fmt: skip
+             timeout: float = DEFAULT_TIMEOUT_S,
+             setup: Setup = DEFAULT_SETUP) -> tuple[dict[str, int], list[dict]]:  # fmt: skip
     """The SP Trainer run under the sync detector and the profiler: the plan, each rank's record.
 
     Logging every 3 steps while SP refills data every 2: a site tied to either cycle shows as such.
@@ -196,7 +230,7 @@ def hunt_run(layout: Layout, tree: Tree, steps: int, logging_steps: int = 3,
     results = run_trainer(
         layout, tree, sp=True, steps=plan["profile"], logging_steps=logging_steps,
         worker_args=["--detect-steps", str(steps), "--profile-step", str(plan["profile"])],
-        timeout=timeout,
+        timeout=timeout, setup=setup,
     )  # fmt: skip
     context = ("device", "backend", "model")
     return plan, [

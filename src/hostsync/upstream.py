@@ -60,6 +60,9 @@ class Tree:
     origin: str
     project: Project
     python: str = ""
+    # Other cases' patched trees imported with it (other projects), e.g. to hunt with every
+    # carried fix applied.
+    stacked: tuple[Path, ...] = ()
 
     @property
     def src(self) -> Path:

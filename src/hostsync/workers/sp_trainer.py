@@ -40,6 +40,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps in all")
     parser.add_argument("--logging-steps", type=int, default=1)
     parser.add_argument("--max-grad-norm", type=float, default=1.0, help="the Trainer's default")
@@ -158,15 +159,16 @@ class SyncHunt:
         self.end_step()
 
     def _keep_step(self, step: int, scope) -> None:
-        found = Counter((event.kind, event.site) for event in scope.events)
+        # By caller too: a read inside a shared helper is paid for by whoever called it.
+        found = Counter((event.kind, event.site, event.caller) for event in scope.events)
         self.steps.append({
             "step": step,
             "warmup": step == 1,
             "logging": self._logged,
             "sites": [
-                {"kind": kind, "file": site.file, "line": site.line,
-                 "function": site.function, "code": site.code, "count": count}
-                for (kind, site), count in sorted(found.items(), key=_site_order)
+                {"kind": kind, "file": site.file, "line": site.line, "function": site.function,
+                 "code": site.code, "caller": caller, "count": count}
+                for (kind, site, caller), count in sorted(found.items(), key=_site_order)
             ],
         })  # fmt: skip
 
@@ -180,8 +182,8 @@ class SyncHunt:
 
 
 def _site_order(item) -> tuple:
-    (kind, site), _ = item
-    return (site.file, site.line, kind)
+    (kind, site, caller), _ = item
+    return (site.file, site.line, caller, kind)
 
 
 def _attribute(event) -> tuple[str, str, str | None]:
@@ -231,6 +233,7 @@ def main() -> dict:
         learning_rate=1e-3,
         lr_scheduler_type="constant",
         max_grad_norm=args.max_grad_norm,
+        bf16=args.precision == "bf16" and torch.cuda.is_available(),
         logging_steps=args.logging_steps,
         train_sampling_strategy="sequential",
         # Without it accelerate's state has no backend on CPU: each rank trains alone, silently.
@@ -241,6 +244,11 @@ def main() -> dict:
         disable_tqdm=True,
         seed=0,
     )
+    if args.precision == "bf16" and not torch.cuda.is_available():
+        # What a GPU run passes. TrainingArguments refuses bf16 without a GPU (its use_cpu way
+        # out also turns the DeepSpeed launch off), while DeepSpeed's CPU accelerator runs bf16:
+        # set after the check, so that DeepSpeed's "auto" bf16 follows it as on a GPU.
+        training_args.bf16 = True
     logged = as_callback(LoggedValues)()
     hunting = args.detect_steps or args.profile_step
     hunt = as_callback(SyncHunt)(args.detect_steps, args.profile_step) if hunting else None

@@ -1,0 +1,200 @@
+"""One rank of the ZeRO 1/2 clipping reproducer: a real DeepSpeed engine trained for a few steps.
+
+Started through torchrun (gloo on CPU, NCCL with one GPU per rank), one run per scenario: the
+case card gives each scenario its ZeRO stage and precision. Every rank builds the same
+tiny two-layer model with the two parameter groups a Trainer makes (weight decay / none), wraps
+it in `deepspeed.initialize` with gradient clipping 1.0 at the ZeRO stage and precision asked
+for, and trains it. Returned through `rank_entry`:
+
+- the host syncs of each step's `engine.backward` + `engine.step`, by source line
+  (`hostsync.detector`), and the same reads by the ZeRO method that caused them (a line inside
+  a shared helper such as `is_invalid_grad_norm` does not say which caller paid for it);
+- what training did: loss, global grad norm, whether the step was applied, the skipped-step
+  count and a checksum of the weights after each step. One step gets an infinite gradient from
+  a backward hook (`--overflow-step`): the step is skipped, or, in bf16 with
+  `--no-overflow-check`, the invalid norm reaches the clip under test.
+
+The scenario's row (see `hostsync.repro`) holds the reads per step, in the clip and in all, the
+sites of the last step, and `training`, everything the fix must leave unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hostsync.protocol import rank_entry
+
+HIDDEN = 16
+SCALAR_READ = torch.ops.aten._local_scalar_dense.default
+ZERO_PACKAGE = ("deepspeed", "runtime", "zero")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenarios", required=True, help="the one scenario this run is")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--no-detector", action="store_true", help="count nothing (to time it)")
+    parser.add_argument("--zero-stage", type=int, choices=(1, 2, 3), default=1)
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--overflow-step", type=int, default=4, help="0: none")
+    parser.add_argument(
+        "--no-overflow-check",
+        action="store_true",
+        help="bf16 check_grad_overflow off: an invalid norm then reaches the clip",
+    )
+    return parser.parse_args()
+
+
+class ReadsByZeroMethod(TorchDispatchMode):
+    """Counts scalar reads by the innermost `deepspeed/runtime/zero/` function on the stack."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is SCALAR_READ:
+            self.counts[_zero_caller(sys._getframe(1))] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _zero_caller(frame) -> str:
+    while frame is not None:
+        path = Path(frame.f_code.co_filename)
+        if path.parent.parts[-3:] == ZERO_PACKAGE:
+            return f"{path.name}:{frame.f_lineno} {frame.f_code.co_name}"
+        frame = frame.f_back
+    return "<outside deepspeed/runtime/zero>"
+
+
+def tiny_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(HIDDEN, 2 * HIDDEN), torch.nn.ReLU(), torch.nn.Linear(2 * HIDDEN, HIDDEN)
+    )
+
+
+def trainer_param_groups(model: torch.nn.Module) -> list[dict]:
+    """Weight decay on the weights, none on the biases: the two groups a Trainer builds."""
+    named = list(model.named_parameters())
+    return [
+        {"params": [p for n, p in named if not n.endswith("bias")], "weight_decay": 0.01},
+        {"params": [p for n, p in named if n.endswith("bias")], "weight_decay": 0.0},
+    ]
+
+
+def engine_config(args: argparse.Namespace) -> dict:
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": args.zero_stage},
+    }
+    if args.dtype == "bf16":
+        config["bf16"] = {"enabled": True, "check_grad_overflow": not args.no_overflow_check}
+    return config
+
+
+def weights_checksum(engine) -> float:
+    """Sum of the weights as every rank sees them (ZeRO 3 gathers its shards for the read)."""
+    import deepspeed
+
+    params = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(params, enabled=engine.zero_optimization_stage() == 3):
+        return float(sum(p.detach().double().sum() for p in params))
+
+
+CLIP = "unscale_and_clip_grads"
+
+
+def train(args: argparse.Namespace) -> tuple[object, list[dict]]:
+    """The engine and, for each step, what it read on the host and what training did."""
+    import deepspeed
+
+    from hostsync.detector import SyncScope
+
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    deepspeed.init_distributed(dist_backend="nccl" if args.device == "cuda" else "gloo")
+    rank = int(os.environ["RANK"])
+    model = tiny_model()
+    # Fused, as the Trainer's default optimizer (adamw_torch_fused) is.
+    optimizer = torch.optim.AdamW(trainer_param_groups(model), lr=1e-2, fused=True)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_config(args))
+    dtype = DTYPES[args.dtype]
+    data = torch.Generator().manual_seed(1234 + rank)
+    steps = []
+    for step in range(1, args.steps + 1):
+        inputs = torch.randn(1, HIDDEN, generator=data).to(engine.device, dtype)
+        target = torch.randn(1, HIDDEN, generator=data).to(engine.device, torch.float32)
+        hook = None
+        if step == args.overflow_step:
+            # A real infinite gradient, entering DeepSpeed's reduction like any other.
+            weight = engine.module[0].weight
+            hook = weight.register_hook(lambda grad: torch.full_like(grad, math.inf))
+        loss = torch.nn.functional.mse_loss(engine(inputs).float(), target)
+        # The detector's mode on top, so that it sees each read at its own source line.
+        counting = not args.no_detector
+        detector = SyncScope() if counting else contextlib.nullcontext()
+        with ReadsByZeroMethod() as by_method, detector as scope:
+            engine.backward(loss)
+            engine.step()
+        if hook is not None:
+            hook.remove()
+        norm = engine.get_global_grad_norm()
+        steps.append({
+            "step": step,
+            "loss": float(loss),
+            "grad_norm": None if norm is None else float(norm),
+            "step_applied": bool(engine.was_step_applied()),
+            "skipped_steps": int(engine.skipped_steps),
+            "weights_checksum": weights_checksum(engine),
+            "sync_sites": scope.sync_sites() if counting else [],
+            "reads_by_zero_method": dict(by_method.counts.most_common()),
+        })  # fmt: skip
+    return engine, steps
+
+
+@rank_entry
+def main() -> dict:
+    args = parse_args()
+    engine, steps = train(args)
+    by_method = [step["reads_by_zero_method"] for step in steps]
+    row = {
+        "scenario": args.scenarios,
+        "zero_stage": args.zero_stage,
+        "dtype": args.dtype,
+        "overflow_check": not args.no_overflow_check,
+        "overflow_step": args.overflow_step,
+        "optimizer": type(engine.optimizer).__name__,
+        "param_groups": len(engine.optimizer.param_groups),
+        "device": str(engine.device),
+        "clip_reads_per_step": [
+            sum(n for where, n in counts.items() if where.endswith(CLIP)) for counts in by_method
+        ],
+        "reads_per_step": [sum(counts.values()) for counts in by_method],
+        "reads_by_zero_method": by_method[-1],
+        "sync_sites": steps[-1]["sync_sites"],
+        "skipped_steps": steps[-1]["skipped_steps"],
+        # What the fix must not change, step by step.
+        "training": {
+            key: [step[key] for step in steps]
+            for key in ("loss", "grad_norm", "step_applied", "skipped_steps", "weights_checksum")
+        },
+    }
+    return {"runs": [row]}
+
+
+if __name__ == "__main__":
+    main()
