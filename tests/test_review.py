@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import profiling, results, review
+from hostsync import cases, profiling, results, review
 from hostsync.cases import load as load_case
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
-from hostsync.layout import Layout
+from hostsync.layout import ROOT, Layout
 
 TEMPLATE = """\
 Host reads per step on transformers {{repro:trees.pinned.version}}: \
@@ -112,13 +112,17 @@ def test_a_changed_patch_makes_review_refuse_naming_the_results_and_the_change(
     assert "nox -s repro test_patch profile -- --case sp-loss" in said
 
 
-def test_a_changed_snippet_makes_only_the_profile_stale(drafted: Layout) -> None:
+def test_a_changed_case_script_makes_the_results_stale(drafted: Layout) -> None:
+    """The snippet an issue quotes, or what the ranks run: results made with another are old."""
     case = load_case(drafted.root, drafted.case)
     snippet = profiling.snippet_path(drafted, case)
     snippet.write_text(snippet.read_text() + "# changed\n")
 
-    with pytest.raises(WorkspaceError, match=r"stale results of sp-loss: profile-\S+ \(issue_snip"):
+    with pytest.raises(WorkspaceError) as refused:
         review.review(drafted)
+
+    said = str(refused.value)
+    assert said.count("repro/sp-loss/issue_snippet.py changed") == len(review.KINDS)
 
 
 def test_the_reference_set_changes_only_when_asked(drafted: Layout) -> None:
@@ -133,10 +137,10 @@ def test_the_reference_set_changes_only_when_asked(drafted: Layout) -> None:
     assert {p.name for p in reference.iterdir()} == cited | {folder}
 
 
-@pytest.mark.parametrize("case", ["sp-loss", "trainer-nan-filter"])
+@pytest.mark.parametrize("case", cases.names(ROOT))
 def test_the_committed_templates_use_only_known_sources_and_reducers(case: str) -> None:
     """Every placeholder of every committed template parses and names a known source."""
-    layout = Layout(Path(__file__).parents[1], case)
+    layout = Layout(ROOT, case)
     sources = {"repro", "test_patch", "profile", "case", "snippet", "series"}
     for template in review.templates(layout):
         for match in review.PLACEHOLDER.finditer(template.read_text()):

@@ -176,6 +176,7 @@ def main() -> dict:
         "zero_stage": args.zero_stage,
         "dtype": args.dtype,
         "overflow_check": not args.no_overflow_check,
+        "steps": args.steps,
         "overflow_step": args.overflow_step,
         "optimizer": type(engine.optimizer).__name__,
         "param_groups": len(engine.optimizer.param_groups),

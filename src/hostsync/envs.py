@@ -21,7 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-from email.parser import HeaderParser
 from importlib import metadata
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from hostsync.cases import Release
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.layout import Layout
 from hostsync.projects import Project
-from hostsync.sdists import fetch_sdist, requires_dist
+from hostsync.sdists import fetch_sdist, pkg_info, requires_dist
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +56,12 @@ def declared(layout: Layout, project: Project, release: Release, root: Path | No
              ) -> list[str]:  # fmt: skip
     """The requirements a release declares, from its PKG-INFO: the tree's own (a tree made from
     the sdist has one), else the verified sdist's. Extras are left out."""
-    pkg_info = root / "PKG-INFO" if root else None
-    if pkg_info and pkg_info.exists():
-        found = HeaderParser().parsestr(pkg_info.read_text()).get_all("Requires-Dist") or []
+    in_tree = root / "PKG-INFO" if root else None
+    if in_tree and in_tree.exists():
+        text = in_tree.read_text()
     else:
-        found = requires_dist(fetch_sdist(layout, release.sdist))
-    return [text for text in found if _applies(Requirement(text))]
+        text = pkg_info(fetch_sdist(layout, release.sdist))
+    return [line for line in requires_dist(text) if _applies(Requirement(line))]
 
 
 def _applies(requirement: Requirement) -> bool:

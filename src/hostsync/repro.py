@@ -101,14 +101,17 @@ def per_rank_text(values: list[Any]) -> str | None:
 
 
 def combine(values: list[Any]) -> Any:
-    """What a merged row shows where the ranks differ."""
+    """What a merged row shows where the ranks differ: all() of flags, the largest number, each
+    rank's message, or, for lists and tables, the ranks' own values in rank order."""
     if all(isinstance(v, bool) for v in values):
         return all(values)
     if all(isinstance(v, int | float) for v in values):
         return max(values)
     if None in values and all(v is None or isinstance(v, int | float) for v in values):
         return None
-    return per_rank_text(values)
+    if all(v is None or isinstance(v, str) for v in values):
+        return per_rank_text(values)
+    return values
 
 
 def merge_ranks(rank_results: list[dict]) -> list[dict]:

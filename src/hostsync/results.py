@@ -1,8 +1,8 @@
 """Result files under profiles/<case>/: written once, never overwritten, each saying what made it.
 
 Every session that measures something writes one JSON file per invocation. The drafts are filled
-only from these files, so each carries its provenance: pin.toml, the case card and the patch
-series it was measured against. When any changed since, the result is stale.
+only from these files, so each carries its provenance: pin.toml, the case card, the patch series
+and the case's scripts it was measured with. When any changed since, the result is stale.
 
 Each kind has a schema: the keys its producer writes and its readers rely on, and the schema
 version. `read` refuses a file that lacks them, in one line naming the file, never a traceback.
@@ -23,7 +23,7 @@ from hostsync.files import sha256
 from hostsync.layout import Layout
 from hostsync.upstream import series
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _COMMON = ("kind", "schema", "created", "command", "case", "provenance")
 # What each kind holds beyond the common keys; `runs`/`checks` entries must hold their keys too.
 SCHEMAS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -36,11 +36,13 @@ SCHEMAS: dict[str, dict[str, tuple[str, ...]]] = {
 
 
 def provenance(layout: Layout) -> dict:
-    """The inputs a result depends on: pin.toml, the case card, each patch, by sha256."""
+    """The inputs a result depends on: pin.toml, the case card, each patch and each of the
+    case's scripts (what its ranks run, the snippet an issue quotes), by sha256."""
     return {
         "pin_sha256": sha256(layout.pin_file),
         "case_sha256": sha256(layout.case_file),
         "patches": {path.name: sha256(path) for path in series(layout)},
+        "scripts": {path.name: sha256(path) for path in sorted(layout.repro.glob("*.py"))},
     }
 
 
@@ -52,14 +54,16 @@ def stale_reasons(layout: Layout, result: dict) -> list[str]:
         reasons.append("pin.toml changed")
     if then["case_sha256"] != now["case_sha256"]:
         reasons.append(f"cases/{layout.case}.toml changed")
-    for name in sorted(set(then["patches"]) | set(now["patches"])):
-        where = f"patches/{layout.case}/{name}"
-        if name not in now["patches"]:
-            reasons.append(f"{where} was removed")
-        elif name not in then["patches"]:
-            reasons.append(f"{where} was added")
-        elif then["patches"][name] != now["patches"][name]:
-            reasons.append(f"{where} changed")
+    for folder, kind in (("patches", "patches"), ("repro", "scripts")):
+        old, new = then[kind], now[kind]
+        for name in sorted(set(old) | set(new)):
+            where = f"{folder}/{layout.case}/{name}"
+            if name not in new:
+                reasons.append(f"{where} was removed")
+            elif name not in old:
+                reasons.append(f"{where} was added")
+            elif old[name] != new[name]:
+                reasons.append(f"{where} changed")
     return reasons
 
 

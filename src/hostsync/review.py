@@ -10,9 +10,9 @@ for, in the project's own template), with every figure a query over the latest r
 
 A path walks dicts by key and maps over lists; `[key=value,...]` keeps the list items that
 match. Reducers: first (the default), last, max, min, sum, count, join. A figure no result holds is
-written "not measured", never guessed. Results measured against another pin.toml, card or patch
-series (or, for `profile`, another snippet, whose output the issue quotes) are stale: `review`
-names them and refuses, or reruns their commands with `--rerun`. The same results give
+written "not measured", never guessed. Results measured against another pin.toml, card, patch
+series or case script (the snippet an issue quotes among them) are stale: `review` names them and
+refuses, or reruns their commands with `--rerun`. The same results give
 byte-identical drafts. `--refresh-reference` also makes `profiles/<case>/reference/` hold exactly
 the results the drafts cite, for committing together; without it nothing tracked is touched.
 """
@@ -34,7 +34,6 @@ from typing import Any
 from hostsync import cases, profiling, results, upstream
 from hostsync.cases import Case
 from hostsync.errors import WorkspaceError
-from hostsync.files import sha256
 from hostsync.layout import Layout
 from hostsync.options import add_case, case_layouts
 
@@ -82,14 +81,11 @@ def latest_sources(layout: Layout, case: Case) -> dict[str, Source]:
     return found
 
 
-def stale(layout: Layout, case: Case, sources: dict[str, Source]) -> dict[str, list[str]]:
-    """Each stale source's reasons: pin, card or series changed; for profile, the snippet."""
+def stale(layout: Layout, sources: dict[str, Source]) -> dict[str, list[str]]:
+    """Each stale source's reasons: pin, card, series or the case's scripts changed."""
     found = {}
     for kind, source in sources.items():
         reasons = results.stale_reasons(layout, source.data)
-        snippet = profiling.snippet_path(layout, case)
-        if kind == "profile" and snippet and source.data["snippet"]["sha256"] != sha256(snippet):
-            reasons.append(f"{snippet.name} changed")
         if reasons:
             found[kind] = reasons
     return found
@@ -98,12 +94,12 @@ def stale(layout: Layout, case: Case, sources: dict[str, Source]) -> dict[str, l
 def fresh_sources(layout: Layout, case: Case, rerun: bool) -> dict[str, Source]:
     """The latest results, refused when stale, or first rerun with the commands that made them."""
     sources = latest_sources(layout, case)
-    outdated = stale(layout, case, sources)
+    outdated = stale(layout, sources)
     if outdated and rerun:
         for kind in outdated:
             rerun_command(sources[kind])
         sources = latest_sources(layout, case)
-        outdated = stale(layout, case, sources)
+        outdated = stale(layout, sources)
     if outdated:
         said = "; ".join(
             f"{sources[kind].path.name} ({', '.join(reasons)})"

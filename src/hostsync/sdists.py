@@ -60,10 +60,14 @@ def _verify(path: Path, sdist: Sdist) -> str | None:
     return None
 
 
-def requires_dist(archive: Path) -> list[str]:
-    """The Requires-Dist lines of the sdist's top-level PKG-INFO."""
+def pkg_info(archive: Path) -> str:
+    """The text of the sdist's top-level PKG-INFO."""
     with tarfile.open(archive) as tar:
         (top,) = {name.split("/", 1)[0] for name in tar.getnames()}
         member = tar.extractfile(f"{top}/PKG-INFO")
-        text = member.read().decode() if member else ""
-    return HeaderParser().parsestr(text).get_all("Requires-Dist") or []
+        return member.read().decode() if member else ""
+
+
+def requires_dist(pkg_info_text: str) -> list[str]:
+    """The Requires-Dist lines of a PKG-INFO."""
+    return HeaderParser().parsestr(pkg_info_text).get_all("Requires-Dist") or []

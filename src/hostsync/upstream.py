@@ -285,7 +285,7 @@ def apply_patches(repo: Path, patches: list[Path], base: str, where: str) -> Non
             raise PatchDoesNotApply(
                 f"{patch.parent.name}/{patch.name} does not apply to {where}"
                 f" (conflict in {', '.join(files) or 'an unknown file'}): rebase it in the clone"
-                " and run `nox -s export_patches`, or drop it from patches/series"
+                " and run `nox -s export_patches`, or drop it from the series"
             )
 
 
@@ -355,7 +355,7 @@ def _apply_queue(layout: Layout, repo: Path, tag: str, where: str) -> str:
         _write_state(repo, head=_rev(repo, "HEAD"), series={})
         raise
     _write_state(repo, head=_rev(repo, "HEAD"), series=_series_state(layout))
-    return f"applied {len(patches)} patch(es) from patches/series on {PATCHED}"
+    return f"applied {len(patches)} patch(es) from patches/{layout.case}/series on {PATCHED}"
 
 
 def _refuse_to_lose_work(repo: Path, where: str) -> None:
