@@ -48,7 +48,14 @@ from hostsync.errors import WorkspaceError, last_line
 from hostsync.files import sha256
 from hostsync.launch import Run, RunFailed, free_port, launch, run_group, torchrun_command
 from hostsync.layout import Layout
-from hostsync.options import add_case, add_device, add_timeout, case_layouts, comma_list
+from hostsync.options import (
+    ALL_CASES,
+    add_case,
+    add_device,
+    add_timeout,
+    case_layouts,
+    comma_list,
+)
 from hostsync.protocol import (
     EXCLUDED_RANGE,
     MEASURED_RANGE,
@@ -468,8 +475,8 @@ def setting(payload: dict) -> str:
     """One line saying what was profiled, for every table of these figures."""
     first = payload["captures"][0]
     return (
-        f"{payload['labels']['measured']}, per step, {payload['steps']} profiled steps after"
-        f" {payload['warmup_steps']} warm-up steps, scenario `{payload['scenario']}`,"
+        f"Profiled: the {payload['labels']['measured']}, per step, {payload['steps']} profiled"
+        f" steps after {payload['warmup_steps']} warm-up steps, scenario `{payload['scenario']}`,"
         f" {first['world_size']} ranks ({first['backend']}, {first['device'].split(':')[0]})"
     )
 
@@ -524,7 +531,7 @@ def plot_timelines(payload: dict, path: Path) -> None:
     gpu = on_gpu(payload)
     labels = payload["labels"]
     for axis, c in zip(axes[:, 0], captures, strict=True):
-        draw_step(axis, c, labels, scale=None if gpu else c["per_step"]["range_ms"])
+        draw_step(axis, c, labels, scale=None if gpu else c["per_step"]["timeline"]["range_ms"])
     where = (
         f"ms from the start of the {labels['measured']}, measured on a GPU"
         if gpu
@@ -703,5 +710,8 @@ def main(argv: list[str]) -> int:
     if options.warmup < 1 or options.steps < 1:
         raise WorkspaceError("--warmup and --steps must be at least 1: the first step is slow")
     for layout in case_layouts(options.case):
+        if options.case == ALL_CASES and not cases.load(layout.root, layout.case).profile:
+            log.info("case %s has no [profile] in its card: not profiled", layout.case)
+            continue
         profile_case(layout, argparse.Namespace(**vars(options)))
     return 0
