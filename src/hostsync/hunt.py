@@ -435,6 +435,17 @@ def _failed_section(tree: dict[str, Any]) -> list[str]:
     return ["", f"## {tree['label']}", "", f"Not measured: {tree['error']}"]
 
 
+def _sites_table(sites: list[dict[str, Any]], heading: str, key: str) -> str:
+    """Sites set apart from the candidates, with what sets them apart (`key`) last."""
+    return table.markdown(
+        ("package", "site", "when", "per step", heading),
+        [
+            (site["package"], _site(site), site["when"], site["per_step"], site[key])
+            for site in sites
+        ],
+    )
+
+
 def _tree_section(tree: dict[str, Any]) -> list[str]:
     carried = [site for site in tree["sites"] if site.get("carried")]
     accepted = [site for site in tree["sites"] if site["allowed"] is not None]
@@ -460,23 +471,11 @@ def _tree_section(tree: dict[str, Any]) -> list[str]:
         "",
         f"### Carried by a case ({len(carried)}: its fix removes them)",
         "",
-        table.markdown(
-            ("package", "site", "when", "per step", "case"),
-            [
-                (site["package"], _site(site), site["when"], site["per_step"], site["carried"])
-                for site in carried
-            ],
-        ),
+        _sites_table(carried, "case", "carried"),
         "",
         f"### Accepted by design ({len(accepted)}, from hunt_allowlist.toml)",
         "",
-        table.markdown(
-            ("package", "site", "when", "per step", "reason"),
-            [
-                (site["package"], _site(site), site["when"], site["per_step"], site["allowed"])
-                for site in accepted
-            ],
-        ),
+        _sites_table(accepted, "reason", "allowed"),
         "",
         "### Seen only by the PyTorch profiler",
         "",
