@@ -27,6 +27,8 @@ from hostsync.upstream import Tree
 log = logging.getLogger(__name__)
 
 _KILL_GRACE_S = 10.0
+# Where the hostsync package is imported from: the ranks import its protocol and detector.
+ENGINE_SRC = Path(__file__).resolve().parents[1]
 
 
 class RunFailed(WorkspaceError):
@@ -56,7 +58,7 @@ class Run:
         """The ranks import the project from the tree under test and hostsync from here, and
         find the tree's environment's own tools (torchrun, accelerate) first on the PATH."""
         env = dict(os.environ)
-        paths = [self.tree.src, *self.tree.stacked, self.layout.root / "src"]
+        paths = [self.tree.src, *self.tree.stacked, ENGINE_SRC]
         env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), env.get("PYTHONPATH", "")]).rstrip(
             os.pathsep
         )

@@ -46,7 +46,15 @@ from hostsync import cases, environment, results, table, upstream
 from hostsync.cases import Case
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.files import sha256
-from hostsync.launch import Run, RunFailed, free_port, launch, run_group, torchrun_command
+from hostsync.launch import (
+    ENGINE_SRC,
+    Run,
+    RunFailed,
+    free_port,
+    launch,
+    run_group,
+    torchrun_command,
+)
 from hostsync.layout import Layout
 from hostsync.options import (
     ALL_CASES,
@@ -293,17 +301,21 @@ def shown(layout: Layout, command: Sequence[str], run: Run | None = None,
     """The command as a user reruns it by hand from the workspace root, with the variables the
     ranks read (no paths of this machine: it goes into result files)."""
     root = str(layout.root) + os.sep
+
+    def relative(text: str) -> str:
+        return text.replace(str(ENGINE_SRC), "src").replace(root, "")
+
     pythons = {sys.executable, run and run.tree.python}
-    words = ["python" if word in pythons else word.replace(root, "") for word in command]
+    words = ["python" if word in pythons else relative(word) for word in command]
     if run is None:
         return shlex.join(words)
     env = env or {}
     variables = {name: run.environment(env)[name] for name in (*RERUN_ENV, *env)}
-    # Paths once each, relative to the root (PYTHONPATH may name the workspace's src/ twice).
-    relative = {name: dict.fromkeys(value.replace(root, "").split(os.pathsep)) for name, value
-                in variables.items()}  # fmt: skip
-    assignments = [f"{name}={os.pathsep.join(parts)}" for name, parts in relative.items()]
-    mkdir = shlex.join(["mkdir", "-p", str(run.run_dir).replace(root, "")])
+    # Paths once each (PYTHONPATH may name the engine's src/ twice).
+    parts = {name: dict.fromkeys(relative(value).split(os.pathsep))
+             for name, value in variables.items()}  # fmt: skip
+    assignments = [f"{name}={os.pathsep.join(found)}" for name, found in parts.items()]
+    mkdir = shlex.join(["mkdir", "-p", relative(str(run.run_dir))])
     return f"{mkdir} && {shlex.join(assignments + words)}"
 
 
