@@ -68,6 +68,9 @@ class Run:
         env[TREE_PACKAGE_ENV] = self.tree.project.name
         # Two ranks on two cores: one thread each, or they fight over the cores.
         env.setdefault("OMP_NUM_THREADS", "1")
+        # Each rank imports the tree under test from source: let Python keep the bytecode it
+        # compiles (in the tree, under work/), or every rank compiles transformers again.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         # DeepSpeed JIT-compiles its shared-memory op once per source and torch: keep it between
         # runs, apart per environment and per DeepSpeed tree, or each would rebuild the other's.
         env.setdefault("TORCH_EXTENSIONS_DIR", str(self.extensions_dir))
