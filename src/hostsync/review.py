@@ -259,7 +259,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--rerun",
         action="store_true",
-        help="rerun the commands of stale results (pin.toml, the card or the patches changed)",
+        help="rerun the commands of stale results (pin.toml, the card, a patch or a script changed)",
     )
     parser.add_argument(
         "--refresh-reference",
