@@ -259,7 +259,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--rerun",
         action="store_true",
-        help="rerun the commands of stale results (pin.toml, the card, a patch or a script changed)",
+        help="rerun the commands of stale results (pin.toml, the card, a patch or a script"
+        " changed)",
     )
     parser.add_argument(
         "--refresh-reference",
