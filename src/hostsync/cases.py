@@ -17,7 +17,6 @@ from typing import Any
 
 from hostsync import projects
 from hostsync.errors import WorkspaceError
-from hostsync.files import sha256_bytes
 
 UPSTREAM_STATES = ("none", "issue", "open-pr", "fixed")
 LAUNCHERS = ("python", "torchrun", "accelerate")
@@ -82,7 +81,6 @@ class Case:
     workspace_only: tuple[str, ...]
     profile: dict[str, Any]
     carries: tuple[dict[str, Any], ...]
-    digest: str
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     @property
@@ -120,15 +118,14 @@ def load(root: Path, name: str) -> Case:
     if not path.exists():
         known = ", ".join(names(root)) or "none"
         raise WorkspaceError(f"no case {name!r} (cases/{name}.toml): the cases are {known}")
-    raw_bytes = path.read_bytes()
     try:
-        raw = tomllib.loads(raw_bytes.decode())
-        return _case(name, raw, sha256_bytes(raw_bytes))
+        raw = tomllib.loads(path.read_text())
+        return _case(name, raw)
     except (KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as error:
         raise WorkspaceError(f"cases/{name}.toml is malformed ({error!r}): fix the card") from None
 
 
-def _case(name: str, raw: dict[str, Any], digest: str) -> Case:
+def _case(name: str, raw: dict[str, Any]) -> Case:
     upstream = raw["upstream"]
     if upstream["state"] not in UPSTREAM_STATES:
         raise ValueError(f"upstream.state must be one of {UPSTREAM_STATES}")
@@ -168,6 +165,5 @@ def _case(name: str, raw: dict[str, Any], digest: str) -> Case:
         workspace_only=tuple(tests.get("workspace_only", ())),
         profile=dict(raw.get("profile", {})),
         carries=tuple(raw.get("carries", ())),
-        digest=digest,
         raw=raw,
     )

@@ -34,6 +34,7 @@ from hostsync import pin as pinning
 from hostsync.cases import Release
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.layout import Layout
+from hostsync.options import case_layouts
 from hostsync.projects import Project
 from hostsync.sdists import fetch_sdist, pkg_info, requires_dist
 
@@ -183,7 +184,7 @@ def main(argv: list[str]) -> int:
         prog="python -m hostsync env",
         description="Print the interpreter of the environment the workspace's commands run in.",
     ).parse_args(argv)
-    layout = Layout()
-    case = cases.load(layout.root, pinning.load(layout.pin_file).default_case)
+    (layout,) = case_layouts(None)
+    case = cases.load(layout.root, layout.case)
     print(python_for(layout, case.project, case.pin))
     return 0

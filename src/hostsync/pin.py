@@ -7,7 +7,6 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from hostsync.files import sha256_bytes
 from hostsync.layout import Layout
 
 
@@ -17,16 +16,11 @@ class Requirement:
     install: str
     supported: str
 
-    @property
-    def install_spec(self) -> str:
-        return f"{self.name}=={self.install}"
-
 
 @dataclass(frozen=True)
 class Pin:
     default_case: str
     requirements: tuple[Requirement, ...]
-    digest: str
 
     def install_specs(self, replace: dict[str, str] | None = None) -> list[str]:
         """What `pip install` gets in a fresh environment; `replace` pins other versions."""
@@ -36,12 +30,10 @@ class Pin:
 
 def load(path: Path | None = None) -> Pin:
     path = path or Layout().pin_file
-    raw = path.read_bytes()
-    data = tomllib.loads(raw.decode())
+    data = tomllib.loads(path.read_text())
     return Pin(
         default_case=data["default_case"],
         requirements=tuple(
             Requirement(name=name, **spec) for name, spec in data["dependencies"].items()
         ),
-        digest=sha256_bytes(raw),
     )

@@ -37,8 +37,6 @@ from hostsync.sdists import fetch_sdist
 log = logging.getLogger(__name__)
 
 PATCHED = "patched"
-TESTS_SUFFIX = "+tests"
-SERIES_SUFFIX = "+series"
 SERIES_HEADER = "# Applied in this order by `nox -s clone`; rewritten by `nox -s export_patches`.\n"
 _IDENTITY = {"name": "hostsync", "email": "hostsync@localhost"}
 _REMOTE_TIMEOUT_S = 30
