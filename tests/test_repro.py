@@ -1,4 +1,4 @@
-"""The reproducer for real: torchrun, gloo, DeepSpeed Ulysses groups, the trees' own function.
+"""The reproducer for real: forked ranks, gloo, DeepSpeed Ulysses groups, the trees' own function.
 
 One 2-rank run per tree of the loss case (pinned 5.13.1 and upstream's fixed 5.14.0) with every
 scenario, shared by the tests below; then how the engine merges ranks, refuses bad input, and
@@ -15,7 +15,7 @@ import pytest
 
 from hostsync import cases, environment, repro, results, upstream
 from hostsync.errors import WorkspaceError
-from hostsync.launch import Run, RunFailed, launch, torchrun_command
+from hostsync.launch import Run, RunFailed, launch, prefork, torchrun_command
 from hostsync.layout import Layout
 
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line
@@ -188,7 +188,30 @@ def test_patched_alone_with_an_empty_series_is_refused(workspace: Layout) -> Non
         upstream.trees(workspace, [upstream.PATCHED])
 
 
-# --- a rank that raises, a rank that hangs -------------------------------------------------------
+# --- the launchers: one import for every world, a rank that raises, a rank that hangs -----------
+
+REPORTS_ITS_PROCESS = """
+    import os
+
+    import torch.distributed as dist
+
+    from hostsync.protocol import rank_entry
+
+    IMPORTED_IN = os.getpid()
+
+
+    @rank_entry
+    def main():
+        dist.init_process_group("gloo")
+        return {
+            "imported_in": IMPORTED_IN, "pid": os.getpid(), "rank": dist.get_rank(),
+            "world_size": dist.get_world_size(), "argv": __import__("sys").argv[1:],
+        }
+
+
+    if __name__ == "__main__":
+        main()
+"""
 
 RAISES_ON_RANK_1 = """
     import torch.distributed as dist
@@ -205,7 +228,8 @@ RAISES_ON_RANK_1 = """
         return {}
 
 
-    main()
+    if __name__ == "__main__":
+        main()
 """
 
 HANGS_ON_RANK_1 = """
@@ -215,48 +239,90 @@ HANGS_ON_RANK_1 = """
 
     import torch.distributed as dist
 
-    dist.init_process_group("gloo")
-    Path(os.environ["HOSTSYNC_RUN_DIR"], f"started-{dist.get_rank()}").touch()
-    if dist.get_rank() == 1:
-        time.sleep(3600)
-    dist.barrier()
+    from hostsync.protocol import rank_entry
+
+
+    @rank_entry
+    def main():
+        dist.init_process_group("gloo")
+        Path(os.environ["HOSTSYNC_RUN_DIR"], f"started-{dist.get_rank()}").touch()
+        if dist.get_rank() == 1:
+            time.sleep(3600)
+        dist.barrier()
+        return {}
+
+
+    if __name__ == "__main__":
+        main()
 """
+LAUNCHERS = ["torchrun", "fork"]
 
 
-def run_script(tmp_path: Path, tree: upstream.Tree, source: str, timeout: float) -> Path:
-    """Launch a throwaway 2-rank script; return it so the test can look for survivors."""
+def write_script(tmp_path: Path, source: str) -> Path:
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent(source))
+    return script
+
+
+def run_script(tmp_path: Path, tree: upstream.Tree, source: str, timeout: float,
+               launcher: str) -> Path:  # fmt: skip
+    """Launch a throwaway 2-rank script; return it so the test can look for survivors."""
+    script = write_script(tmp_path, source)
     run = Run(tmp_path / "run", tree, Layout())
-    launch(run, torchrun_command(tree.python, script, 2, []), nprocs=2, timeout=timeout)
+    if launcher == "fork":
+        prefork(run, script, [(2, [])], timeout=timeout)
+    else:
+        launch(run, torchrun_command(tree.python, script, 2, []), nprocs=2, timeout=timeout)
     return script
 
 
 def survivors(script: Path) -> list[str]:
-    """Live processes (zombies excluded: they hold no resources) still running `script`."""
+    """Live processes (zombies excluded: they hold no resources) still running `script`, or
+    forked from an interpreter that imported it."""
     listing = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
     rows = [line.strip().partition(" ") for line in listing.splitlines()]
-    return [args for stat, _, args in rows if str(script) in args and not stat.startswith("Z")]
+    named = (str(script), str(script.parent / "run" / "plan.json"))
+    return [args for stat, _, args in rows if any(n in args for n in named) and stat[0] != "Z"]
 
 
 @pytest.mark.distributed
-def test_rank_that_raises_is_named_and_nothing_survives(
+def test_forked_ranks_share_one_import_across_worlds(
     tmp_path: Path, trees: dict[str, upstream.Tree]
 ) -> None:
+    script = write_script(tmp_path, REPORTS_ITS_PROCESS)
+    run = Run(tmp_path / "run", trees["pinned"], Layout())
+
+    worlds = prefork(run, script, [(2, ["--two"]), (3, ["--three"])], timeout=300)
+
+    reports = [report for world in worlds for report in world]
+    assert [(r["world_size"], r["rank"], r["argv"]) for r in reports] == [
+        (2, 0, ["--two"]), (2, 1, ["--two"]),
+        (3, 0, ["--three"]), (3, 1, ["--three"]), (3, 2, ["--three"]),
+    ]  # fmt: skip
+    assert len({r["imported_in"] for r in reports}) == 1
+    assert len({r["pid"] for r in reports} | {reports[0]["imported_in"]}) == 6
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_rank_that_raises_is_named_and_nothing_survives(
+    tmp_path: Path, trees: dict[str, upstream.Tree], launcher: str
+) -> None:
     with pytest.raises(RunFailed, match=r"rank 1 raised ValueError: rank 1 gives up"):
-        run_script(tmp_path, trees["pinned"], RAISES_ON_RANK_1, timeout=300)
+        run_script(tmp_path, trees["pinned"], RAISES_ON_RANK_1, timeout=300, launcher=launcher)
 
     assert survivors(tmp_path / "worker.py") == []
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_hung_rank_is_killed_at_the_timeout_and_nothing_survives(
-    tmp_path: Path, trees: dict[str, upstream.Tree]
+    tmp_path: Path, trees: dict[str, upstream.Tree], launcher: str
 ) -> None:
     with pytest.raises(RunFailed, match=r"run hung: no exit after 30 s"):
-        run_script(tmp_path, trees["pinned"], HANGS_ON_RANK_1, timeout=30)
+        run_script(tmp_path, trees["pinned"], HANGS_ON_RANK_1, timeout=30, launcher=launcher)
 
-    started = sorted(marker.name for marker in (tmp_path / "run").glob("started-*"))
+    started = sorted(marker.name for marker in (tmp_path / "run").rglob("started-*"))
     assert started == ["started-0", "started-1"], "the run timed out before both ranks ran"
     assert survivors(tmp_path / "worker.py") == []
 

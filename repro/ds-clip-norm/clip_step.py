@@ -1,7 +1,8 @@
 """One rank of the ZeRO 1/2 clipping reproducer: a real DeepSpeed engine trained for a few steps.
 
-Started through torchrun (gloo on CPU, NCCL with one GPU per rank), one run per scenario: the
-case card gives each scenario its ZeRO stage and precision. Every rank builds the same
+Started by `python -m hostsync repro` (ranks forked from one import of this script; torchrun
+works the same), gloo on CPU, NCCL with one GPU per rank, one run per scenario: the case card
+gives each scenario its ZeRO stage and precision. Every rank builds the same
 tiny two-layer model with the two parameter groups a Trainer makes (weight decay / none), wraps
 it in `deepspeed.initialize` with gradient clipping 1.0 at the ZeRO stage and precision asked
 for, and trains it. Returned through `rank_entry`:
@@ -28,9 +29,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import deepspeed
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hostsync.detector import SyncScope
 from hostsync.protocol import rank_entry
 
 HIDDEN = 16
@@ -108,8 +111,6 @@ def engine_config(args: argparse.Namespace) -> dict:
 
 def weights_checksum(engine) -> float:
     """Sum of the weights as every rank sees them (ZeRO 3 gathers its shards for the read)."""
-    import deepspeed
-
     params = list(engine.module.parameters())
     with deepspeed.zero.GatheredParameters(params, enabled=engine.zero_optimization_stage() == 3):
         return float(sum(p.detach().double().sum() for p in params))
@@ -120,10 +121,6 @@ CLIP = "unscale_and_clip_grads"
 
 def train(args: argparse.Namespace) -> tuple[object, list[dict]]:
     """The engine and, for each step, what it read on the host and what training did."""
-    import deepspeed
-
-    from hostsync.detector import SyncScope
-
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     deepspeed.init_distributed(dist_backend="nccl" if args.device == "cuda" else "gloo")

@@ -1,13 +1,14 @@
 """One rank of the reproducer: the real `deepspeed_sp_compute_loss` on real Ulysses SP groups.
 
-Started by `python -m hostsync repro` through torchrun (the case card says so), one process per
-sequence-parallel rank (gloo on CPU, NCCL with one GPU per rank). Every rank builds the same tiny
-Llama from a config, computes a single-process reference over the whole sequence for each scenario,
-then registers Ulysses, builds the engine once, and for each scenario calls the transformers
-function of the tree under test unchanged. The host syncs inside its loss aggregation are counted
-with the model forward allowed (and reported apart), the loss is compared with the reference, and
-the gradients after `engine.backward` with the reference gradients. Each rank returns one row per
-scenario, with the problems it saw (see `hostsync.repro` for the contract)."""
+Started by `python -m hostsync repro` (forked from one import of this script, as the case card
+says; torchrun works the same), one process per sequence-parallel rank (gloo on CPU, NCCL with
+one GPU per rank). Every rank builds the same tiny Llama from a config, computes a single-process
+reference over the whole sequence for each scenario, then registers Ulysses, builds the engine
+once, and for each scenario calls the transformers function of the tree under test unchanged.
+The host syncs inside its loss aggregation are counted with the model forward allowed (and
+reported apart), the loss is compared with the reference, and the gradients after
+`engine.backward` with the reference gradients. Each rank returns one row per scenario, with the
+problems it saw (see `hostsync.repro` for the contract)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,14 @@ import time
 import types
 from collections.abc import Callable, Iterator
 
+import deepspeed
 import torch
+from accelerate.parallelism_config import ParallelismConfig
+from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
 
+from hostsync.detector import SyncScope
 from hostsync.protocol import rank_entry
 
 # Ulysses splits the attention heads across ranks, so sp_size must divide them: 2 or 4.
@@ -100,8 +107,6 @@ def shard(batch: dict[str, torch.Tensor], rank: int, sp_size: int) -> dict[str, 
 
 def tiny_llama(device: torch.device) -> torch.nn.Module:
     """Same weights on every rank (seeded), every head count divisible by the sp_size."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=VOCAB,
@@ -128,9 +133,6 @@ def reference(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[f
 
 def sp_engine(model: torch.nn.Module, sp_size: int, seq_len: int):
     """Ulysses attention plus an engine that knows the mpu: the only way the SP group exists."""
-    import deepspeed
-    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
-
     mpu = UlyssesSPAttentionHF.register_with_transformers(
         model, "sdpa", sp_size, MICRO_BATCH, seq_length=seq_len
     )
@@ -171,16 +173,12 @@ def around_forward(
 
 def compute_loss(engine, inputs: dict, pc, detect: bool) -> tuple[object, dict]:
     """Call the function under test, counting syncs in the aggregation apart from the forward."""
-    from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
-
     # The deepspeed branch (sp_backend "deepspeed", sp_size > 1) never reads the accelerator; an
     # `Accelerator` would need accelerate's own launcher state. This stand-in carries the one
     # attribute the other branch would read, set so that branch would refuse.
     accelerator = types.SimpleNamespace(torch_device_mesh=None)
     if not detect:
         return deepspeed_sp_compute_loss(accelerator, engine, inputs, False, pc), {}
-
-    from hostsync.detector import SyncScope
 
     with SyncScope() as scope, around_forward(engine, lambda: scope.allow("model forward")):
         loss = deepspeed_sp_compute_loss(accelerator, engine, inputs, False, pc)
@@ -270,8 +268,6 @@ def finite_or_none(value: float) -> float | None:
 
 
 def setup_distributed(device_kind: str) -> torch.device:
-    import deepspeed
-
     if device_kind == "cuda":
         local_rank = int(os.environ["LOCAL_RANK"])
         torch.cuda.set_device(local_rank)
@@ -284,8 +280,6 @@ def setup_distributed(device_kind: str) -> torch.device:
 @rank_entry
 def main() -> dict:
     """One SP group spanning every rank (data-parallel size 1): all ranks share one sample."""
-    from accelerate.parallelism_config import ParallelismConfig
-
     args = parse_args()
     device = setup_distributed(args.device)
     sp_size = torch.distributed.get_world_size()

@@ -161,8 +161,8 @@ def main(argv: list[str]) -> int:
 
     def run(detector: bool, env: dict[str, str] | None = None) -> tuple[float, list[dict]]:
         started = time.perf_counter()
-        ranks = repro.run_launch(
-            layout, tree, spec, sp_size, scenarios, device=device, timeout=args.timeout,
+        [(_, _, ranks)] = repro.run_launch(
+            layout, tree, spec, [sp_size], scenarios, device=device, timeout=args.timeout,
             detector=detector, env=env,
         )  # fmt: skip
         return time.perf_counter() - started, ranks

@@ -19,7 +19,7 @@ from hostsync import projects
 from hostsync.errors import WorkspaceError
 
 UPSTREAM_STATES = ("none", "issue", "open-pr", "fixed")
-LAUNCHERS = ("python", "torchrun", "accelerate")
+LAUNCHERS = ("python", "fork", "torchrun", "accelerate")
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Multi-process runs that leave nothing behind: both sides of the launcher/rank protocol.
 
-The launcher side starts `torchrun` or `accelerate launch` in a session of its own, so that on a
-timeout, an error or Ctrl-C the whole process group (launcher, ranks, compilers they spawned) is
-killed and no rank outlives the run. The rank side (`protocol.rank_entry`) writes each rank's
-result, or its traceback, into the run folder, so that a failure is reported with its rank number.
+The launcher side starts `torchrun`, `accelerate launch` or `hostsync.prefork` in a session of its
+own, so that on a timeout, an error or Ctrl-C the whole process group (launcher, ranks, compilers
+they spawned) is killed and no rank outlives the run. The rank side (`protocol.rank_entry`)
+writes each rank's result, or its traceback, into the run folder, so that a failure is reported
+with its rank number.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -78,12 +78,6 @@ class Run:
         return env
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def torchrun_command(python: str, script: Path, nprocs: int, args: Sequence[str]) -> list[str]:
     return [
         python, "-m", "torch.distributed.run",
@@ -102,7 +96,35 @@ def launch(run: Run, command: Sequence[str], *, nprocs: int, timeout: float,
     returncode = run_group(run, command, timeout=timeout, env=env)
     if returncode != 0:
         raise RunFailed(_describe_failure(run, returncode))
-    return [_read_rank_result(run, rank) for rank in range(nprocs)]
+    return _read_rank_results(run, run.run_dir, nprocs)
+
+
+def prefork(run: Run, script: Path, worlds: Sequence[tuple[int, Sequence[str]]], *,
+            timeout: float, env: Mapping[str, str] | None = None) -> list[list[dict]]:  # fmt: skip
+    """Run `script` once per (rank count, arguments) of `worlds`, in turn, every rank forked from
+    one interpreter that imported it (`hostsync.prefork`); for each world, its ranks' results.
+
+    `timeout` is per world. Failures are raised and cleaned up as by `launch`.
+    """
+    folders = [run.run_dir / f"world-{i}-ranks-{ranks}" for i, (ranks, _) in enumerate(worlds)]
+    plan = {
+        "script": str(script),
+        "worlds": [
+            {"ranks": ranks, "run_dir": str(folder), "args": list(args)}
+            for folder, (ranks, args) in zip(folders, worlds, strict=True)
+        ],
+    }
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    plan_file = run.run_dir / "plan.json"
+    plan_file.write_text(json.dumps(plan, indent=2) + "\n")
+    command = [run.tree.python, "-m", "hostsync.prefork", str(plan_file)]
+    returncode = run_group(run, command, timeout=timeout * len(worlds), env=env)
+    if returncode != 0:
+        raise RunFailed(_describe_failure(run, returncode))
+    return [
+        _read_rank_results(run, folder, ranks)
+        for folder, (ranks, _) in zip(folders, worlds, strict=True)
+    ]
 
 
 def run_group(run: Run, command: Sequence[str], *, timeout: float, cwd: Path | None = None,
@@ -178,11 +200,11 @@ def _is_live_member(pid: int, pgid: int) -> bool:
 def _describe_failure(run: Run, returncode: int) -> str:
     """Name the rank that failed first: the others often fail only because it left."""
     errors = sorted(
-        run.run_dir.glob("rank-*.error"),
+        run.run_dir.rglob("rank-*.error"),
         key=lambda path: (path.stat().st_mtime_ns, int(path.stem.split("-")[1])),
     )
     if not errors:
-        reported = len(list(run.run_dir.glob("rank-*.json")))
+        reported = len(list(run.run_dir.rglob("rank-*.json")))
         return (
             f"launcher exited with status {returncode}, {reported} rank(s) having reported a"
             f" result and none an error; see {run.log_file}"
@@ -194,8 +216,11 @@ def _describe_failure(run: Run, returncode: int) -> str:
     return f"rank {rank} raised {summary}{others}; traceback in {first}"
 
 
-def _read_rank_result(run: Run, rank: int) -> dict:
-    path = run.run_dir / f"rank-{rank}.json"
-    if not path.exists():
-        raise RunFailed(f"rank {rank} exited cleanly but wrote no result; see {run.log_file}")
-    return json.loads(path.read_text())
+def _read_rank_results(run: Run, folder: Path, nprocs: int) -> list[dict]:
+    results = []
+    for rank in range(nprocs):
+        path = folder / f"rank-{rank}.json"
+        if not path.exists():
+            raise RunFailed(f"rank {rank} exited cleanly but wrote no result; see {run.log_file}")
+        results.append(json.loads(path.read_text()))
+    return results

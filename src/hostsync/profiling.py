@@ -50,7 +50,6 @@ from hostsync.launch import (
     ENGINE_SRC,
     Run,
     RunFailed,
-    free_port,
     launch,
     run_group,
     torchrun_command,
@@ -72,6 +71,7 @@ from hostsync.protocol import (
     SYNC_OPS,
     TREE_PACKAGE_ENV,
     TREE_SRC_ENV,
+    free_port,
 )
 
 log = logging.getLogger(__name__)

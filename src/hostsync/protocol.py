@@ -10,6 +10,7 @@ import functools
 import importlib
 import json
 import os
+import socket
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,13 @@ SYNC_OP = SYNC_OPS[0]
 # forward, say); a case's profile script opens them, `hostsync.profiling` reads them.
 MEASURED_RANGE = "hostsync.measured"
 EXCLUDED_RANGE = "hostsync.excluded"
+
+
+def free_port() -> int:
+    """A port nobody listens on now, for a rendezvous: launchers pick theirs this way."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def rank_entry(main: Callable[[], dict]) -> Callable[[], None]:

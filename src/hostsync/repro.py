@@ -1,13 +1,15 @@
 """`python -m hostsync repro`: a case's reproducer on real processes, tree by tree.
 
 The case card says how: each `[[repro.launch]]` names a script of `repro/<case>/`, its launcher
-(`python`, `torchrun` or `accelerate launch`), the rank counts to run it at and its scenarios.
-Every (tree, launch, rank count) is one run. A rank script takes `--scenarios a,b --device D`
-(and `--no-detector`, to time the detector) and returns `{"runs": [row, ...]}`, one row per
-scenario: `scenario`, the figures, site lists (`*_sites`: {file, line, function, code, count}),
-and `problems`, what the rank found wrong (a loss off its reference, say). The ranks' rows are
-merged here: a value all ranks agree on is kept as it is; where they differ, the row holds the
-largest number (or all() of flags) and `<key>_per_rank` beside it, and the report says so.
+(`python`, `fork`, `torchrun` or `accelerate launch`), the rank counts to run it at and its
+scenarios. Every (tree, launch, rank count) is one run; `fork` starts the ranks of all of a
+launch's rank counts from one import of the script (`hostsync.prefork`). A rank script takes
+`--scenarios a,b --device D` (and `--no-detector`, to time the detector) and returns
+`{"runs": [row, ...]}`, one row per scenario: `scenario`, the figures, site lists (`*_sites`:
+{file, line, function, code, count}), and `problems`, what the rank found wrong (a loss off its
+reference, say). The ranks' rows are merged here: a value all ranks agree on is kept as it is;
+where they differ, the row holds the largest number (or all() of flags) and `<key>_per_rank`
+beside it, and the report says so.
 
 With `--trainer`, `trainer` holds per tree the full Trainer path's per-step losses with and
 without SP (`trainer_run.compare_losses`). The card's `compare` keys are compared across trees:
@@ -24,12 +26,13 @@ import argparse
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from hostsync import cases, environment, results, table, trainer_run, upstream
 from hostsync.cases import Case, Launch
 from hostsync.errors import WorkspaceError
-from hostsync.launch import Run, launch, torchrun_command
+from hostsync.launch import Run, launch, prefork, torchrun_command
 from hostsync.layout import Layout
 from hostsync.options import add_case, add_device, add_timeout, case_layouts, comma_list
 
@@ -38,35 +41,60 @@ def run_launch(
     layout: Layout,
     tree: upstream.Tree,
     spec: Launch,
-    ranks: int,
+    counts: Sequence[int],
     scenarios: Sequence[str],
     *,
     device: str,
     timeout: float,
     detector: bool = True,
     env: Mapping[str, str] | None = None,
-) -> list[dict]:
-    """One run of a launch on `tree` at `ranks` processes; each rank's result, by rank.
+) -> list[tuple[int, str, list[dict]]]:
+    """A launch on `tree` at each rank count of `counts`: (ranks, device, each rank's result).
 
-    The run folder is removed after a success and kept, with the launcher log and the failing
-    rank's traceback, after a failure.
+    Each rank count gets its own device (`auto` uses GPUs only where there is one per rank). A
+    `fork` launch runs the rank counts that share a device from one import of its script. Run
+    folders are removed after a success and kept, with the launcher log and the failing rank's
+    traceback, after a failure.
     """
-    run_dir = layout.new_run_dir(f"repro-{tree.label}-{spec.script.removesuffix('.py')}-{ranks}")
     script = layout.repro / spec.script
-    args = ["--scenarios", ",".join(scenarios), "--device", device, *spec.args]
-    args += [] if detector else ["--no-detector"]
-    env = environment.device_env(device) | dict(env or {})
-    run = Run(run_dir, tree, layout)
-    if spec.launcher == "accelerate":
+    name = f"repro-{tree.label}-{spec.script.removesuffix('.py')}"
+    by_device: dict[str, list[int]] = {}
+    for ranks in counts:
+        used = environment.resolve_device(device, ranks, tree.python)
+        by_device.setdefault(used, []).append(ranks)
+    done: dict[int, tuple[str, list[dict]]] = {}
+    for used, group in by_device.items():
+        args = ["--scenarios", ",".join(scenarios), "--device", used, *spec.args]
+        args += [] if detector else ["--no-detector"]
+        run_env = environment.device_env(used) | dict(env or {})
+        if spec.launcher == "fork":
+            run = Run(layout.new_run_dir(name), tree, layout)
+            worlds = prefork(run, script, [(n, args) for n in group], timeout=timeout, env=run_env)
+            shutil.rmtree(run.run_dir)
+            done |= {n: (used, rank_results) for n, rank_results in zip(group, worlds, strict=True)}
+            continue
+        for ranks in group:
+            run = Run(layout.new_run_dir(f"{name}-{ranks}"), tree, layout)
+            rank_results = _run_one(
+                run, spec.launcher, script, ranks, args, device=used, timeout=timeout, env=run_env
+            )
+            done[ranks] = (used, rank_results)
+    return [(ranks, *done[ranks]) for ranks in counts]
+
+
+def _run_one(run: Run, launcher: str, script: Path, ranks: int, args: list[str], *, device: str,
+             timeout: float, env: Mapping[str, str]) -> list[dict]:  # fmt: skip
+    """One run of a `python`, `torchrun` or `accelerate` launch; each rank's result, by rank."""
+    if launcher == "accelerate":
         return trainer_run.launch_accelerate(
             run, script, ranks, args, device=device, timeout=timeout, env=env, keep=False
         )
-    if spec.launcher == "torchrun":
-        command = torchrun_command(tree.python, script, ranks, args)
+    if launcher == "torchrun":
+        command = torchrun_command(run.tree.python, script, ranks, args)
     else:
-        command = [tree.python, str(script), *args]
+        command = [run.tree.python, str(script), *args]
     rank_results = launch(run, command, nprocs=ranks, timeout=timeout, env=env)
-    shutil.rmtree(run_dir)
+    shutil.rmtree(run.run_dir)
     return rank_results
 
 
@@ -249,12 +277,11 @@ def measure(
         for spec in case.launches:
             wanted = [name for name in scenarios if name in spec.scenarios]
             counts = [n for n in spec.ranks if not only_ranks or n in only_ranks]
-            for ranks in counts if wanted else ():
-                used = environment.resolve_device(device, ranks, tree.python)
+            if not wanted or not counts:
+                continue
+            done = run_launch(layout, tree, spec, counts, wanted, device=device, timeout=timeout)
+            for ranks, used, rank_results in done:
                 devices.add(used)
-                rank_results = run_launch(
-                    layout, tree, spec, ranks, wanted, device=used, timeout=timeout
-                )
                 runs += [
                     {"tree": tree.label, "launch": spec.script, "ranks": ranks} | row
                     for row in merge_ranks(rank_results)

@@ -19,9 +19,10 @@ from pathlib import Path
 
 from hostsync import environment
 from hostsync.errors import WorkspaceError
-from hostsync.launch import Run, RunFailed, free_port, launch
+from hostsync.launch import Run, RunFailed, launch
 from hostsync.layout import Layout
 from hostsync.options import DEFAULT_TIMEOUT_S
+from hostsync.protocol import free_port
 from hostsync.upstream import Tree
 
 SP_SIZE = 2

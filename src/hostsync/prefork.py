@@ -1,0 +1,107 @@
+"""`python -m hostsync.prefork PLAN`: import a rank script once, then fork its ranks.
+
+Under torchrun each rank imports torch, DeepSpeed and the tree under test on its own: about 7 s
+of CPU per rank, where the measured steps take a second, and 4 ranks on 2 cores wait for four
+such imports. Here one interpreter imports the script (its top-level imports are the expensive
+part) and each rank is a fork of it, given the variables torchrun gives its ranks (RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): the `env://` rendezvous, the process group
+and everything the script does after its imports happen in each rank as under torchrun. The
+plan's worlds run in turn, so one import serves every rank count of a launch.
+
+Nothing but imports happens before a fork: a rank script starts no process group and touches
+no GPU at import, and PYTORCH_NVML_BASED_CUDA_CHECK keeps torch's CUDA probe (DeepSpeed picks
+its accelerator at import) from creating a CUDA context that a fork cannot inherit.
+
+The plan, written by `hostsync.launch.prefork`: {"script": path, "worlds": [{"ranks": n,
+"run_dir": path, "args": [...]}, ...]}. Exit status: 0, or the first failing rank's.
+Standard library only, like `hostsync.protocol`: the script brings torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+from hostsync.protocol import RUN_DIR_ENV, free_port
+
+
+def import_script(path: Path) -> ModuleType:
+    """The script as a module named after its file, its folder first on sys.path, as
+    `python path` would have it, but without running its `__main__` block."""
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_world(main: Callable[[], object], script: str, world: dict) -> int:
+    """Fork `world["ranks"]` ranks running `main`; 0, or the first failure's exit status, once
+    every rank is gone (the others are stopped: they would wait in a collective for ever)."""
+    rendezvous = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(world["ranks"]),
+        "LOCAL_WORLD_SIZE": str(world["ranks"]),
+        RUN_DIR_ENV: world["run_dir"],
+    }
+    ranks = {}
+    for rank in range(world["ranks"]):
+        pid = os.fork()
+        if pid == 0:
+            os.environ.update(rendezvous | {"RANK": str(rank), "LOCAL_RANK": str(rank)})
+            sys.argv = [script, *world["args"]]
+            _run_rank(main)
+        ranks[pid] = rank
+    failed = 0
+    while ranks:
+        pid, status = os.wait()
+        del ranks[pid]
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0 and not failed:
+            failed = code if code > 0 else 128 - code
+            for other in ranks:
+                os.kill(other, signal.SIGTERM)
+    return failed
+
+
+def _run_rank(main: Callable[[], object]) -> None:
+    """Run `main` in a forked rank and leave with its status, never returning into the parent's
+    loop (`rank_entry` has already written a failure's traceback into the run folder)."""
+    code = 1
+    try:
+        main()
+        code = 0
+    except SystemExit as error:
+        code = error.code if isinstance(error.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def main(argv: list[str]) -> int:
+    (plan_file,) = argv
+    plan = json.loads(Path(plan_file).read_text())
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    script = import_script(Path(plan["script"]))
+    for world in plan["worlds"]:
+        Path(world["run_dir"]).mkdir(parents=True, exist_ok=True)
+        failed = run_world(script.main, plan["script"], world)
+        if failed:
+            return failed
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
