@@ -369,3 +369,25 @@ def test_zero_clipping_reads_the_norm_once_per_group_and_the_fix_never(tmp_path:
     assert set(runs["patched"]["clip_reads_per_step"]) == {0}
     assert runs["pinned"]["skipped_steps"] == runs["patched"]["skipped_steps"] == 1
     assert [c["verdict"] for c in measured["comparisons"]] == ["identical"]
+
+
+@pytest.mark.distributed
+@pytest.mark.network
+def test_the_deepspeed_grad_norm_is_read_every_step_and_with_the_fix_only_when_logged(
+    tmp_path: Path,
+) -> None:
+    """The Trainer under DeepSpeed ZeRO 1 + Ulysses SP, logging once in 4 steps."""
+    layout = make_workspace(tmp_path / "workspace").for_case("trainer-grad-norm")
+    case = cases.load(layout.root, layout.case)
+    trees = upstream.trees(layout, ["pinned", "patched"])
+
+    measured = repro.measure(layout, case, trees, ["every_4_steps"], device="cpu", timeout=900)
+
+    runs = {run["tree"]: run for run in measured["runs"]}
+    assert runs["pinned"]["grad_norm_reads_per_step"] == [1, 1, 1, 1]
+    assert {site["function"] for site in runs["pinned"]["grad_norm_sites"]} == {
+        "get_global_grad_norm"
+    }
+    assert runs["patched"]["grad_norm_reads_per_step"] == [0, 0, 0, 0]
+    assert runs["patched"]["logged_reads_per_step"] == [0, 0, 0, 1]
+    assert [c["verdict"] for c in measured["comparisons"]] == ["identical"]

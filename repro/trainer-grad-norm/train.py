@@ -1,0 +1,165 @@
+"""One rank of the grad-norm reproducer: the real `Trainer.train()` under DeepSpeed, reads counted.
+
+Under DeepSpeed the Trainer asks `accelerator.clip_grad_norm_` for the gradient norm on every
+optimizer step; accelerate returns the engine's norm as a float (`.item()`), a host read, for a
+value the Trainer only needs when it logs. Each scenario trains the hunt's tiny Llama for a few
+steps under `accelerate launch` (DeepSpeed ZeRO 1 + Ulysses SP over 2 ranks, gradient clipping
+1.0 unless the scenario turns it off), the whole training under `hostsync.detector.SyncScope`.
+
+Returns through `rank_entry` one row per scenario: per optimizer step, the reads made for the
+norm before it is logged (in accelerate's `get_global_grad_norm` or the Trainer's
+`_clip_grad_norm` / `_get_grad_norm`) and the reads of the norm when it is logged
+(`_maybe_log_save_evaluate`), by source line; and what the Trainer logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import math
+import os
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from hostsync.detector import Site, SyncScope
+from hostsync.protocol import RUN_DIR_ENV, rank_entry
+from hostsync.workers.sp_trainer import MODEL_SUMMARY, samples, tiny_llama
+
+# (file, function) of the reads that fetch the norm before it is logged.
+FETCH_SITES = {
+    ("accelerate/utils/deepspeed.py", "get_global_grad_norm"),
+    ("transformers/trainer.py", "_clip_grad_norm"),
+    ("transformers/trainer.py", "_get_grad_norm"),
+}
+# The logging step's read of the norm (the same function also reads the loss).
+LOGGED_AT = ("transformers/trainer.py", "_maybe_log_save_evaluate", "grad_norm")
+# name: (what it shows, logging_steps, max_grad_norm)
+SCENARIOS = {
+    "every_step": ("logging_steps=1", 1, 1.0),
+    "every_4_steps": ("logging_steps=4", 4, 1.0),
+    "no_clipping": ("max_grad_norm=0, logging_steps=4", 4, 0.0),
+}
+STEPS = 4
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenarios", required=True)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--output-dir", type=Path, default=Path(os.environ[RUN_DIR_ENV]) / "output")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
+    parser.add_argument("--no-detector", action="store_true", help="count nothing (to time it)")
+    args = parser.parse_args()
+    args.scenarios = args.scenarios.split(",")
+    unknown = sorted(set(args.scenarios) - set(SCENARIOS))
+    if unknown:
+        parser.error(f"unknown scenario(s) {unknown}; known: {sorted(SCENARIOS)}")
+    return args
+
+
+class StepMarks(TrainerCallback):
+    """Where each optimizer step starts in the scope's events: a step's reads, its logging
+    included, are the events up to the next step's start."""
+
+    def __init__(self, scope: SyncScope) -> None:
+        self.scope = scope
+        self.starts: list[int] = []
+
+    def on_step_begin(self, args, state, control, **kwargs) -> None:
+        self.starts.append(len(self.scope.events))
+
+    def per_step(self, wanted: Callable[[Site], bool]) -> list[int]:
+        bounds = [*self.starts, len(self.scope.events)]
+        return [
+            sum(1 for event in self.scope.events[begin:end] if wanted(event.site))
+            for begin, end in itertools.pairwise(bounds)
+        ]
+
+    def lines(self, wanted: Callable[[Site], bool]) -> list[dict[str, Any]]:
+        counts = Counter(event.site for event in self.scope.events if wanted(event.site))
+        return [site._asdict() | {"count": count} for site, count in sorted(counts.items())]
+
+
+def fetches_norm(site: Site) -> bool:
+    return (site.file, site.function) in FETCH_SITES
+
+
+def logs_norm(site: Site) -> bool:
+    file, function, code = LOGGED_AT
+    return site.file == file and site.function == function and code in site.code
+
+
+def finite_or_name(value: float) -> float | str:
+    """JSON has no nan/inf: those are written as their names."""
+    return value if math.isfinite(value) else str(value)
+
+
+def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    what, logging_steps, max_grad_norm = SCENARIOS[name]
+    training_args = TrainingArguments(
+        output_dir=f"{args.output_dir}/{name}",
+        max_steps=STEPS,
+        per_device_train_batch_size=1,
+        learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        max_grad_norm=max_grad_norm,
+        logging_steps=logging_steps,
+        bf16=args.precision == "bf16",
+        train_sampling_strategy="sequential",
+        ddp_backend=args.backend,  # on CPU without it each rank would train alone, silently
+        remove_unused_columns=False,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = Trainer(model=tiny_llama(), args=training_args, train_dataset=samples(STEPS))
+    with contextlib.nullcontext() if args.no_detector else SyncScope() as scope:
+        marks = StepMarks(scope) if scope else None
+        if marks:
+            trainer.add_callback(marks)
+        trainer.train()
+    pc = trainer.accelerator.parallelism_config
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    return {
+        "scenario": name,
+        "what": what,
+        "zero_stage": trainer.accelerator.state.deepspeed_plugin.zero_stage,
+        "world_size": trainer.accelerator.num_processes,
+        "sp_size": pc.sp_size if pc is not None and pc.sp_enabled else 1,
+        "precision": args.precision,
+        "steps": STEPS,
+        "logging_steps": logging_steps,
+        "max_grad_norm": max_grad_norm,
+        "grad_norm_reads_per_step": marks.per_step(fetches_norm) if marks else None,
+        "grad_norm_sites": marks.lines(fetches_norm) if marks else [],
+        "logged_reads_per_step": marks.per_step(logs_norm) if marks else None,
+        "logged": [
+            {
+                "step": entry["step"],
+                "loss": finite_or_name(entry["loss"]),
+                "grad_norm": finite_or_name(float(entry["grad_norm"])),
+            }
+            for entry in logged
+        ],
+    }
+
+
+@rank_entry
+def main() -> dict:
+    args = parse_args()
+    if len(args.scenarios) > 1:
+        raise SystemExit("one scenario per launch: Ulysses makes its SP group once per process")
+    return {
+        "runs": [run_scenario(name, args) | {"model": MODEL_SUMMARY} for name in args.scenarios]
+    }
+
+
+if __name__ == "__main__":
+    main()
