@@ -327,19 +327,26 @@ def test_hung_rank_is_killed_at_the_timeout_and_nothing_survives(
     assert survivors(tmp_path / "worker.py") == []
 
 
+# --- the live cases, pinned against patched ------------------------------------------------------
+
+
+def measure_live_case(tmp_path: Path, name: str, scenarios: list[str], ranks=()) -> dict:
+    """A case's reproducer on its pinned and patched trees, in a workspace of its own."""
+    layout = make_workspace(tmp_path / "workspace").for_case(name)
+    case = cases.load(layout.root, layout.case)
+    trees = upstream.trees(layout, ["pinned", "patched"])
+    return repro.measure(
+        layout, case, trees, scenarios, device="cpu", timeout=900, only_ranks=ranks
+    )
+
+
 @pytest.mark.distributed
 @pytest.mark.network
 def test_the_trainer_filter_reads_twice_per_finite_micro_batch_and_the_fix_never(
     tmp_path: Path,
 ) -> None:
     """The live case on transformers 5.24.0: the real Trainer, a real nan loss."""
-    layout = make_workspace(tmp_path / "workspace").for_case("trainer-nan-filter")
-    case = cases.load(layout.root, layout.case)
-    trees = upstream.trees(layout, ["pinned", "patched"])
-
-    measured = repro.measure(
-        layout, case, trees, ["finite", "nan"], device="cpu", timeout=900, only_ranks=[1]
-    )
+    measured = measure_live_case(tmp_path, "trainer-nan-filter", ["finite", "nan"], ranks=[1])
 
     runs = {(run["tree"], run["scenario"]): run for run in measured["runs"]}
     assert runs["pinned", "finite"]["syncs_per_micro_batch"] == [2, 2, 2, 2]
@@ -355,11 +362,7 @@ def test_the_trainer_filter_reads_twice_per_finite_micro_batch_and_the_fix_never
 @pytest.mark.network
 def test_zero_clipping_reads_the_norm_once_per_group_and_the_fix_never(tmp_path: Path) -> None:
     """The DeepSpeed case, bf16 ZeRO 1 on real ranks: same training, two reads fewer a step."""
-    layout = make_workspace(tmp_path / "workspace").for_case("ds-clip-norm")
-    case = cases.load(layout.root, layout.case)
-    trees = upstream.trees(layout, ["pinned", "patched"])
-
-    measured = repro.measure(layout, case, trees, ["bf16-zero1"], device="cpu", timeout=900)
+    measured = measure_live_case(tmp_path, "ds-clip-norm", ["bf16-zero1"])
 
     runs = {run["tree"]: run for run in measured["runs"]}
     groups = runs["pinned"]["param_groups"]
@@ -377,11 +380,7 @@ def test_the_deepspeed_grad_norm_is_read_every_step_and_with_the_fix_only_when_l
     tmp_path: Path,
 ) -> None:
     """The Trainer under DeepSpeed ZeRO 1 + Ulysses SP, logging once in 4 steps."""
-    layout = make_workspace(tmp_path / "workspace").for_case("trainer-grad-norm")
-    case = cases.load(layout.root, layout.case)
-    trees = upstream.trees(layout, ["pinned", "patched"])
-
-    measured = repro.measure(layout, case, trees, ["every_4_steps"], device="cpu", timeout=900)
+    measured = measure_live_case(tmp_path, "trainer-grad-norm", ["every_4_steps"])
 
     runs = {run["tree"]: run for run in measured["runs"]}
     assert runs["pinned"]["grad_norm_reads_per_step"] == [1, 1, 1, 1]

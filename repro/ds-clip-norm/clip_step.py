@@ -34,7 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hostsync.detector import SyncScope
-from hostsync.protocol import rank_entry
+from hostsync.protocol import rank_entry, repro_parser
 
 HIDDEN = 16
 SCALAR_READ = torch.ops.aten._local_scalar_dense.default
@@ -43,10 +43,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenarios", required=True, help="the one scenario this run is")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--no-detector", action="store_true", help="count nothing (to time it)")
+    parser = repro_parser(__doc__.splitlines()[0])
     parser.add_argument("--zero-stage", type=int, choices=(1, 2, 3), default=1)
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     parser.add_argument("--steps", type=int, default=6)
@@ -56,7 +53,11 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="bf16 check_grad_overflow off: an invalid norm then reaches the clip",
     )
-    return parser.parse_args()
+    args = parser.parse_args()
+    if len(args.scenarios) != 1:
+        parser.error("one scenario per run: the card gives each its own stage and precision")
+    (args.scenario,) = args.scenarios
+    return args
 
 
 class ReadsByZeroMethod(TorchDispatchMode):
@@ -169,7 +170,7 @@ def main() -> dict:
     engine, steps = train(args)
     by_method = [step["reads_by_zero_method"] for step in steps]
     row = {
-        "scenario": args.scenarios,
+        "scenario": args.scenario,
         "zero_stage": args.zero_stage,
         "dtype": args.dtype,
         "overflow_check": not args.no_overflow_check,

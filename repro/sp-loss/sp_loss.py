@@ -12,7 +12,6 @@ problems it saw (see `hostsync.repro` for the contract)."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import os
@@ -28,7 +27,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
 
 from hostsync.detector import SyncScope
-from hostsync.protocol import rank_entry
+from hostsync.protocol import rank_entry, repro_parser
 
 # Ulysses splits the attention heads across ranks, so sp_size must divide them: 2 or 4.
 ATTENTION_HEADS = 4
@@ -38,18 +37,6 @@ VOCAB = 128
 GRAD_ATOL = 1e-6
 GRAD_RTOL = 1e-4
 LOSS_TOLERANCE = 1e-5
-
-
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenarios", required=True)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument(
-        "--no-detector", action="store_true", help="skip the sync detector (to time its overhead)"
-    )
-    args = parser.parse_args()
-    args.scenarios = args.scenarios.split(",")
-    return args
 
 
 # --- the batches ---------------------------------------------------------------------------------
@@ -280,7 +267,7 @@ def setup_distributed(device_kind: str) -> torch.device:
 @rank_entry
 def main() -> dict:
     """One SP group spanning every rank (data-parallel size 1): all ranks share one sample."""
-    args = parse_args()
+    args = repro_parser(__doc__.splitlines()[0]).parse_args()
     device = setup_distributed(args.device)
     sp_size = torch.distributed.get_world_size()
     model = tiny_llama(device)

@@ -27,7 +27,7 @@ from typing import Any
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from hostsync.detector import Site, SyncScope
-from hostsync.protocol import RUN_DIR_ENV, rank_entry
+from hostsync.protocol import RUN_DIR_ENV, rank_entry, repro_parser
 from hostsync.workers.sp_trainer import MODEL_SUMMARY, samples, tiny_llama
 
 # (file, function) of the reads that fetch the norm before it is logged.
@@ -48,18 +48,13 @@ STEPS = 4
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenarios", required=True)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser = repro_parser(__doc__.splitlines()[0], known=SCENARIOS)
     parser.add_argument("--output-dir", type=Path, default=Path(os.environ[RUN_DIR_ENV]) / "output")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
-    parser.add_argument("--no-detector", action="store_true", help="count nothing (to time it)")
     args = parser.parse_args()
-    args.scenarios = args.scenarios.split(",")
-    unknown = sorted(set(args.scenarios) - set(SCENARIOS))
-    if unknown:
-        parser.error(f"unknown scenario(s) {unknown}; known: {sorted(SCENARIOS)}")
+    if len(args.scenarios) > 1:
+        parser.error("one scenario per launch: Ulysses makes its SP group once per process")
     return args
 
 
@@ -154,8 +149,6 @@ def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
 @rank_entry
 def main() -> dict:
     args = parse_args()
-    if len(args.scenarios) > 1:
-        raise SystemExit("one scenario per launch: Ulysses makes its SP group once per process")
     return {
         "runs": [run_scenario(name, args) | {"model": MODEL_SUMMARY} for name in args.scenarios]
     }

@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from hostsync.protocol import RUN_DIR_ENV, rank_entry
+from hostsync.protocol import RUN_DIR_ENV, rank_entry, repro_parser
 
 # The hunt's tiny Llama and its SFT-style samples: the same model in both.
 from hostsync.workers.sp_trainer import MODEL_SUMMARY, samples, tiny_llama
@@ -48,23 +48,13 @@ STEPS = 4
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenarios", required=True)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser = repro_parser(__doc__.splitlines()[0], known=SCENARIOS)
     parser.add_argument("--output-dir", type=Path, default=Path(os.environ[RUN_DIR_ENV]) / "output")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument(
         "--precision", choices=("fp32",), default="fp32", help="as accelerate launches: fp32 only"
     )
-    parser.add_argument(
-        "--no-detector", action="store_true", help="train without the sync detector (to time it)"
-    )
-    args = parser.parse_args()
-    args.scenarios = args.scenarios.split(",")
-    unknown = sorted(set(args.scenarios) - set(SCENARIOS))
-    if unknown:
-        parser.error(f"unknown scenario(s) {unknown}; known: {sorted(SCENARIOS)}")
-    return args
+    return parser.parse_args()
 
 
 class MicroBatches:

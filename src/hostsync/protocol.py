@@ -6,13 +6,14 @@ Rank scripts import this module, torch and the tree under test, nothing else of 
 
 from __future__ import annotations
 
+import argparse
 import functools
 import importlib
 import json
 import os
 import socket
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 RUN_DIR_ENV = "HOSTSYNC_RUN_DIR"
@@ -26,6 +27,25 @@ SYNC_OP = SYNC_OPS[0]
 # forward, say); a case's profile script opens them, `hostsync.profiling` reads them.
 MEASURED_RANGE = "hostsync.measured"
 EXCLUDED_RANGE = "hostsync.excluded"
+
+
+def repro_parser(description: str, known: Collection[str] = ()) -> argparse.ArgumentParser:
+    """The arguments `hostsync.repro` gives every rank script: `--scenarios a,b` (a list; each
+    one of `known`, when given), `--device cpu|cuda` and `--no-detector` (to time the
+    detector). A script adds its own before it parses."""
+
+    def scenario_list(text: str) -> list[str]:
+        names = text.split(",")
+        unknown = sorted(set(names) - set(known)) if known else []
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {unknown}; known: {sorted(known)}")
+        return names
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--scenarios", required=True, type=scenario_list)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--no-detector", action="store_true", help="count nothing (to time it)")
+    return parser
 
 
 def free_port() -> int:
