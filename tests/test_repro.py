@@ -304,6 +304,19 @@ def test_forked_ranks_share_one_import_across_worlds(
 
 
 @pytest.mark.distributed
+def test_a_script_without_main_is_refused_by_the_fork_launcher_in_one_line(
+    tmp_path: Path, trees: dict[str, upstream.Tree]
+) -> None:
+    script = write_script(tmp_path, "import os\n")
+    run = Run(tmp_path / "run", trees["pinned"], Layout())
+
+    with pytest.raises(RunFailed, match="launcher exited with status 1"):
+        prefork(run, script, [(2, [])], timeout=60)
+
+    assert "worker.py has no main()" in run.log_file.read_text()
+
+
+@pytest.mark.distributed
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_rank_that_raises_is_named_and_nothing_survives(
     tmp_path: Path, trees: dict[str, upstream.Tree], launcher: str

@@ -13,7 +13,8 @@ no GPU at import, and PYTORCH_NVML_BASED_CUDA_CHECK keeps torch's CUDA probe (De
 its accelerator at import) from creating a CUDA context that a fork cannot inherit.
 
 The plan, written by `hostsync.launch.prefork`: {"script": path, "worlds": [{"ranks": n,
-"run_dir": path, "args": [...]}, ...]}. Exit status: 0, or the first failing rank's.
+"run_dir": path, "args": [...]}, ...]}. Each rank calls the script's `main` (its `rank_entry`).
+Exit status: 0, or the first failing rank's.
 Standard library only, like `hostsync.protocol`: the script brings torch.
 """
 
@@ -95,9 +96,12 @@ def main(argv: list[str]) -> int:
     plan = json.loads(Path(plan_file).read_text())
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     script = import_script(Path(plan["script"]))
+    entry = getattr(script, "main", None)
+    if entry is None:
+        sys.exit(f"{plan['script']} has no main(): the fork launcher runs the script's main")
     for world in plan["worlds"]:
         Path(world["run_dir"]).mkdir(parents=True, exist_ok=True)
-        failed = run_world(script.main, plan["script"], world)
+        failed = run_world(entry, plan["script"], world)
         if failed:
             return failed
     return 0
