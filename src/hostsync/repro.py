@@ -86,14 +86,16 @@ def _run_one(run: Run, launcher: str, script: Path, ranks: int, args: list[str],
              timeout: float, env: Mapping[str, str]) -> list[dict]:  # fmt: skip
     """One run of a `python`, `torchrun` or `accelerate` launch; each rank's result, by rank."""
     if launcher == "accelerate":
-        return trainer_run.launch_accelerate(
-            run, script, ranks, args, device=device, timeout=timeout, env=env, keep=False
+        rank_results = trainer_run.launch_accelerate(
+            run, script, ranks, args, device=device, timeout=timeout, env=env
         )
-    if launcher == "torchrun":
-        command = torchrun_command(run.tree.python, script, ranks, args)
     else:
-        command = [run.tree.python, str(script), *args]
-    rank_results = launch(run, command, nprocs=ranks, timeout=timeout, env=env)
+        command = (
+            torchrun_command(run.tree.python, script, ranks, args)
+            if launcher == "torchrun"
+            else [run.tree.python, str(script), *args]
+        )
+        rank_results = launch(run, command, nprocs=ranks, timeout=timeout, env=env)
     shutil.rmtree(run.run_dir)
     return rank_results
 

@@ -92,12 +92,12 @@ def accelerate_config(num_processes: int, sp_size: int, deepspeed_file: Path) ->
 
 
 def launch_accelerate(run: Run, script: Path, nprocs: int, args: Sequence[str], *, device: str,
-                      timeout: float, env: Mapping[str, str] | None = None, keep: bool = True,
+                      timeout: float, env: Mapping[str, str] | None = None,
                       setup: Setup = DEFAULT_SETUP) -> list[dict]:  # fmt: skip
     """One `accelerate launch` of `script` on `nprocs` ranks (one SP group of all of them when
     there are several), DeepSpeed set up as `setup` says; each rank's result, by rank. The script
-    also gets `--output-dir`, `--backend` and `--precision`. Without `keep`, the run folder is
-    removed after a success."""
+    also gets `--output-dir`, `--backend` and `--precision`. The run folder stays: the caller
+    removes it once it has read what it needs."""
     deepspeed_file = run.run_dir / "deepspeed.json"
     run.run_dir.mkdir(parents=True, exist_ok=True)
     deepspeed_file.write_text(json.dumps(deepspeed_config(setup), indent=2))
@@ -112,10 +112,7 @@ def launch_accelerate(run: Run, script: Path, nprocs: int, args: Sequence[str], 
         "--precision", setup.precision, *args,
     ]  # fmt: skip
     env = environment.device_env(device) | dict(env or {})
-    results = launch(run, command, nprocs=nprocs, timeout=timeout, env=env)
-    if not keep:
-        shutil.rmtree(run.run_dir)
-    return results
+    return launch(run, command, nprocs=nprocs, timeout=timeout, env=env)
 
 
 def run_trainer(layout: Layout, tree: Tree, *, sp: bool, steps: int, logging_steps: int = 1,
