@@ -176,8 +176,8 @@ def payload(*trees: tuple[str, int]) -> dict:
                          "artifacts": [f"{tree}-gloo-ws2-rank0.trace.json.gz"],
                          "per_step": step})  # fmt: skip
     return {"setting": {"scenario": "all_tokens", "ranks": 2}, "trees": {}, "labels": LABELS,
-            "snippet": {}, "scenario": "all_tokens", "sp_size": 2, "warmup_steps": 1, "steps": 1,
-            "notes": [], "captures": captures}  # fmt: skip
+            "snippet": {}, "warmup_steps": 1, "steps": 1, "notes": [],
+            "captures": captures}  # fmt: skip
 
 
 def test_publishing_writes_the_result_then_its_folder_summary_and_timeline(

@@ -488,15 +488,16 @@ def setting(payload: dict) -> str:
     first = payload["captures"][0]
     return (
         f"Profiled: the {payload['labels']['measured']}, per step, {payload['steps']} profiled"
-        f" steps after {payload['warmup_steps']} warm-up steps, scenario `{payload['scenario']}`,"
-        f" {first['world_size']} ranks ({first['backend']}, {first['device'].split(':')[0]})"
+        f" steps after {payload['warmup_steps']} warm-up steps, scenario"
+        f" `{payload['setting']['scenario']}`, {first['world_size']} ranks ({first['backend']},"
+        f" {first['device'].split(':')[0]})"
     )
 
 
 def caveats(payload: dict) -> list[str]:
     """What the figures cannot say, as Markdown paragraphs: CPU runs, nsys trouble."""
     lines = []
-    if not any(c["device"].startswith("cuda") for c in payload["captures"]):
+    if not on_gpu(payload):
         lines += [
             "Measured on CPU: these are counts of host reads; there are no device copies or GPU"
             f" idle time to measure, and no times are shown. Each `{SYNC_OP}` is a host read"
@@ -671,8 +672,7 @@ def profile_case(layout: Layout, options: argparse.Namespace) -> None:
         )
     names = comma_list(options.trees, "--trees") if options.trees else list(case.trees)
     trees = upstream.trees(layout, names)
-    requested = options.device
-    options.device = environment.resolve_device(requested, options.sp_size, trees[0].python)
+    options.device = environment.resolve_device(options.device, options.sp_size, trees[0].python)
     options.profiler = choose_profiler(options.profiler, options.device)
     notes = [
         f"{name}: not profiled, the series is empty (the patched tree would equal pinned)"
@@ -694,8 +694,6 @@ def profile_case(layout: Layout, options: argparse.Namespace) -> None:
         "trees": upstream.describe_trees(layout, trees),
         "setting": {"scenario": options.scenario, "ranks": options.sp_size},
         "labels": {"measured": case.profile["measured"], "excluded": case.profile["excluded"]},
-        "scenario": options.scenario,
-        "sp_size": options.sp_size,
         "warmup_steps": options.warmup,
         "steps": options.steps,
         "notes": notes,
@@ -706,7 +704,6 @@ def profile_case(layout: Layout, options: argparse.Namespace) -> None:
             "output": outputs,
         },
     }
-    options.device = requested
     result = publish(layout, payload, staging)
     shutil.rmtree(staging)
     table_headers, rows = summary_table(payload)
