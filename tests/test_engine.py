@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, envs, options, projects, repro, results, review, upstream
+from hostsync import cases, envs, options, projects, provenance, repro, results, review
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
 from hostsync.pin import load as load_pin
+from hostsync.records import HuntResult, HuntSetup, ReproResult
+from hostsync.upstream.patchqueue import series
 
 from conftest import make_workspace
 
@@ -27,7 +29,7 @@ def test_every_committed_case_loads_and_has_its_folders() -> None:
     for name in names:
         case = cases.load(ROOT, name)
         layout = Layout(ROOT, name)
-        assert upstream.series(layout), f"{name} has no patch series"
+        assert series(layout), f"{name} has no patch series"
         for launch in case.launches:
             assert (layout.repro / launch.script).exists(), f"{name}: {launch.script}"
         assert set(case.red_on_pinned), f"{name} names no test that must fail on its pin"
@@ -51,7 +53,7 @@ def test_a_malformed_card_is_refused_in_one_line(workspace: Layout) -> None:
     card = workspace.root / "cases" / "broken.toml"
     card.write_text('title = "x"\nproject = "transformers"\n')
 
-    with pytest.raises(WorkspaceError, match=r"cases/broken\.toml is malformed .*fix the card"):
+    with pytest.raises(WorkspaceError, match=r"cases/broken\.toml: pin: is missing: fix the card"):
         cases.load(workspace.root, "broken")
 
 
@@ -87,39 +89,94 @@ def test_a_timeout_that_is_no_positive_number_is_refused(value: str, capsys) -> 
 # --- result files --------------------------------------------------------------------------------
 
 
-def test_a_result_is_never_overwritten_and_reads_back(workspace: Layout) -> None:
-    payload = {"setup": {}, "allowlist": [], "trees": [{"label": "pinned"}]}
+def hunt_result(layout: Layout) -> HuntResult:
+    setup = HuntSetup(world_size=2, sp_size=2, model="m", device="cpu", backend="gloo", versions={})
+    stamp = provenance.stamp(layout, provenance.inputs(layout))
+    return HuntResult(stamp=stamp, setup=setup, allowlist=(), trees=())
 
-    first = results.write(workspace, "hunt", payload)
-    second = results.write(workspace, "hunt", payload)
+
+def test_a_result_is_never_overwritten_and_reads_back(workspace: Layout) -> None:
+    result = hunt_result(workspace)
+
+    first = results.write(workspace.profiles, result, workspace.unsaved)
+    second = results.write(workspace.profiles, result, workspace.unsaved)
 
     assert first != second and first.parent == workspace.root / "profiles" / "sp-loss"
-    assert results.read(first, "hunt")["trees"] == [{"label": "pinned"}]
+    assert results.read(first, HuntResult) == result
+    assert not list(workspace.profiles.glob(".*")), "no partial file is left behind"
 
 
 def test_a_partial_or_older_result_is_refused_naming_the_file(workspace: Layout) -> None:
-    path = results.write(workspace, "hunt", {"setup": {}, "allowlist": [], "trees": []})
+    path = results.write(workspace.profiles, hunt_result(workspace), workspace.unsaved)
     document = json.loads(path.read_text())
     partial, older = dict(document), dict(document, schema=1)
     del partial["trees"]
 
-    for broken, complaint in ((partial, "lacks trees"), (older, "has schema 1")):
+    for broken, complaint in ((partial, r"is no valid hunt result \(trees: is missing\)"),
+                              (older, "has schema 1")):  # fmt: skip
         path.write_text(json.dumps(broken))
         with pytest.raises(WorkspaceError, match=f"{path.name} {complaint}.*rerun"):
-            results.read(path, "hunt")
+            results.read(path, HuntResult)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "complaint"),
+    [
+        ({"provenance": {}}, r"provenance\.pin_sha256", "is missing"),
+        ({"trees": [1, 2]}, r"trees\[0\]", "expected an object, got 1"),
+        ({"setup": {"world_size": "two"}}, r"setup\.world_size", "expected an integer"),
+    ],
+)
+def test_a_result_of_the_wrong_shape_names_the_file_and_the_field(
+    workspace: Layout, change: dict, field: str, complaint: str
+) -> None:
+    path = results.write(workspace.profiles, hunt_result(workspace), workspace.unsaved)
+    document = json.loads(path.read_text())
+    if "setup" in change:
+        change = {"setup": document["setup"] | change["setup"]}
+    path.write_text(json.dumps(document | change))
+
+    with pytest.raises(WorkspaceError, match=rf"{path.name} .*{field}: {complaint}"):
+        results.read(path, HuntResult)
+
+
+def test_another_kind_of_result_is_refused_by_its_kind(workspace: Layout) -> None:
+    path = results.write(workspace.profiles, hunt_result(workspace), workspace.unsaved)
+
+    with pytest.raises(WorkspaceError, match="is a 'hunt' result, not a 'repro' one"):
+        results.read(path, ReproResult)
+
+
+def test_a_result_that_cannot_be_written_is_kept_elsewhere(workspace: Layout) -> None:
+    workspace.profiles.parent.mkdir(parents=True, exist_ok=True)
+    workspace.profiles.write_text("a file where the folder should be")
+
+    with pytest.raises(WorkspaceError, match=r"it is kept at .*; make the folder") as error:
+        results.write(workspace.profiles, hunt_result(workspace), workspace.unsaved)
+
+    kept = Path(str(error.value).split("it is kept at ")[1].split("; make")[0])
+    assert results.read(kept, HuntResult).stamp.case == "sp-loss"
+    assert kept.is_relative_to(workspace.unsaved)
 
 
 def test_a_result_goes_stale_when_its_card_or_series_changes(workspace: Layout) -> None:
-    path = results.write(workspace, "hunt", {"setup": {}, "allowlist": [], "trees": []})
-    document = results.read(path, "hunt")
-    assert results.stale_reasons(workspace, document) == []
+    result = hunt_result(workspace)
+    assert provenance.stale_reasons(workspace, result) == []
 
     workspace.case_file.write_text(workspace.case_file.read_text() + "\n")
     (workspace.patches / "series").write_text("")
 
-    reasons = results.stale_reasons(workspace, document)
+    reasons = provenance.stale_reasons(workspace, result)
     assert "cases/sp-loss.toml changed" in reasons
     assert any(reason.endswith("was removed") for reason in reasons)
+
+
+def test_a_result_of_another_case_is_stale_for_that_reason_alone(workspace: Layout) -> None:
+    result = hunt_result(workspace.for_case("ds-clip-norm"))
+
+    assert provenance.stale_reasons(workspace, result) == [
+        "it is a result of case ds-clip-norm, not of sp-loss"
+    ]
 
 
 # --- environments --------------------------------------------------------------------------------

@@ -4,15 +4,21 @@ the summarising, ranking, allow-list and comparison logic on small hand-made rec
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from hostsync import cases, hunt, projects, results, trainer_run, upstream
+from hostsync import cases, projects, results, trainer_run
 from hostsync.errors import WorkspaceError
+from hostsync.hunt import allowlist, command, measure, report
+from hostsync.launchers import DeepSpeedSetup
 from hostsync.layout import ROOT, Layout
+from hostsync.records import CrossCheck, HuntResult, HuntSite, HuntTree, Tree, TreeRole
+from hostsync.sites import AllowRule
+from hostsync.upstream.trees import prepare_tree
 
+import made
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line
 from conftest import make_workspace
 
@@ -28,57 +34,56 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Layout:
 
 
 @pytest.fixture(scope="module")
-def pinned(layout: Layout) -> upstream.Tree:
-    return upstream.tree(layout, "pinned")
+def pinned(layout: Layout) -> Tree:
+    return prepare_tree(layout, "pinned")
 
 
 @pytest.fixture(scope="module")
-def hunted(layout: Layout, pinned: upstream.Tree) -> dict:
-    rules = hunt.load_allowlist(layout.allowlist)
-    return hunt.hunt_tree(layout, pinned, steps=6, rules=rules, timeout=600)
+def hunted(layout: Layout, pinned: Tree) -> HuntTree:
+    rules = allowlist.load_allowlist(layout.allowlist)
+    return measure.hunt_tree(layout, pinned, steps=6, rules=rules, timeout=600)
 
 
 @pytest.mark.distributed
 def test_pinned_step_syncs_at_both_lines_of_the_loss_aggregation_on_every_step(
-    hunted: dict, pinned: upstream.Tree
+    hunted: HuntTree, pinned: Tree
 ) -> None:
     if_line = source_line(pinned, IF_PER_RANK)
     max_line = source_line(pinned, MAX_OF_TOTAL)
-    found = {site["line"]: site for site in hunted["sites"] if site["file"] == DEEPSPEED_PY}
+    found = {site.line: site for site in hunted.sites if site.file == DEEPSPEED_PY}
 
     assert set(found) == {if_line, max_line}
-    assert found[if_line]["per_step"] == SP_SIZE
-    assert found[max_line]["per_step"] == 1
+    assert found[if_line].per_step == SP_SIZE
+    assert found[max_line].per_step == 1
     for site in found.values():
-        assert site["when"] == "every step"
-        assert site["allowed"] is None
-        assert site["package"] == "transformers"
+        assert site.when == "every step"
+        assert site.allowed is None
+        assert site.package == "transformers"
 
 
 @pytest.mark.distributed
-def test_logging_syncs_are_told_apart_from_every_step_ones(hunted: dict) -> None:
-    by_function = {site["function"]: site for site in hunted["sites"]}
+def test_logging_syncs_are_told_apart_from_every_step_ones(hunted: HuntTree) -> None:
+    by_function = {site.function: site for site in hunted.sites}
 
     logged = by_function["_maybe_log_save_evaluate"]
-    assert logged["when"] == "logging steps"
-    assert logged["steps"] == [3, 6]
-    assert logged["allowed"]
+    assert logged.when == "logging steps"
+    assert logged.steps == (3, 6)
+    assert logged.allowed
 
 
 @pytest.mark.distributed
-def test_the_profiler_and_the_detector_agree_on_python_level_reads(hunted: dict) -> None:
-    for check in hunted["cross_check"]:
-        assert check["profiler"] == check["detector"] > 0, check
+def test_the_profiler_and_the_detector_agree_on_python_level_reads(hunted: HuntTree) -> None:
+    assert hunted.cross_check, "every rank is cross-checked"
+    for check in hunted.cross_check:
+        assert check.profiler == check.detector > 0, check
 
 
 @pytest.mark.distributed
-def test_trainer_loss_with_sp_equals_the_loss_without(
-    layout: Layout, pinned: upstream.Tree
-) -> None:
+def test_trainer_loss_with_sp_equals_the_loss_without(layout: Layout, pinned: Tree) -> None:
     compared = trainer_run.compare_losses(layout, pinned, steps=2, timeout=600)
 
-    assert compared["sp_ranks_agree"]
-    assert compared["max_abs_diff"] < 1e-5, compared
+    assert compared.sp_ranks_agree
+    assert compared.max_abs_diff < 1e-5, compared
 
 
 # --- hand-made records ---------------------------------------------------------------------------
@@ -115,58 +120,57 @@ def rank(number: int) -> dict:
     }
 
 
-ACCEPT_LOGGING = {"file": "transformers/trainer.py", "function": "_maybe_log_save_evaluate",
-                  "reason": "logged"}  # fmt: skip
+ACCEPT_LOGGING = AllowRule("transformers/trainer.py", "logged", function="_maybe_log_save_evaluate")
 
 
 def test_sites_say_when_they_occur_and_rank_by_syncs_per_step() -> None:
-    sites = hunt.summarize([rank(0), rank(1)], [ACCEPT_LOGGING])
+    sites = measure.summarize([rank(0), rank(1)], (ACCEPT_LOGGING,))
 
-    assert [(s["function"], s["when"], s["per_step"]) for s in sites] == [
+    assert [(s.function, s.when, s.per_step) for s in sites] == [
         ("<genexpr>", "every step", 2),
         ("refill", "steps 3, 5", 3),
         ("_maybe_log_save_evaluate", "logging steps", 1),
         ("__iter__", "warm-up only", 1),
     ]
-    assert [s["rate"] for s in sites] == [2.0, 1.5, 0.25, 0.0]
-    assert [s["package"] for s in sites] == ["transformers", "deepspeed", "transformers",
+    assert [s.rate for s in sites] == [2.0, 1.5, 0.25, 0.0]
+    assert [s.package for s in sites] == ["transformers", "deepspeed", "transformers",
                                              "accelerate"]  # fmt: skip
 
 
 def test_the_allow_list_accepts_by_file_and_function_with_its_reason() -> None:
-    sites = {s["function"]: s for s in hunt.summarize([rank(0)], [ACCEPT_LOGGING])}
+    sites = {s.function: s for s in measure.summarize([rank(0)], (ACCEPT_LOGGING,))}
 
-    assert sites["_maybe_log_save_evaluate"]["allowed"] == "logged"
-    assert sites["<genexpr>"]["allowed"] is None
+    assert sites["_maybe_log_save_evaluate"].allowed == "logged"
+    assert sites["<genexpr>"].allowed is None
 
 
 def test_a_site_only_one_rank_saw_is_kept() -> None:
     lonely = rank(1)
     lonely["steps"][1]["sites"].append(site("other.py", 5, "f", "bool(t)"))
 
-    sites = {s["function"]: s for s in hunt.summarize([rank(0), lonely], [])}
+    sites = {s.function: s for s in measure.summarize([rank(0), lonely], ())}
 
-    assert sites["f"]["steps"] == [2]
-    assert sites["f"]["package"] == "other"
+    assert sites["f"].steps == (2,)
+    assert sites["f"].package == "other"
 
 
 def test_trees_are_compared_on_code_not_line_numbers() -> None:
     moved = dict(LOGGING, line=2080)
-    first = {"label": "pinned", "sites": hunt.summarize([rank(0)], [])}
+    first = hunt_tree("pinned", measure.summarize([rank(0)], ()))
     fixed_rank = rank(0)
     for record in fixed_rank["steps"]:
         record["sites"] = [moved if s is LOGGING else s for s in record["sites"] if s is not EVERY]
     new_site = site("transformers/trainer.py", 10, "f", "int(t)")
     fixed_rank["steps"][1]["sites"].append(new_site)
-    second = {"label": "fixed", "sites": hunt.summarize([fixed_rank], [])}
+    second = hunt_tree("fixed", measure.summarize([fixed_rank], ()))
 
-    rows = {row["function"]: row for row in hunt.compare([first, second])}
+    rows = {row.function: row for row in report.compare([first, second])}
 
-    assert rows["<genexpr>"]["change"] == "gone in fixed"
-    assert rows["f"]["change"] == "new in fixed"
-    assert rows["_maybe_log_save_evaluate"]["change"] == ""
-    assert rows["_maybe_log_save_evaluate"]["trees"]["fixed"]["line"] == 2080
-    assert rows["_maybe_log_save_evaluate"]["trees"]["pinned"]["line"] == 2074
+    assert rows["<genexpr>"].change == "gone in fixed"
+    assert rows["f"].change == "new in fixed"
+    assert rows["_maybe_log_save_evaluate"].change == ""
+    assert rows["_maybe_log_save_evaluate"].trees["fixed"].line == 2080
+    assert rows["_maybe_log_save_evaluate"].trees["pinned"].line == 2074
 
 
 def test_profiler_reads_beyond_the_twin_step_are_listed_with_their_kernel() -> None:
@@ -177,12 +181,12 @@ def test_profiler_reads_beyond_the_twin_step_are_listed_with_their_kernel() -> N
          "count": 2},
     ]  # fmt: skip
 
-    only = hunt.profiler_only([record], twin=3)
+    only = measure.profiler_only([record], twin=3)
 
-    assert [(e["function"], e["via"], e["count"]) for e in only] == [
+    assert [(e.function, e.via, e.count) for e in only] == [
         ("_fused_adam", "aten::_fused_adamw_", 2)
     ]
-    assert hunt.cross_check([record], twin=3) == [{"rank": 0, "profiler": 2, "detector": 6}]
+    assert measure.cross_check([record], twin=3) == [CrossCheck(rank=0, profiler=2, detector=6)]
 
 
 @pytest.mark.parametrize(
@@ -195,14 +199,16 @@ def test_profiler_reads_beyond_the_twin_step_are_listed_with_their_kernel() -> N
     ],
 )
 def test_each_reading_names_why_it_syncs(code: str, kinds: list[str], expected: str) -> None:
-    assert expected in hunt.reading({"code": code, "kinds": kinds})
+    site = HuntSite("torch", "a.py", 1, "f", code, "", tuple(kinds), (2,), "every step", 1, 1.0,
+                    None, None)  # fmt: skip
+    assert expected in report.reading(site)
 
 
 def test_the_committed_allow_list_gives_every_rule_a_reason() -> None:
-    rules = hunt.load_allowlist(Layout(ROOT).allowlist)
+    rules = allowlist.load_allowlist(Layout(ROOT).allowlist)
 
     assert rules
-    assert all(rule["reason"].strip() for rule in rules)
+    assert all(rule.reason.strip() for rule in rules)
 
 
 @pytest.mark.parametrize(
@@ -218,50 +224,50 @@ def test_a_bad_allow_list_is_refused_in_one_line(tmp_path: Path, text: str, comp
     path.write_text(text)
 
     with pytest.raises(WorkspaceError, match=complaint.replace("[", r"\[").replace("]", r"\]")):
-        hunt.load_allowlist(path)
+        allowlist.load_allowlist(path)
 
 
 def test_too_few_steps_are_refused_before_anything_runs() -> None:
     with pytest.raises(WorkspaceError, match="use --steps 6 or more"):
-        hunt.main(["--steps", "3"])
+        command.main(["--steps", "3"])
 
 
 def test_the_profiled_step_and_its_twin_share_both_cycles() -> None:
-    plan = trainer_run.hunt_plan(steps=7, logging_steps=3)
+    plan = measure.hunt_plan(steps=7, logging_steps=3)
 
-    assert plan["profile"] > plan["steps"] >= plan["twin"] >= 2
-    assert plan["profile"] % 3 == plan["twin"] % 3 == 0
-    assert (plan["profile"] - plan["twin"]) % SP_SIZE == 0
+    assert plan.profile > plan.steps >= plan.twin >= 2
+    assert plan.profile % 3 == plan.twin % 3 == 0
+    assert (plan.profile - plan.twin) % SP_SIZE == 0
 
 
-def document(label: str) -> dict:
-    tree = {
-        "label": label, "version": "5.13.1", "origin": "test", "commit": "0" * 40,
-        "seconds": 1.0, "plan": trainer_run.hunt_plan(7, 3),
-        "sites": hunt.summarize([rank(0)], [ACCEPT_LOGGING]),
-        "profiler_only": [], "cross_check": [{"rank": 0, "profiler": 2, "detector": 2}],
-    }  # fmt: skip
-    setup = {"world_size": 2, "sp_size": 2, "model": "tiny", "device": "cpu", "backend": "gloo",
-             "versions": {"torch": "2.13.0"}}  # fmt: skip
-    return {"setup": setup, "allowlist": [ACCEPT_LOGGING], "trees": [tree]}
+def hunt_tree(label: str, sites: list[HuntSite]) -> HuntTree:
+    return HuntTree(
+        label=label, tree=label, setup="bf16-zero1", info=made.info("5.13.1"), stacked=(),
+        seconds=1.0, plan=measure.hunt_plan(7, 3), sites=tuple(sites),
+        cross_check=(CrossCheck(rank=0, profiler=2, detector=2),),
+    )  # fmt: skip
+
+
+def document(workspace: Layout, label: str) -> HuntResult:
+    tree = hunt_tree(label, measure.summarize([rank(0)], (ACCEPT_LOGGING,)))
+    return dataclasses.replace(made.hunt(workspace, tree), allowlist=(ACCEPT_LOGGING,))
 
 
 def test_reports_are_never_overwritten_and_hunt_md_follows_the_newest(workspace: Layout) -> None:
-    older = results.write(workspace, hunt.KIND, document("older"))
-    hunt.write_reports(workspace, older)
-    newer = results.write(workspace, hunt.KIND, document("newer"))
-    hunt.write_reports(workspace, newer)
+    older = results.write(workspace.profiles, document(workspace, "older"), workspace.unsaved)
+    report.write_reports(workspace, older)
+    newer = results.write(workspace.profiles, document(workspace, "newer"), workspace.unsaved)
+    report.write_reports(workspace, newer)
 
     stable = (workspace.profiles / "hunt.md").read_text()
     assert newer.name in stable and "## newer" in stable
     assert "## older" in older.with_suffix(".md").read_text()
     with pytest.raises(FileExistsError):
-        hunt.write_reports(workspace, newer)
+        report.write_reports(workspace, newer)
 
 
 def test_the_report_separates_candidates_accepted_and_profiler_only(workspace: Layout) -> None:
-    path = results.write(workspace, hunt.KIND, document("pinned"))
-    text = hunt.render(json.loads(path.read_text()), "profiles/x.json")
+    text = report.render(document(workspace, "pinned"), "profiles/x.json")
 
     candidates = text.index("### Candidates")
     accepted = text.index("### Accepted by design")
@@ -272,13 +278,14 @@ def test_the_report_separates_candidates_accepted_and_profiler_only(workspace: L
 
 
 def test_a_tree_that_could_not_run_is_reported_but_not_compared(workspace: Layout) -> None:
-    failing = {"label": "5.99.0", "version": "5.99.0", "origin": "test", "commit": "1" * 40,
-               "seconds": 2.0, "error": "rank 0 raised ImportError: tokenizers>=9"}  # fmt: skip
-    record = document("pinned")
-    record["trees"].append(failing)
-    path = results.write(workspace, hunt.KIND, record)
+    failing = HuntTree(label="5.99.0", tree="5.99.0", setup="bf16-zero1",
+                       info=made.info("5.99.0"), stacked=(), seconds=2.0,
+                       error="rank 0 raised ImportError: tokenizers>=9")  # fmt: skip
+    result = document(workspace, "pinned")
+    result = dataclasses.replace(result, trees=(*result.trees, failing))
+    path = results.write(workspace.profiles, result, workspace.unsaved)
 
-    text = hunt.render(json.loads(path.read_text()), "profiles/x.json")
+    text = report.render(results.read(path, HuntResult), "profiles/x.json")
 
     assert "Not measured: rank 0 raised ImportError" in text
     assert "| 5.99.0 |" in text
@@ -286,36 +293,34 @@ def test_a_tree_that_could_not_run_is_reported_but_not_compared(workspace: Layou
 
 
 def test_a_site_a_case_carries_is_labelled_with_the_case_not_accepted() -> None:
-    carried = [{"file": "transformers/integrations/deepspeed.py", "code": "t > 0", "reason": "c"}]
+    carried = (AllowRule("transformers/integrations/deepspeed.py", "c", code="t > 0"),)
 
-    sites = hunt.summarize([rank(0)], [ACCEPT_LOGGING], carried)
+    sites = measure.summarize([rank(0)], (ACCEPT_LOGGING,), carried)
 
-    by_function = {site["function"]: site for site in sites}
-    assert (by_function["<genexpr>"]["carried"], by_function["<genexpr>"]["allowed"]) == ("c", None)
-    assert by_function["_maybe_log_save_evaluate"]["carried"] is None
+    by_function = {site.function: site for site in sites}
+    assert (by_function["<genexpr>"].carried, by_function["<genexpr>"].allowed) == ("c", None)
+    assert by_function["_maybe_log_save_evaluate"].carried is None
 
 
 def test_every_case_carries_sites_the_hunt_matches_by_its_rules() -> None:
-    carried = hunt.carried_sites(ROOT)
+    carried = allowlist.carried_rules(ROOT)
 
-    assert {rule["reason"] for rule in carried} == set(cases.names(ROOT))
-    assert all(set(rule) <= hunt._RULE_KEYS for rule in carried)
+    assert {rule.reason for rule in carried} == set(cases.names(ROOT))
 
 
 def test_setups_are_a_precision_and_a_zero_stage() -> None:
-    setup = trainer_run.Setup.parse("bf16-zero2")
+    setup = DeepSpeedSetup.parse("bf16-zero2")
 
     assert (setup.precision, setup.zero_stage, setup.label) == ("bf16", 2, "bf16-zero2")
-    config = trainer_run.deepspeed_config(setup)
+    config = setup.config()
     assert (config["zero_optimization"]["stage"], config["bf16"]["enabled"]) == (2, True)
     with pytest.raises(WorkspaceError, match="PRECISION-zeroSTAGE"):
-        trainer_run.Setup.parse("fp16-zero1")
+        DeepSpeedSetup.parse("fp16-zero1")
 
 
 def test_a_case_of_the_same_project_cannot_be_stacked(workspace: Layout) -> None:
-    tree = upstream.Tree(
-        "pinned", workspace.root, "5.13.1", "", "a test", projects.get("transformers")
-    )
+    tree = Tree("pinned", TreeRole.PINNED, workspace.root, "5.13.1", "", "a test",
+                projects.get("transformers"))  # fmt: skip
 
     with pytest.raises(WorkspaceError, match="--stack trainer-nan-filter: a case of transformers"):
-        hunt.stacked(workspace, tree, ["trainer-nan-filter"])
+        command.stacked(workspace, tree, ("trainer-nan-filter",))

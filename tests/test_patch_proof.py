@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, linters, patch_proof, projects, upstream
+from hostsync import cases, linters, patch_proof, projects
 from hostsync.errors import WorkspaceError
-from hostsync.launch import Run
+from hostsync.launchers import Run
 from hostsync.layout import ROOT, Layout
 from hostsync.patch_proof import (
     FAILED,
@@ -22,13 +22,15 @@ from hostsync.patch_proof import (
     PASSED,
     SKIPPED,
     WRONG,
-    Case,
     judge,
 )
+from hostsync.records import TestOutcome as Case
+from hostsync.records import Tree, TreeRole
 
 from conftest import make_workspace
 
 CASE = cases.load(ROOT, "sp-loss")
+PATCHED = TreeRole.PATCHED.value
 SYNC_TEST = "TestDeepSpeedSPComputeLoss::test_no_host_sync_in_loss_aggregation"
 ALL_MASKED_TEST = (
     "TestDeepSpeedSPComputeLoss::test_all_masked_batch_gives_zero_loss_that_backpropagates"
@@ -50,12 +52,12 @@ def case(name: str, body: str = "") -> str:
     return f'<testcase classname="{classname}" name="{name.split("::")[1]}">{body}</testcase>'
 
 
-def fake_tree(root: Path, files: dict[str, str]) -> upstream.Tree:
+def fake_tree(root: Path, files: dict[str, str]) -> Tree:
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(textwrap.dedent(text))
     transformers = projects.get("transformers")
-    return upstream.Tree("fake", root, "0", "", "a test", transformers, python=sys.executable)
+    return Tree("fake", TreeRole.RELEASE, root, "0", "", "a test", transformers, sys.executable)
 
 
 # --- verdicts ------------------------------------------------------------------------------------
@@ -208,9 +210,10 @@ def test_the_lint_uses_the_ruff_the_tree_pins(tmp_path: Path) -> None:
     pinned = fake_tree(tmp_path / "a", {versions: 'deps = {\n    "ruff": "ruff==0.14.10",\n}\n'})
     unpinned = fake_tree(tmp_path / "b", {versions: "deps = {}\n"})
 
-    assert linters.pinned(pinned, *linters.RUFF_PINS["transformers"]) == "0.14.10"
+    lint = projects.get("transformers").lint
+    assert linters.pinned(pinned, lint.file, lint.pattern) == "0.14.10"
     with pytest.raises(WorkspaceError, match="pins no linter version"):
-        linters.pinned(unpinned, *linters.RUFF_PINS["transformers"])
+        linters.pinned(unpinned, lint.file, lint.pattern)
 
 
 def test_the_proof_runs_the_file_the_test_patch_adds() -> None:
@@ -247,13 +250,13 @@ def test_red_on_the_pinned_release_green_on_the_patched_tree_and_on_the_fix(
     red = checks["series tests", "pinned+tests"]
     assert {t["test"] for t in red["tests"] if t["outcome"] == FAILED} == CASE.red_on_pinned
     assert (red["verdict"], red["counts"]) == (OK, {FAILED: 4, PASSED: 2})
-    for label in (upstream.PATCHED, f"{CASE.fixed.version}+tests"):
+    for label in (PATCHED, f"{CASE.fixed.version}+tests"):
         assert checks["series tests", label]["counts"] == {PASSED: 6}
         assert checks["series tests", label]["verdict"] == OK
-    neighbours = checks["upstream tests", upstream.PATCHED]  # the sdist has no tests/deepspeed/
+    neighbours = checks["upstream tests", PATCHED]  # the sdist has no tests/deepspeed/
     assert (neighbours["verdict"], neighbours["counts"]) == (NOT_APPLICABLE, {})
     (lint,) = [c for (name, _), c in checks.items() if name.startswith("ruff ")]
-    assert (lint["label"], lint["verdict"]) == (upstream.PATCHED, OK)
+    assert (lint["label"], lint["verdict"]) == (PATCHED, OK)
     # The failing assertions are shown, down to the line that syncs.
     assert "'transformers/integrations/deepspeed.py:741'" in "\n".join(said)
 
@@ -274,7 +277,7 @@ def test_the_live_trainer_case_is_red_on_its_release_and_green_patched(tmp_path:
     assert {t["test"] for t in red["tests"] if t["outcome"] == FAILED} == case.red_on_pinned
     assert all(t["message"].startswith("AssertionError") for t in red["tests"] if t["message"])
     assert red["tree"]["version"] == "5.24.0"
-    assert checks["series tests", upstream.PATCHED]["counts"] == {PASSED: 4}
+    assert checks["series tests", PATCHED]["counts"] == {PASSED: 4}
 
 
 @pytest.mark.distributed

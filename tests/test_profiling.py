@@ -3,34 +3,38 @@ analysis, the combining of ranks and the summary on small hand-made traces (test
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from hostsync import cases, profiling, upstream
+from hostsync import cases, results
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
+from hostsync.profiling import capture as capturing
+from hostsync.profiling import report, traces
 from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, SYNC_OP
+from hostsync.records import Capture, NsysFigures, ProfileResult
+from hostsync.upstream.trees import prepare_tree
+
+import made
 
 SYNC = SYNC_OP
-LABELS = {"measured": "loss aggregation", "excluded": "model forward"}
 
 # --- the real capture ----------------------------------------------------------------------------
 
 
 def capture(layout: Layout, tree_name: str, tmp_path: Path) -> dict:
-    tree = upstream.tree(layout, tree_name)
-    options = argparse.Namespace(
-        device="cpu", sp_size=2, scenario="all_tokens", warmup=1, steps=2, timeout=600.0,
-        case=cases.load(layout.root, layout.case),
+    tree = prepare_tree(layout, tree_name)
+    settings = capturing.ProfileSettings(
+        case=cases.load(layout.root, layout.case), trees=(tree_name,), scenario="all_tokens",
+        warmup=1, steps=2, device="cpu", profiler="torch", timeout=600.0,
     )  # fmt: skip
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir(exist_ok=True)
-    return profiling.capture(
-        layout, tree, tmp_path / tree_name, artifacts, options=options, profiler="torch"
-    )
+    captured = capturing.capture(layout, tree, tmp_path / tree_name, artifacts, settings, "torch")
+    return captured.to_json()
 
 
 @pytest.mark.distributed
@@ -49,7 +53,7 @@ def test_the_pinned_aggregation_reads_sp_size_plus_one_times_per_step_and_the_fi
         assert len(step["timeline"]["sync_ms"]) == step["ops"][SYNC]
     assert before["artifacts"] == ["pinned-gloo-ws2-rank0.trace.json.gz",
                                    "pinned-gloo-ws2-rank1.trace.json.gz"]  # fmt: skip
-    trace = profiling.load_trace(tmp_path / "artifacts" / before["artifacts"][0])
+    trace = traces.load_trace(tmp_path / "artifacts" / before["artifacts"][0])
     assert trace["distributedInfo"]["world_size"] == 2
     assert " repro/sp-loss/sp_profile.py " in before["command"]
     assert str(ROOT) not in before["command"]  # it goes into result files
@@ -82,7 +86,7 @@ def cpu_trace(start: float, aggregation_reads: int) -> dict:
 
 
 def test_reads_are_counted_inside_the_range_and_split_by_the_forward() -> None:
-    (step,) = profiling.analyse_trace(cpu_trace(0, aggregation_reads=3))
+    (step,) = traces.analyse_trace(cpu_trace(0, aggregation_reads=3))
 
     assert step["range_ms"] == 10.0
     assert step["ops"] == {SYNC: 4, "aten::item": 4, "aten::is_nonzero": 4}
@@ -94,7 +98,7 @@ def test_reads_are_counted_inside_the_range_and_split_by_the_forward() -> None:
 
 def test_a_trace_without_the_range_is_refused() -> None:
     with pytest.raises(WorkspaceError, match=r"no 'hostsync\.measured' range"):
-        profiling.analyse_trace({"traceEvents": [op(SYNC, 0)]})
+        traces.analyse_trace({"traceEvents": [op(SYNC, 0)]})
 
 
 def test_on_cuda_only_copies_launched_in_the_range_count_and_idle_time_is_the_gap() -> None:
@@ -109,7 +113,7 @@ def test_on_cuda_only_copies_launched_in_the_range_count_and_idle_time_is_the_ga
         op("gemm", 4_500, 1_500, cat="kernel", correlation=4),  # overlaps the one before
         op("tail", 9_900, 500, cat="kernel", correlation=5),  # runs past the range's end
     ]
-    (step,) = profiling.analyse_trace(trace)
+    (step,) = traces.analyse_trace(trace)
 
     assert step["cuda_calls"] == {"cudaStreamSynchronize": 1, "cudaMemcpyAsync": 1}
     assert (step["dtoh_copies"], step["dtoh_bytes"]) == (1, 8)
@@ -120,16 +124,16 @@ def test_on_cuda_only_copies_launched_in_the_range_count_and_idle_time_is_the_ga
 
 
 def test_ranks_combine_to_the_slowest_rank_count_and_the_median_time() -> None:
-    rank0 = profiling.analyse_trace(cpu_trace(0, 3)) + profiling.analyse_trace(cpu_trace(0, 3))
-    rank1 = profiling.analyse_trace(cpu_trace(0, 3)) + profiling.analyse_trace(cpu_trace(0, 5))
+    rank0 = traces.analyse_trace(cpu_trace(0, 3)) + traces.analyse_trace(cpu_trace(0, 3))
+    rank1 = traces.analyse_trace(cpu_trace(0, 3)) + traces.analyse_trace(cpu_trace(0, 5))
 
-    combined = profiling.combine([rank0, rank1])
+    combined = traces.combine_ranks([rank0, rank1])
 
-    assert combined["ops"][SYNC] == 5  # rank 1: (4 + 6) / 2
-    assert combined["ops_in_forward"][SYNC] == 1
-    assert combined["range_ms"] == 10.0
-    assert combined["cuda_calls"] is None and combined["gpu_idle_ms"] is None
-    assert combined["timeline"]["range_ms"] == 10.0
+    assert combined.ops[SYNC] == 5  # rank 1: (4 + 6) / 2
+    assert combined.ops_in_forward[SYNC] == 1
+    assert combined.range_ms == 10.0
+    assert combined.cuda_calls is None and combined.gpu_idle_ms is None
+    assert combined.timeline.range_ms == 10.0
 
 
 def test_nsys_stats_tables_become_per_step_figures(tmp_path: Path) -> None:
@@ -144,40 +148,35 @@ def test_nsys_stats_tables_become_per_step_figures(tmp_path: Path) -> None:
         "1.0,2,0.5,0.5,0.5,0.5,0.0,[CUDA memcpy Host-to-Device]\n"
     )
 
-    figures = profiling.nsys_figures(tmp_path, "stats", steps=2)
+    figures = traces.nsys_figures(tmp_path, "stats", steps=2)
 
-    assert figures["cuda_calls"] == {"cudaStreamSynchronize": 3, "cudaMemcpyAsync": 3}
-    assert figures["dtoh_copies"] == 3
-    assert figures["dtoh_mb_total"] == pytest.approx(0.000048)
+    assert figures.cuda_calls == {"cudaStreamSynchronize": 3, "cudaMemcpyAsync": 3}
+    assert figures.dtoh_copies == 3
+    assert figures.dtoh_mb_total == pytest.approx(0.000048)
 
 
 def test_missing_nsys_tables_say_which() -> None:
-    with pytest.raises(profiling.NsysFailed, match=r"stats_cuda_api_sum\.csv"):
-        profiling.nsys_figures(Path("/nonexistent"), "stats", steps=1)
+    with pytest.raises(traces.NsysFailed, match=r"stats_cuda_api_sum\.csv"):
+        traces.nsys_figures(Path("/nonexistent"), "stats", steps=1)
 
 
 def test_nsys_is_refused_on_cpu_before_anything_runs() -> None:
     with pytest.raises(WorkspaceError, match="--profiler nsys records CUDA"):
-        profiling.choose_profiler("nsys", "cpu")
-    assert profiling.choose_profiler("auto", "cpu") == "torch"
+        capturing.choose_profiler("nsys", "cpu")
+    assert capturing.choose_profiler("auto", "cpu") == "torch"
 
 
 # --- the summary ---------------------------------------------------------------------------------
 
 
-def payload(*trees: tuple[str, int]) -> dict:
-    """A profile payload (test input) with one CPU capture per (tree, aggregation reads)."""
+def profile(layout: Layout, *trees: tuple[str, int]) -> ProfileResult:
+    """A profile result (test input) with one CPU capture per (tree, aggregation reads)."""
     captures = []
     for tree, reads in trees:
-        step = profiling.combine([profiling.analyse_trace(cpu_trace(0, reads))])
-        captures.append({"tree": tree, "version": "5.13.1", "commit": "0" * 40, "backend": "gloo",
-                         "world_size": 2, "device": "cpu", "profiler": "torch",
-                         "command": f"python sp_profile.py  # {tree}", "wall_s": 1.0,
-                         "artifacts": [f"{tree}-gloo-ws2-rank0.trace.json.gz"],
-                         "per_step": step})  # fmt: skip
-    return {"setting": {"scenario": "all_tokens", "ranks": 2}, "trees": {}, "labels": LABELS,
-            "snippet": {}, "warmup_steps": 1, "steps": 1, "notes": [],
-            "captures": captures}  # fmt: skip
+        step = traces.combine_ranks([traces.analyse_trace(cpu_trace(0, reads))])
+        captures.append(dataclasses.replace(made.capture(tree, 0), per_step=step,
+                                            command=f"python sp_profile.py  # {tree}"))  # fmt: skip
+    return made.profile(layout, *captures)
 
 
 def test_publishing_writes_the_result_then_its_folder_summary_and_timeline(
@@ -188,9 +187,9 @@ def test_publishing_writes_the_result_then_its_folder_summary_and_timeline(
     (staging / "artifacts").mkdir(parents=True)
     (staging / "artifacts" / "pinned-gloo-ws2-rank0.trace.json.gz").write_bytes(b"trace")
 
-    result = profiling.publish(layout, payload(("pinned", 3), ("patched", 0)), staging)
+    result = report.publish(layout, profile(layout, ("pinned", 3), ("patched", 0)), staging)
 
-    folder = profiling.artifacts_dir(result)
+    folder = results.attachments(result)
     assert sorted(p.name for p in folder.iterdir()) == [
         "pinned-gloo-ws2-rank0.trace.json.gz", "summary.md", "timeline-gloo-ws2.png",
     ]  # fmt: skip
@@ -204,7 +203,9 @@ def test_publishing_writes_the_result_then_its_folder_summary_and_timeline(
     assert json.loads(result.read_text())["captures"][0]["tree"] == "pinned"
 
 
-def test_a_cuda_capture_and_an_nsys_one_fill_every_column_and_the_timeline(tmp_path: Path) -> None:
+def test_a_cuda_capture_and_an_nsys_one_fill_every_column_and_the_timeline(
+    workspace: Layout, tmp_path: Path
+) -> None:
     trace = cpu_trace(0, aggregation_reads=3)
     trace["deviceProperties"] = [{"id": 0, "name": "a test GPU"}]
     trace["traceEvents"] += [
@@ -212,19 +213,19 @@ def test_a_cuda_capture_and_an_nsys_one_fill_every_column_and_the_timeline(tmp_p
         op("Memcpy DtoH (Device -> Pinned)", 9_400, 2, cat="gpu_memcpy", correlation=7, bytes=8),
         op("gemm", 1_000, 4_000, cat="kernel", correlation=3),
     ]
-    gpu = payload(("pinned", 3))
-    step = profiling.combine([profiling.analyse_trace(trace)])
-    gpu["captures"][0] |= {"device": "cuda:0", "backend": "nccl", "per_step": step}
-    nsys = {"cuda_calls": {"cudaStreamSynchronize": 3, "cudaMemcpyAsync": 3}, "dtoh_copies": 3,
-            "dtoh_mb_total": 2.4e-05, "range_ms": 9.5}  # fmt: skip
-    gpu["captures"].append(gpu["captures"][0] | {"tree": "patched", "profiler": "nsys",
-                                                 "nsys": nsys})  # fmt: skip
-    del gpu["captures"][1]["per_step"]
+    step = traces.combine_ranks([traces.analyse_trace(trace)])
+    on_gpu: Capture = dataclasses.replace(
+        made.capture("pinned", 3), device="cuda:0", backend="nccl", per_step=step
+    )
+    nsys = NsysFigures({"cudaStreamSynchronize": 3, "cudaMemcpyAsync": 3}, 3, 2.4e-05, 9.5)
+    by_nsys = dataclasses.replace(on_gpu, tree="patched", profiler="nsys", nsys=nsys,
+                                  per_step=None)  # fmt: skip
+    gpu = made.profile(workspace, on_gpu, by_nsys)
 
-    headers, rows = profiling.summary_table(gpu)
+    headers, rows = report.summary_table(gpu)
 
     assert all(len(row) == len(headers) for row in rows)
     assert dict(zip(headers, rows[0], strict=True))["DtoH bytes"] == 8
     assert dict(zip(headers, rows[1], strict=True))["range ms (median)"] == 9.5
-    profiling.plot_timelines(gpu, tmp_path / "timeline.png")  # the GPU lane: drawn, not checked
+    report.plot_timelines(gpu, tmp_path / "timeline.png")  # the GPU lane: drawn, not checked
     assert (tmp_path / "timeline.png").stat().st_size > 0

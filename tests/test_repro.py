@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, environment, repro, results, upstream
+from hostsync import cases, devices, launchers, repro, results
 from hostsync.errors import WorkspaceError
-from hostsync.launch import Run, RunFailed, launch, prefork, torchrun_command
+from hostsync.launchers import Run, RunFailed, Start, World
 from hostsync.layout import Layout
+from hostsync.records import Device, Launcher, ReproResult, Tree
+from hostsync.upstream.trees import prepare_tree, prepare_trees
 
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line
 from conftest import make_workspace
@@ -42,16 +44,27 @@ def case(layout: Layout) -> cases.Case:
 
 
 @pytest.fixture(scope="module")
-def trees(layout: Layout) -> dict[str, upstream.Tree]:
-    return {name: upstream.tree(layout, name) for name in ("pinned", "fixed")}
+def trees(layout: Layout) -> dict[str, Tree]:
+    return {name: prepare_tree(layout, name) for name in ("pinned", "fixed")}
+
+
+def settings(trees: tuple[str, ...], scenarios: list[str] | None = None,
+             ranks: str | None = None) -> repro.ReproSettings:  # fmt: skip
+    return repro.ReproSettings(
+        trees=trees, scenarios=scenarios and ",".join(scenarios), ranks=ranks, device="cpu",
+        timeout=900, trainer=False,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def measured(layout: Layout, case: cases.Case, trees: dict[str, upstream.Tree]) -> dict:
-    return repro.measure(
-        layout, case, list(trees.values()), list(case.scenarios), device="cpu", timeout=600,
-        only_ranks=[SP_SIZE],
-    )  # fmt: skip
+def result(layout: Layout, trees: dict[str, Tree]) -> ReproResult:
+    return repro.repro_case(layout, settings(("pinned", "fixed"), ranks=str(SP_SIZE)))
+
+
+@pytest.fixture(scope="module")
+def measured(result: ReproResult) -> dict:
+    """The result as its file holds it: what the drafts and later sessions read."""
+    return result.document()
 
 
 def runs_of(measured: dict, tree: str) -> dict[str, dict]:
@@ -60,7 +73,7 @@ def runs_of(measured: dict, tree: str) -> dict[str, dict]:
 
 @pytest.mark.distributed
 def test_pinned_tree_syncs_at_the_if_per_rank_and_once_at_max(
-    measured: dict, case: cases.Case, trees: dict[str, upstream.Tree]
+    measured: dict, case: cases.Case, trees: dict[str, Tree]
 ) -> None:
     if_line = source_line(trees["pinned"], IF_PER_RANK)
     max_line = source_line(trees["pinned"], MAX_OF_TOTAL)
@@ -79,6 +92,7 @@ def test_fixed_release_has_no_sync_in_the_aggregation(measured: dict) -> None:
     for run in runs_of(measured, FIXED).values():
         assert run["host_syncs"] == 0, run["scenario"]
         assert run["sync_sites"] == []
+        assert run["problems"] == []
 
 
 @pytest.mark.distributed
@@ -121,9 +135,10 @@ def test_all_masked_pinned_returns_a_float_that_backward_refuses(measured: dict)
 
 
 @pytest.mark.distributed
-def test_result_file_holds_the_contract(measured: dict, layout: Layout) -> None:
-    path = results.write(layout, "repro", measured)
-    document = results.read(path, "repro")
+def test_result_file_holds_the_contract(result: ReproResult, layout: Layout) -> None:
+    path = results.write(layout.profiles, result, layout.unsaved)
+    document = results.read(path, ReproResult).document()
+    assert document["runs"], "the run measured something"
 
     assert path.parent == layout.root / "profiles" / "sp-loss"
     assert document["case"] == "sp-loss"
@@ -148,14 +163,16 @@ def test_ranks_that_agree_give_one_value_and_those_that_differ_say_so() -> None:
                    "sites": [site | {"count": 2}], "problems": ["loss is off"]}]},
     ]  # fmt: skip
 
-    (row,) = repro.merge_ranks(ranks)
+    (merged,) = repro.merge_ranks(ranks, tree="pinned", launch="a.py", ranks=2)
 
+    row = merged.to_json()
     assert row["syncs"] == 2 and "syncs_per_rank" not in row
     assert (row["ok"], row["ok_per_rank"]) == (False, [True, False])
     assert (row["tokens"], row["tokens_per_rank"]) == (8, [8, 0])
     assert [(s["count"], s["count_per_rank"]) for s in row["sites"]] == [(2, [1, 2])]
     assert row["problems"] == ["loss is off"]
-    notes = repro.anomalies([row | {"tree": "pinned", "ranks": 2}], ["syncs", "ok"])
+    assert type(merged).from_json(row) == merged, "a row reads back as it was written"
+    notes = repro.anomalies([merged], ["syncs", "ok"])
     assert notes == ["pinned x2 s: ranks differ in ok [True, False]", "pinned x2 s: loss is off"]
 
 
@@ -173,19 +190,19 @@ def test_unknown_scenario_is_refused_with_the_choices(case: cases.Case) -> None:
         repro.parse_scenarios(case, "all_tokens,everything")
 
 
-def test_nccl_without_a_gpu_per_rank_is_refused(trees: dict[str, upstream.Tree]) -> None:
+def test_nccl_without_a_gpu_per_rank_is_refused(trees: dict[str, Tree]) -> None:
     python = trees["pinned"].python
-    if environment.describe(python)["device_count"] >= 2:
+    if devices.describe(python).device_count >= 2:
         pytest.skip("this machine has a GPU per rank")
     with pytest.raises(WorkspaceError, match="one per rank"):
-        environment.resolve_device("cuda", 2, python)
+        devices.resolve_device("cuda", 2, python)
 
 
 def test_patched_alone_with_an_empty_series_is_refused(workspace: Layout) -> None:
     (workspace.patches / "series").write_text("")
 
     with pytest.raises(WorkspaceError, match="the case's series is empty"):
-        upstream.trees(workspace, [upstream.PATCHED])
+        prepare_trees(workspace, ["patched"])
 
 
 # --- the launchers: one import for every world, a rank that raises, a rank that hangs -----------
@@ -255,7 +272,7 @@ HANGS_ON_RANK_1 = """
     if __name__ == "__main__":
         main()
 """
-LAUNCHERS = ["torchrun", "fork"]
+LAUNCHERS = [Launcher.TORCHRUN, Launcher.FORK]
 
 
 def write_script(tmp_path: Path, source: str) -> Path:
@@ -264,15 +281,12 @@ def write_script(tmp_path: Path, source: str) -> Path:
     return script
 
 
-def run_script(tmp_path: Path, tree: upstream.Tree, source: str, timeout: float,
-               launcher: str) -> Path:  # fmt: skip
+def run_script(tmp_path: Path, tree: Tree, source: str, timeout: float,
+               launcher: Launcher) -> Path:  # fmt: skip
     """Launch a throwaway 2-rank script; return it so the test can look for survivors."""
     script = write_script(tmp_path, source)
     run = Run(tmp_path / "run", tree, Layout())
-    if launcher == "fork":
-        prefork(run, script, [(2, [])], timeout=timeout)
-    else:
-        launch(run, torchrun_command(tree.python, script, 2, []), nprocs=2, timeout=timeout)
+    launchers.start(launcher, run, Start(script, (World(2, ()),), Device.CPU, timeout))
     return script
 
 
@@ -287,12 +301,13 @@ def survivors(script: Path) -> list[str]:
 
 @pytest.mark.distributed
 def test_forked_ranks_share_one_import_across_worlds(
-    tmp_path: Path, trees: dict[str, upstream.Tree]
+    tmp_path: Path, trees: dict[str, Tree]
 ) -> None:
     script = write_script(tmp_path, REPORTS_ITS_PROCESS)
     run = Run(tmp_path / "run", trees["pinned"], Layout())
+    worlds = (World(2, ("--two",)), World(3, ("--three",)))
 
-    worlds = prefork(run, script, [(2, ["--two"]), (3, ["--three"])], timeout=300)
+    worlds = launchers.start(Launcher.FORK, run, Start(script, worlds, Device.CPU, 300))
 
     reports = [report for world in worlds for report in world]
     assert [(r["world_size"], r["rank"], r["argv"]) for r in reports] == [
@@ -305,13 +320,13 @@ def test_forked_ranks_share_one_import_across_worlds(
 
 @pytest.mark.distributed
 def test_a_script_without_main_is_refused_by_the_fork_launcher_in_one_line(
-    tmp_path: Path, trees: dict[str, upstream.Tree]
+    tmp_path: Path, trees: dict[str, Tree]
 ) -> None:
     script = write_script(tmp_path, "import os\n")
     run = Run(tmp_path / "run", trees["pinned"], Layout())
 
     with pytest.raises(RunFailed, match="launcher exited with status 1"):
-        prefork(run, script, [(2, [])], timeout=60)
+        launchers.start(Launcher.FORK, run, Start(script, (World(2, ()),), Device.CPU, 60))
 
     assert "worker.py has no main()" in run.log_file.read_text()
 
@@ -319,7 +334,7 @@ def test_a_script_without_main_is_refused_by_the_fork_launcher_in_one_line(
 @pytest.mark.distributed
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_rank_that_raises_is_named_and_nothing_survives(
-    tmp_path: Path, trees: dict[str, upstream.Tree], launcher: str
+    tmp_path: Path, trees: dict[str, Tree], launcher: Launcher
 ) -> None:
     with pytest.raises(RunFailed, match=r"rank 1 raised ValueError: rank 1 gives up"):
         run_script(tmp_path, trees["pinned"], RAISES_ON_RANK_1, timeout=300, launcher=launcher)
@@ -330,7 +345,7 @@ def test_rank_that_raises_is_named_and_nothing_survives(
 @pytest.mark.distributed
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_hung_rank_is_killed_at_the_timeout_and_nothing_survives(
-    tmp_path: Path, trees: dict[str, upstream.Tree], launcher: str
+    tmp_path: Path, trees: dict[str, Tree], launcher: Launcher
 ) -> None:
     with pytest.raises(RunFailed, match=r"run hung: no exit after 30 s"):
         run_script(tmp_path, trees["pinned"], HANGS_ON_RANK_1, timeout=30, launcher=launcher)
@@ -343,14 +358,12 @@ def test_hung_rank_is_killed_at_the_timeout_and_nothing_survives(
 # --- the live cases, pinned against patched ------------------------------------------------------
 
 
-def measure_live_case(tmp_path: Path, name: str, scenarios: list[str], ranks=()) -> dict:
+def measure_live_case(tmp_path: Path, name: str, scenarios: list[str],
+                      ranks: str | None = None) -> dict:  # fmt: skip
     """A case's reproducer on its pinned and patched trees, in a workspace of its own."""
     layout = make_workspace(tmp_path / "workspace").for_case(name)
-    case = cases.load(layout.root, layout.case)
-    trees = upstream.trees(layout, ["pinned", "patched"])
-    return repro.measure(
-        layout, case, trees, scenarios, device="cpu", timeout=900, only_ranks=ranks
-    )
+    result = repro.repro_case(layout, settings(("pinned", "patched"), scenarios, ranks))
+    return result.document()
 
 
 @pytest.mark.distributed
@@ -359,7 +372,7 @@ def test_the_trainer_filter_reads_twice_per_finite_micro_batch_and_the_fix_never
     tmp_path: Path,
 ) -> None:
     """The live case on transformers 5.24.0: the real Trainer, a real nan loss."""
-    measured = measure_live_case(tmp_path, "trainer-nan-filter", ["finite", "nan"], ranks=[1])
+    measured = measure_live_case(tmp_path, "trainer-nan-filter", ["finite", "nan"], ranks="1")
 
     runs = {(run["tree"], run["scenario"]): run for run in measured["runs"]}
     assert runs["pinned", "finite"]["syncs_per_micro_batch"] == [2, 2, 2, 2]

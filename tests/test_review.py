@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, profiling, results, review
+from hostsync import cases, results, review
 from hostsync.cases import load as load_case
 from hostsync.errors import WorkspaceError
-from hostsync.files import sha256
 from hostsync.layout import ROOT, Layout
+from hostsync.records import ProfileResult, Verdict
+
+import made
 
 TEMPLATE = """\
 Host reads per step on transformers {{repro:trees.pinned.version}}: \
@@ -28,40 +30,19 @@ GPU idle: {{profile:captures.per_step.gpu_idle_ms}}
 """
 
 
-def run(tree: str, ranks: int, syncs: int) -> dict:
-    return {"tree": tree, "launch": "sp_loss.py", "ranks": ranks, "scenario": "all_tokens",
-            "host_syncs": syncs}  # fmt: skip
-
-
 def write_results(layout: Layout) -> dict[str, Path]:
-    case = load_case(layout.root, layout.case)
-    snippet = profiling.snippet_path(layout, case)
-    repro = {
-        "environment": {"device": "cpu"},
-        "trees": {"pinned": {"version": "5.13.1"}, "patched": {"version": "5.13.1"}},
-        "scenarios": {"all_tokens": "every rank has label tokens"},
-        "runs": [run("pinned", 2, 3), run("pinned", 4, 5), run("patched", 2, 0)],
-        "comparisons": [],
-    }
-    failed = {"test": "T::test_sync", "outcome": "failed", "message": "AssertionError: 3 != 0"}
-    test_patch = {
-        "ok": True,
-        "checks": [{"check": "series tests", "label": "pinned+tests", "verdict": "ok",
-                    "tests": [failed]}],
-    }  # fmt: skip
-    profile = {
-        "setting": {"scenario": "all_tokens", "ranks": 2},
-        "trees": {},
-        "captures": [{"tree": "pinned", "device": "cpu", "per_step": {"gpu_idle_ms": None}}],
-        "snippet": {"file": snippet.name, "sha256": sha256(snippet),
-                    "output": {"pinned": "transformers 5.13.1: 2 host syncs"}},
-    }  # fmt: skip
+    snippet = load_case(layout.root, layout.case).profile.snippet
+    repro = made.repro(layout, (made.row("pinned", 2, 3), made.row("pinned", 4, 5),
+                                made.row("patched", 2, 0)))  # fmt: skip
+    red = made.check("pinned+tests", Verdict.OK, made.failed("AssertionError: 3 != 0"))
+    output = {"pinned": "transformers 5.13.1: 2 host syncs"}
+    profile = made.profile(layout, made.capture("pinned", 3), snippet=snippet,
+                           snippet_output=output)  # fmt: skip
     written = {
-        "repro": results.write(layout, "repro", repro),
-        "test_patch": results.write(layout, "test_patch", test_patch),
-        "profile": results.write(layout, "profile", profile),
+        result.KIND: results.write(layout.profiles, result, layout.unsaved)
+        for result in (repro, made.test_patch(layout, red), profile)
     }
-    folder = profiling.artifacts_dir(written["profile"])
+    folder = results.attachments(written["profile"])
     folder.mkdir()
     (folder / "summary.md").write_text("# summary\n")
     return written
@@ -115,7 +96,7 @@ def test_a_changed_patch_makes_review_refuse_naming_the_results_and_the_change(
 def test_a_changed_case_script_makes_the_results_stale(drafted: Layout) -> None:
     """The snippet an issue quotes, or what the ranks run: results made with another are old."""
     case = load_case(drafted.root, drafted.case)
-    snippet = profiling.snippet_path(drafted, case)
+    snippet = drafted.repro / case.profile.snippet
     snippet.write_text(snippet.read_text() + "# changed\n")
 
     with pytest.raises(WorkspaceError) as refused:
@@ -132,8 +113,8 @@ def test_the_reference_set_changes_only_when_asked(drafted: Layout) -> None:
     assert not reference.exists()
 
     review.review(drafted, refresh=True)
-    cited = {results.latest(drafted, kind).name for kind in review.KINDS}
-    folder = profiling.artifacts_dir(results.latest(drafted, "profile")).name
+    cited = {results.latest(drafted.profiles, kind).name for kind in review.KINDS}
+    folder = results.attachments(results.latest(drafted.profiles, ProfileResult)).name
     assert {p.name for p in reference.iterdir()} == cited | {folder}
 
 

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, upstream
+from hostsync import cases
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
-from hostsync.sdists import fetch_sdist
-from hostsync.upstream import series
+from hostsync.upstream import git as gitmodule
+from hostsync.upstream import patchqueue, releases, trees
+from hostsync.upstream.patchqueue import series
+from hostsync.upstream.sdists import fetch_sdist
 
 CASE = cases.load(ROOT, "sp-loss")
 PIN = CASE.pin
@@ -21,7 +23,7 @@ DEEPSPEED_PY = "src/transformers/integrations/deepspeed.py"
 
 
 def git(repo: Path, *args: str) -> str:
-    return upstream.git(repo, *args).stdout.strip()
+    return gitmodule.git(repo, *args).stdout.strip()
 
 
 def write(path: Path, text: str) -> None:
@@ -59,12 +61,12 @@ def make_patches(layout: Layout, remote: Path, edits: dict[str, str]) -> list[Pa
     """Commit each edit (subject -> new loss body) on the tag and export them as the series."""
     scratch = layout.root.parent / "scratch"
     git(layout.root.parent, "clone", "--quiet", "--branch", TAG, str(remote), str(scratch))
-    git(scratch, "checkout", "--quiet", "-b", upstream.PATCHED)
+    git(scratch, "checkout", "--quiet", "-b", patchqueue.PATCHED)
     for subject, body in edits.items():
         write(scratch / DEEPSPEED_PY, f"def loss(x):\n    {body}\n")
         git(scratch, "commit", "--quiet", "--all", "--message", subject)
     shutil.move(scratch, layout.clone)
-    upstream.export_patches(layout)
+    patchqueue.export_patches(layout)
     shutil.rmtree(layout.clone)
     return series(layout)
 
@@ -77,11 +79,11 @@ def add_to_series(layout: Layout, patch: Path) -> None:
 def test_git_path_clones_the_tag_and_applies_the_series(workspace: Layout, remote: Path) -> None:
     make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
 
-    said = upstream.clone(workspace, remote=str(remote))
+    said = patchqueue.clone(workspace, remote=str(remote))
 
     repo = workspace.clone
     assert said.startswith(f"git clone of {remote} at tag {TAG}")
-    assert git(repo, "branch", "--show-current") == upstream.PATCHED
+    assert git(repo, "branch", "--show-current") == patchqueue.PATCHED
     assert git(repo, "log", "--format=%s", f"{TAG}..HEAD") == "Keep the count on the device"
     assert "after the release" not in (repo / DEEPSPEED_PY).read_text()
     assert "max(x, 1)" in git(repo, "show", f"{TAG}:{DEEPSPEED_PY}")
@@ -89,10 +91,10 @@ def test_git_path_clones_the_tag_and_applies_the_series(workspace: Layout, remot
 
 def test_second_clone_does_nothing(workspace: Layout, remote: Path) -> None:
     make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
-    upstream.clone(workspace, remote=str(remote))
+    patchqueue.clone(workspace, remote=str(remote))
     head = git(workspace.clone, "rev-parse", "HEAD")
 
-    assert upstream.clone(workspace, remote=str(remote)) is None
+    assert patchqueue.clone(workspace, remote=str(remote)) is None
     assert git(workspace.clone, "rev-parse", "HEAD") == head
 
 
@@ -106,8 +108,8 @@ def test_patch_that_does_not_apply_names_itself_and_leaves_the_base(
     before = {p.name: p.read_bytes() for p in workspace.patches.iterdir()}
 
     for _ in range(2):  # a failed apply is not remembered as done
-        with pytest.raises(upstream.PatchDoesNotApply) as failure:
-            upstream.clone(workspace, remote=str(remote))
+        with pytest.raises(patchqueue.PatchDoesNotApply) as failure:
+            patchqueue.clone(workspace, remote=str(remote))
         assert bad.name in str(failure.value)
         assert DEEPSPEED_PY in str(failure.value)
 
@@ -124,9 +126,9 @@ def test_round_trip_without_edits_changes_no_byte(workspace: Layout, remote: Pat
         {"Keep the count on the device": "return x.clamp(min=1)", "Name it": "return x.clamp(1)"},
     )
     before = {p.name: p.read_bytes() for p in workspace.patches.iterdir()}
-    upstream.clone(workspace, remote=str(remote))
+    patchqueue.clone(workspace, remote=str(remote))
 
-    report = upstream.export_patches(workspace)
+    report = patchqueue.export_patches(workspace)
 
     assert report["unchanged"] == sorted(n for n in before if n != "series")
     assert not report["added"] + report["changed"] + report["removed"]
@@ -135,61 +137,61 @@ def test_round_trip_without_edits_changes_no_byte(workspace: Layout, remote: Pat
 
 def test_commit_in_the_clone_is_protected_then_exported(workspace: Layout, remote: Path) -> None:
     make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
-    upstream.clone(workspace, remote=str(remote))
+    patchqueue.clone(workspace, remote=str(remote))
     write(workspace.clone / "tests/test_loss.py", "def test_loss():\n    assert True\n")
     git(workspace.clone, "commit", "--quiet", "--all", "--message", "Test the loss")
 
     with pytest.raises(WorkspaceError, match="export_patches"):
-        upstream.clone(workspace, remote=str(remote))
-    report = upstream.export_patches(workspace)
+        patchqueue.clone(workspace, remote=str(remote))
+    report = patchqueue.export_patches(workspace)
 
     assert report["added"] == ["0002-Test-the-loss.patch"]
     assert not report["changed"] + report["removed"]
     assert series(workspace)[-1].name == "0002-Test-the-loss.patch"
-    assert upstream.clone(workspace, remote=str(remote)) is None
+    assert patchqueue.clone(workspace, remote=str(remote)) is None
 
 
 def test_uncommitted_edits_stop_clone_and_export(workspace: Layout, remote: Path) -> None:
     make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
-    upstream.clone(workspace, remote=str(remote))
+    patchqueue.clone(workspace, remote=str(remote))
     edited = workspace.clone / DEEPSPEED_PY
     edited.write_text("# work in progress\n")
 
     with pytest.raises(WorkspaceError, match="uncommitted changes"):
-        upstream.clone(workspace, remote=str(remote))
+        patchqueue.clone(workspace, remote=str(remote))
     with pytest.raises(WorkspaceError, match="uncommitted changes"):
-        upstream.export_patches(workspace)
+        patchqueue.export_patches(workspace)
     assert edited.read_text() == "# work in progress\n"
 
 
 def test_changed_series_is_reapplied(workspace: Layout, remote: Path) -> None:
     first = make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(1)"})
-    upstream.clone(workspace, remote=str(remote))
+    patchqueue.clone(workspace, remote=str(remote))
     first[0].write_text(first[0].read_text().replace("x.clamp(1)", "x.clamp(min=1)"))
 
-    assert "patches/ changed" in upstream.clone(workspace, remote=str(remote))
+    assert "patches/ changed" in patchqueue.clone(workspace, remote=str(remote))
     assert "x.clamp(min=1)" in (workspace.clone / DEEPSPEED_PY).read_text()
 
 
 def test_trees_are_worktrees_of_the_tag_and_the_series(workspace: Layout, remote: Path) -> None:
     make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
     test_patch = workspace.patches / "0002-Test-the-loss.patch"
-    upstream.clone(workspace, remote=str(remote))
+    patchqueue.clone(workspace, remote=str(remote))
     write(workspace.clone / "tests/test_loss.py", "def test_loss():\n    assert False\n")
     git(workspace.clone, "commit", "--quiet", "--all", "--message", "Test the loss")
-    upstream.export_patches(workspace)
+    patchqueue.export_patches(workspace)
 
-    pinned = upstream.tree(workspace, "pinned")
-    patched = upstream.tree(workspace, "patched")
-    tests_only = upstream.tree(workspace, "pinned+tests")
+    pinned = trees.prepare_tree(workspace, "pinned")
+    patched = trees.prepare_tree(workspace, "patched")
+    tests_only = trees.prepare_tree(workspace, "pinned+tests")
 
-    assert upstream.touches_only_tests(test_patch)
+    assert patchqueue.touches_only_tests(test_patch)
     assert "max(x, 1)" in (pinned.src / "transformers/integrations/deepspeed.py").read_text()
     assert "clamp" in (patched.src / "transformers/integrations/deepspeed.py").read_text()
     assert "max(x, 1)" in (tests_only.src / "transformers/integrations/deepspeed.py").read_text()
     assert "assert False" in (tests_only.root / "tests/test_loss.py").read_text()
     assert patched.commit == git(workspace.clone, "rev-parse", "HEAD")
-    assert upstream.tree(workspace, "pinned+tests").commit == tests_only.commit
+    assert trees.prepare_tree(workspace, "pinned+tests").commit == tests_only.commit
 
 
 # --- the PyPI sdist path --------------------------------------------------------------------
@@ -204,7 +206,7 @@ def sdist_cache(workspace: Layout) -> Path:
 
 @pytest.mark.network
 def test_sdist_path_when_the_remote_is_unreachable(workspace: Layout, sdist_cache: Path) -> None:
-    said = upstream.clone(workspace, remote=str(workspace.root / "nowhere.git"))
+    said = patchqueue.clone(workspace, remote=str(workspace.root / "nowhere.git"))
 
     repo = workspace.clone
     assert said.startswith(f"PyPI sdist {PIN.sdist.filename}")
@@ -215,17 +217,18 @@ def test_sdist_path_when_the_remote_is_unreachable(workspace: Layout, sdist_cach
     other.work.mkdir(parents=True)
     (other.work / "cache").symlink_to(workspace.cache)
     nowhere = str(workspace.root / "nowhere")
-    upstream.materialise(other, CASE.project, PIN, other.clone, nowhere)
+    releases.materialise(other, CASE.project, PIN, other.clone, nowhere)
     assert git(other.clone, "rev-parse", TAG) == git(repo, "rev-parse", TAG)
 
 
 @pytest.mark.parametrize(
     ("damage", "message"),
-    [(lambda b: b[: len(b) // 2], "truncated"), (lambda b: b[:-1] + b"\0", "tampered")],
+    [(lambda b: b[: len(b) // 2], "bytes where the card says"),
+     (lambda b: b[:-1] + b"\0", "sha256 .* where the card says")],
     ids=["truncated", "tampered"],
-)
+)  # fmt: skip
 @pytest.mark.network
-def test_damaged_sdist_is_refused_and_nothing_is_left(
+def test_a_damaged_sdist_put_in_the_cache_is_refused_and_kept(
     workspace: Layout, sdist_cache: Path, damage, message: str
 ) -> None:
     (workspace.work / "cache").unlink()
@@ -234,8 +237,7 @@ def test_damaged_sdist_is_refused_and_nothing_is_left(
     archive = own_cache / PIN.sdist.filename
     archive.write_bytes(damage((sdist_cache / archive.name).read_bytes()))
 
-    with pytest.raises(WorkspaceError, match=f"refusing {archive.name}: .*{message}"):
-        upstream.clone(workspace, remote=str(workspace.root / "nowhere.git"))
+    with pytest.raises(WorkspaceError, match=f"{archive.name} was not downloaded here .*{message}"):
+        patchqueue.clone(workspace, remote=str(workspace.root / "nowhere.git"))
     assert not workspace.clone.exists()
-    assert not list(workspace.work.glob("*.partial"))
-    assert not archive.exists()
+    assert archive.exists(), "a file the workspace did not download is never deleted"

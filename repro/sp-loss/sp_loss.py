@@ -23,17 +23,14 @@ import deepspeed
 import torch
 from accelerate.parallelism_config import ParallelismConfig
 from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
-from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
 
 from hostsync.detector import SyncScope
 from hostsync.protocol import rank_entry, repro_parser
+from hostsync.rankkit import VOCAB, tiny_llama
 
-# Ulysses splits the attention heads across ranks, so sp_size must divide them: 2 or 4.
-ATTENTION_HEADS = 4
 MICRO_BATCH = 1
 TOKENS_PER_RANK = 8
-VOCAB = 128
 GRAD_ATOL = 1e-6
 GRAD_RTOL = 1e-4
 LOSS_TOLERANCE = 1e-5
@@ -92,20 +89,10 @@ def shard(batch: dict[str, torch.Tensor], rank: int, sp_size: int) -> dict[str, 
 # --- the model -----------------------------------------------------------------------------------
 
 
-def tiny_llama(device: torch.device) -> torch.nn.Module:
-    """Same weights on every rank (seeded), every head count divisible by the sp_size."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=ATTENTION_HEADS,
-        num_key_value_heads=ATTENTION_HEADS,
-        attn_implementation="sdpa",
-        use_cache=False,  # training, as under the Trainer: no KV cache
-    )
-    return LlamaForCausalLM(config).to(device).train()
+def sp_llama(device: torch.device) -> torch.nn.Module:
+    """The tiny Llama, in training mode and without a KV cache, as under the Trainer; its 4
+    attention heads split over sp_size 2 or 4."""
+    return tiny_llama(hidden=64, intermediate=128, use_cache=False).to(device).train()
 
 
 def reference(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[float, dict]:
@@ -270,7 +257,7 @@ def main() -> dict:
     args = repro_parser(__doc__.splitlines()[0]).parse_args()
     device = setup_distributed(args.device)
     sp_size = torch.distributed.get_world_size()
-    model = tiny_llama(device)
+    model = sp_llama(device)
     batches = {name: full_batch(name, sp_size, device) for name in args.scenarios}
     references = {name: reference(model, batch) for name, batch in batches.items()}
     engine = sp_engine(model, sp_size, seq_len=TOKENS_PER_RANK * sp_size)

@@ -25,6 +25,7 @@ import sp_loss  # torchrun puts this script's folder first on sys.path
 import torch
 
 from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, RUN_DIR_ENV, rank_entry
+from hostsync.rankkit import named_range
 
 
 def parse_args() -> argparse.Namespace:
@@ -35,19 +36,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2, help="unprofiled steps first")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps")
     return parser.parse_args()
-
-
-@contextlib.contextmanager
-def named_range(name: str, nvtx: bool) -> Iterator[None]:
-    """A range both the PyTorch profiler and Nsight Systems show under `name`."""
-    with torch.profiler.record_function(name):
-        if nvtx:
-            torch.cuda.nvtx.range_push(name)
-        try:
-            yield
-        finally:
-            if nvtx:
-                torch.cuda.nvtx.range_pop()
 
 
 def train_step(engine, batch: dict, pc, nvtx: bool) -> float:
@@ -92,7 +80,7 @@ def main() -> dict:
     device = sp_loss.setup_distributed(args.device)
     rank, sp_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
     cuda = device.type == "cuda"
-    model = sp_loss.tiny_llama(device)
+    model = sp_loss.sp_llama(device)
     batch = sp_loss.full_batch(args.scenario, sp_size, device)
     engine = sp_loss.sp_engine(model, sp_size, seq_len=sp_loss.TOKENS_PER_RANK * sp_size)
     pc = ParallelismConfig(sp_size=sp_size, sp_backend="deepspeed")

@@ -17,18 +17,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import math
-import os
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback
 
 from hostsync.detector import Site, SyncScope
-from hostsync.protocol import RUN_DIR_ENV, rank_entry, repro_parser
-from hostsync.workers.sp_trainer import MODEL_SUMMARY, samples, tiny_llama
+from hostsync.protocol import rank_entry, repro_parser
+from hostsync.rankkit import (
+    MODEL_SUMMARY,
+    add_launch_arguments,
+    finite_or_name,
+    samples,
+    trainer_llama,
+    training_arguments,
+)
 
 # (file, function) of the reads that fetch the norm before it is logged.
 FETCH_SITES = {
@@ -49,9 +53,7 @@ STEPS = 4
 
 def parse_args() -> argparse.Namespace:
     parser = repro_parser(__doc__.splitlines()[0], known=SCENARIOS)
-    parser.add_argument("--output-dir", type=Path, default=Path(os.environ[RUN_DIR_ENV]) / "output")
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    parser.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
+    add_launch_arguments(parser)
     args = parser.parse_args()
     if len(args.scenarios) > 1:
         parser.error("one scenario per launch: Ulysses makes its SP group once per process")
@@ -90,31 +92,14 @@ def logs_norm(site: Site) -> bool:
     return site.file == file and site.function == function and code in site.code
 
 
-def finite_or_name(value: float) -> float | str:
-    """JSON has no nan/inf: those are written as their names."""
-    return value if math.isfinite(value) else str(value)
-
-
 def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
     what, logging_steps, max_grad_norm = SCENARIOS[name]
-    training_args = TrainingArguments(
-        output_dir=f"{args.output_dir}/{name}",
-        max_steps=STEPS,
-        per_device_train_batch_size=1,
-        learning_rate=1e-3,
-        lr_scheduler_type="constant",
-        max_grad_norm=max_grad_norm,
-        logging_steps=logging_steps,
-        bf16=args.precision == "bf16",
-        train_sampling_strategy="sequential",
+    training_args = training_arguments(
+        f"{args.output_dir}/{name}", precision=args.precision, max_steps=STEPS,
+        max_grad_norm=max_grad_norm, logging_steps=logging_steps,
         ddp_backend=args.backend,  # on CPU without it each rank would train alone, silently
-        remove_unused_columns=False,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=0,
-    )
-    trainer = Trainer(model=tiny_llama(), args=training_args, train_dataset=samples(STEPS))
+    )  # fmt: skip
+    trainer = Trainer(model=trainer_llama(), args=training_args, train_dataset=samples(STEPS))
     with contextlib.nullcontext() if args.no_detector else SyncScope() as scope:
         marks = StepMarks(scope) if scope else None
         if marks:

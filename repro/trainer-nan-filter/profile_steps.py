@@ -22,7 +22,7 @@ import torch.distributed as dist
 from train import SCENARIOS  # torchrun puts this script's folder first
 
 from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, RUN_DIR_ENV, rank_entry
-from hostsync.workers.sp_trainer import samples, tiny_llama
+from hostsync.rankkit import samples, trainer_llama, training_arguments
 
 
 def parse_args() -> argparse.Namespace:
@@ -71,7 +71,7 @@ class StepRanges:
 
 @rank_entry
 def main() -> dict:
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainerCallback
 
     args = parse_args()
     run_dir = Path(os.environ[RUN_DIR_ENV])
@@ -90,15 +90,13 @@ def main() -> dict:
             with torch.profiler.record_function(EXCLUDED_RANGE):
                 return super().training_step(*inputs, **kwargs)
 
-    training_args = TrainingArguments(
-        output_dir=str(run_dir / "output"), max_steps=steps, per_device_train_batch_size=1,
-        gradient_accumulation_steps=accumulation, learning_rate=1e-3, logging_steps=steps,
-        logging_nan_inf_filter=nan_inf_filter, train_sampling_strategy="sequential",
-        remove_unused_columns=False, save_strategy="no", report_to="none", disable_tqdm=True,
-        seed=0, use_cpu=args.device == "cpu",
+    training_args = training_arguments(
+        run_dir / "output", max_steps=steps, gradient_accumulation_steps=accumulation,
+        logging_steps=steps, logging_nan_inf_filter=nan_inf_filter, lr_scheduler_type="linear",
+        use_cpu=args.device == "cpu",
     )  # fmt: skip
     trainer = ExcludingForwardAndBackward(
-        model=tiny_llama(), args=training_args, train_dataset=samples(steps * accumulation),
+        model=trainer_llama(), args=training_args, train_dataset=samples(steps * accumulation),
         callbacks=[Callbacks()],
     )  # fmt: skip
     trainer.train()

@@ -24,13 +24,19 @@ import contextlib
 import math
 import os
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-from hostsync.protocol import RUN_DIR_ENV, rank_entry, repro_parser
+from hostsync.protocol import rank_entry, repro_parser
 
 # The hunt's tiny Llama and its SFT-style samples: the same model in both.
-from hostsync.workers.sp_trainer import MODEL_SUMMARY, samples, tiny_llama
+from hostsync.rankkit import (
+    MODEL_SUMMARY,
+    add_launch_arguments,
+    finite_or_name,
+    samples,
+    trainer_llama,
+    training_arguments,
+)
 
 SITE_FILE = "transformers/trainer.py"
 SITE_FUNCTION = "_run_epoch"
@@ -49,11 +55,7 @@ STEPS = 4
 
 def parse_args() -> argparse.Namespace:
     parser = repro_parser(__doc__.splitlines()[0], known=SCENARIOS)
-    parser.add_argument("--output-dir", type=Path, default=Path(os.environ[RUN_DIR_ENV]) / "output")
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    parser.add_argument(
-        "--precision", choices=("fp32",), default="fp32", help="as accelerate launches: fp32 only"
-    )
+    add_launch_arguments(parser, precisions=("fp32",))  # as accelerate launches: fp32 only
     return parser.parse_args()
 
 
@@ -101,36 +103,19 @@ class MicroBatches:
         return per_batch, by_line
 
 
-def finite_or_name(value: float) -> float | str:
-    """JSON has no nan/inf: those are written as their names."""
-    return value if math.isfinite(value) else str(value)
-
-
 def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     from hostsync.detector import SyncScope
 
     what, accumulation, added_loss, nan_inf_filter = SCENARIOS[name]
-    training_args = TrainingArguments(
-        output_dir=f"{args.output_dir}/{name}",
-        max_steps=STEPS,
-        per_device_train_batch_size=1,
-        gradient_accumulation_steps=accumulation,
-        learning_rate=1e-3,
-        lr_scheduler_type="constant",
-        logging_steps=1,
-        logging_nan_inf_filter=nan_inf_filter,
-        train_sampling_strategy="sequential",
+    training_args = training_arguments(
+        f"{args.output_dir}/{name}", max_steps=STEPS, gradient_accumulation_steps=accumulation,
+        logging_steps=1, logging_nan_inf_filter=nan_inf_filter,
         # Launched ranks need it on CPU, or each trains alone, silently; one process must not.
         ddp_backend=args.backend if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
-        remove_unused_columns=False,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=0,
-    )
-    model = tiny_llama()
+    )  # fmt: skip
+    model = trainer_llama()
     trainer = Trainer(model=model, args=training_args, train_dataset=samples(STEPS * accumulation))
     with SyncScope() if args.detect else contextlib.nullcontext() as scope:
         micro_batches = MicroBatches(scope, added_loss)

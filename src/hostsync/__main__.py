@@ -13,14 +13,26 @@ import sys
 from hostsync.errors import WorkspaceError
 
 COMMANDS = {
-    "clone": ("hostsync.upstream:clone_main", "materialise the pinned tree, apply patches/"),
-    "export-patches": ("hostsync.upstream:export_main", "write the clone's commits to patches/"),
+    "clone": (
+        "hostsync.upstream.command:clone_main",
+        "materialise the pinned tree, apply patches/",
+    ),
+    "export-patches": (
+        "hostsync.upstream.command:export_main",
+        "write the clone's commits to patches/",
+    ),
     "env": ("hostsync.envs:main", "the environment the commands run in (built if needed)"),
     "test-patch": ("hostsync.patch_proof:main", "the series' tests: red on pinned, green patched"),
     "repro": ("hostsync.repro:main", "a case's reproducer on real processes, tree by tree"),
     "bench": ("hostsync.bench:main", "time the reproducer cold and warm, and the detector cost"),
-    "hunt": ("hostsync.hunt:main", "every host sync of a full SP Trainer step, tree by tree"),
-    "profile": ("hostsync.profiling:main", "before/after profiles of a case's measured code"),
+    "hunt": (
+        "hostsync.hunt.command:main",
+        "every host sync of a full SP Trainer step, tree by tree",
+    ),
+    "profile": (
+        "hostsync.profiling.command:main",
+        "before/after profiles of a case's measured code",
+    ),
     "review": ("hostsync.review:main", "a case's upstream drafts, from its result files"),
 }
 

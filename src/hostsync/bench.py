@@ -24,15 +24,17 @@ import tempfile
 import time
 from types import ModuleType
 
-from hostsync import cases, environment, repro, results, table, upstream
+from hostsync import cases, devices, locks, provenance, repro, results, table
 from hostsync.layout import Layout
 from hostsync.options import add_case, add_device, add_timeout, case_layouts
+from hostsync.records import BenchResult, DetectorTruth
+from hostsync.upstream.trees import infos, prepare_tree, prepare_trees
 
 
 def call_seconds(rank_results: list[dict]) -> list[float]:
     """Each call's time at its slowest rank, the run's first call (warm-up) left out."""
-    rows = repro.merge_ranks(rank_results)
-    return [row["call_seconds"] for row in rows if "call_seconds" in row][1:]
+    rows = repro.merge_ranks(rank_results, tree="", launch="", ranks=len(rank_results))
+    return [row.figures["call_seconds"] for row in rows if "call_seconds" in row.figures][1:]
 
 
 def overhead(with_detector: float, without: float, unit: str) -> str:
@@ -49,19 +51,19 @@ def detector_suite(layout: Layout) -> ModuleType:
     return suite
 
 
-def detector_truth(layout: Layout) -> dict:
+def detector_truth(layout: Layout) -> DetectorTruth:
     """Precision and recall of the detector on its suite: syncs matched at their source line."""
     result = detector_suite(layout).score()
-    return {
-        "cases": result.cases,
-        "syncs_found": result.true,
-        "false_events": result.false,
-        "syncs_missed": result.missed,
-        "precision": result.precision,
-        "recall": result.recall,
-        "wrong_lines": result.wrong_lines,
-        "misses": result.misses,
-    }
+    return DetectorTruth(
+        cases=result.cases,
+        syncs_found=result.true,
+        false_events=result.false,
+        syncs_missed=result.missed,
+        precision=result.precision,
+        recall=result.recall,
+        wrong_lines=tuple(result.wrong_lines),
+        misses=tuple(result.misses),
+    )
 
 
 def intercepted_op_us(ops: int = 2000, repeats: int = 5) -> dict[str, float]:
@@ -86,13 +88,13 @@ def intercepted_op_us(ops: int = 2000, repeats: int = 5) -> dict[str, float]:
     return {"with_detector": statistics.median(with_scope), "without": statistics.median(without)}
 
 
-def print_detector(truth: dict, op_us: dict[str, float]) -> None:
+def print_detector(truth: DetectorTruth, op_us: dict[str, float]) -> None:
     print(
-        f"detector on its labelled suite ({truth['cases']} cases): precision"
-        f" {truth['precision']:.3f}, recall {truth['recall']:.3f} ({truth['syncs_found']} syncs"
-        f" found at their line, {truth['false_events']} false, {truth['syncs_missed']} missed)"
+        f"detector on its labelled suite ({truth.cases} cases): precision"
+        f" {truth.precision:.3f}, recall {truth.recall:.3f} ({truth.syncs_found} syncs"
+        f" found at their line, {truth.false_events} false, {truth.syncs_missed} missed)"
     )
-    for line in truth["wrong_lines"] + truth["misses"]:
+    for line in truth.wrong_lines + truth.misses:
         print(f"  {line}")
     print(
         f"one intercepted aten call: {op_us['with_detector']:.1f} us with the detector,"
@@ -136,7 +138,7 @@ def whole_repro_seconds(layout: Layout, case: cases.Case, device: str, timeout: 
     """One warm `repro` of the case as the command runs it: its trees brought up to date, then
     every launch at every rank count."""
     started = time.perf_counter()
-    trees = upstream.trees(layout, list(case.trees))
+    trees = prepare_trees(layout, list(case.trees))
     repro.measure(layout, case, trees, list(case.scenarios), device=device, timeout=timeout)
     return time.perf_counter() - started
 
@@ -144,19 +146,27 @@ def whole_repro_seconds(layout: Layout, case: cases.Case, device: str, timeout: 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     (layout,) = case_layouts(args.case)
+    measured_against = provenance.inputs(layout)
     truth, op_us = detector_truth(layout), intercepted_op_us()
     if args.detector_only:
         print_detector(truth, op_us)
         if args.write:
-            payload = {"environment": {}, "detector": truth, "op_us": op_us}
-            path = results.write(layout, "bench", payload)
+            result = BenchResult(provenance.stamp(layout, measured_against), truth, op_us)
+            path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
             print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
         return 0
+    with locks.case(layout):
+        return bench_runs(layout, args, truth, op_us, measured_against)
+
+
+def bench_runs(layout: Layout, args: argparse.Namespace, truth: DetectorTruth,
+               op_us: dict[str, float], measured_against) -> int:  # fmt: skip
+    """The reproducer's wall times, cold and warm, with the detector and without."""
     case = cases.load(layout.root, layout.case)
     spec = case.launches[0]
     sp_size = spec.ranks[0]
-    tree = upstream.tree(layout, args.tree)
-    device = environment.resolve_device(args.device, sp_size, tree.python)
+    tree = prepare_tree(layout, args.tree)
+    device = devices.resolve_device(args.device, sp_size, tree.python)
     scenarios = list(spec.scenarios) * args.repeat
 
     def run(detector: bool, env: dict[str, str] | None = None) -> tuple[float, list[dict]]:
@@ -201,11 +211,10 @@ def main(argv: list[str]) -> int:
     )  # fmt: skip
     print_detector(truth, op_us)
     if args.write:
-        payload = {
-            "environment": environment.describe(tree.python) | {"ranks": [sp_size]},
-            "trees": upstream.describe_trees(layout, [tree]),
-            "sp_size": sp_size,
-            "device_kind": device,
+        runs = {
+            "trees": {label: info.to_json() for label, info in infos(layout, [tree]).items()},
+            "ranks": sp_size,
+            "device": device.value,
             "scenarios": scenarios,
             "cold_run_s": cold_s,
             "whole_repro_s": whole_s,
@@ -215,9 +224,11 @@ def main(argv: list[str]) -> int:
                 "with_detector": call_ms[True],
                 "without_detector": call_ms[False],
             },
-            "detector": truth,
-            "op_us": op_us,
         }
-        path = results.write(layout, "bench", payload)
+        result = BenchResult(
+            provenance.stamp(layout, measured_against), truth, op_us,
+            environment=devices.describe(tree.python), runs=runs,
+        )  # fmt: skip
+        path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
         print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
     return 0

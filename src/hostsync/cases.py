@@ -4,26 +4,44 @@ The engine holds no word of any one bug. Everything about one comes from its car
 and release it pins, upstream's own fix when one is released, what upstream knows of it, how its
 reproducer is launched and what it prints, which of its tests must fail on the pinned release,
 and which host-sync sites its fix removes (`[[carries]]`, matched like the hunt's allow rules).
-Its patches, rank scripts, results and drafts live in
-folders of the same name (see `Layout`).
+Its patches, rank scripts, results and drafts live in folders of the same name (see `Layout`).
+
+A card is checked field by field when it is read, before anything runs: a wrong type, an
+unknown key or a value outside its choices is refused in one line naming the card and the field.
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Self
 
-from hostsync import projects
+from hostsync import projects, records
 from hostsync.errors import WorkspaceError
+from hostsync.records import Json, Launcher, Record, RecordError, TreeRole, UpstreamState
+from hostsync.sites import AllowRule
 
-UPSTREAM_STATES = ("none", "issue", "open-pr", "fixed")
-LAUNCHERS = ("python", "fork", "torchrun", "accelerate")
+# A case's name is a folder name in four places: plain words only.
+NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+
+
+class Strict(Record):
+    """A card table: keys it does not know are refused (a typo would otherwise be ignored)."""
+
+    @classmethod
+    def from_json(cls, data: Json, where: str = "") -> Self:
+        if isinstance(data, dict):
+            known = {item.name for item in cls.__dataclass_fields__.values()}
+            unknown = sorted(set(data) - known)
+            if unknown:
+                raise RecordError(where, f"has unknown keys {unknown}: use {sorted(known)}")
+        return super().from_json(data, where)
 
 
 @dataclass(frozen=True)
-class Sdist:
+class Sdist(Strict):
     url: str
     size: int
     sha256: str
@@ -34,7 +52,7 @@ class Sdist:
 
 
 @dataclass(frozen=True)
-class Release:
+class Release(Strict):
     """One release of the case's project, reachable as a git tag or as its PyPI sdist."""
 
     version: str
@@ -43,54 +61,158 @@ class Release:
 
 
 @dataclass(frozen=True)
-class Upstream:
+class Upstream(Strict):
     """What upstream knows of the bug, and when and where that was seen."""
 
-    state: str
+    state: UpstreamState
     seen: str
     issue: int = 0
     pull_request: int = 0
     reviewers: tuple[str, ...] = ()
+    notes: str = ""
 
 
 @dataclass(frozen=True)
-class Launch:
+class Launch(Strict):
     """One way the reproducer runs: a script of `repro/<case>/`, its launcher and rank counts."""
 
     script: str
-    launcher: str
+    launcher: Launcher
     scenarios: dict[str, str]
     ranks: tuple[int, ...] = (1,)
     args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
-class Case:
-    name: str
-    title: str
-    project: projects.Project
-    pin: Release
-    fixed: Release | None
-    upstream: Upstream
-    launches: tuple[Launch, ...]
-    trees: tuple[str, ...]
+class Repro(Strict):
+    launch: tuple[Launch, ...]
     columns: tuple[str, ...]
-    compare: tuple[str, ...]
-    red_on_pinned: frozenset[str]
-    neighbours: tuple[str, ...]
-    workspace_only: tuple[str, ...]
-    profile: dict[str, Any]
-    carries: tuple[dict[str, Any], ...]
-    raw: dict[str, Any] = field(repr=False, compare=False)
+    trees: tuple[str, ...] = (TreeRole.PINNED.value, TreeRole.PATCHED.value)
+    compare: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Tests(Strict):
+    red_on_pinned: tuple[str, ...] = ()
+    neighbours: tuple[str, ...] = ()
+    workspace_only: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Profile(Strict):
+    """The profile script, its rank count and scenario, the card's words for the range it
+    measures and the part measured apart, and the issue's one-process snippet if any."""
+
+    script: str
+    ranks: int
+    scenario: str
+    measured: str
+    excluded: str
+    launcher: Launcher = Launcher.TORCHRUN
+    snippet: str = ""
+    snippet_output: str = ""
+
+
+@dataclass(frozen=True)
+class LintTool(Strict):
+    """A formatter's version and config as the project's pre-commit config has them, for a tree
+    (an sdist) that lacks that config."""
+
+    version: str
+    config: str = ""
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Carried(Strict):
+    """A site the case's fix removes, matched like an allow rule."""
+
+    file: str
+    function: str | None = None
+    line: int | None = None
+    caller: str | None = None
+    code: str | None = None
+
+
+@dataclass(frozen=True)
+class Card(Strict):
+    title: str
+    project: str
+    pin: Release
+    upstream: Upstream
+    repro: Repro
+    summary: str = ""
+    fixed: Release | None = None
+    tests: Tests = Tests()
+    profile: Profile | None = None
+    lint: dict[str, LintTool] = field(default_factory=dict)
+    carries: tuple[Carried, ...] = ()
+
+
+@dataclass(frozen=True)
+class Case:
+    """A card, read and checked, with its project resolved."""
+
+    name: str
+    card: Card
+    project: projects.Project
+
+    @property
+    def title(self) -> str:
+        return self.card.title
+
+    @property
+    def pin(self) -> Release:
+        return self.card.pin
+
+    @property
+    def fixed(self) -> Release | None:
+        return self.card.fixed
+
+    @property
+    def upstream(self) -> Upstream:
+        return self.card.upstream
+
+    @property
+    def launches(self) -> tuple[Launch, ...]:
+        return self.card.repro.launch
+
+    @property
+    def trees(self) -> tuple[str, ...]:
+        return self.card.repro.trees
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.card.repro.columns
+
+    @property
+    def compare(self) -> tuple[str, ...]:
+        return self.card.repro.compare
+
+    @property
+    def red_on_pinned(self) -> frozenset[str]:
+        return frozenset(self.card.tests.red_on_pinned)
+
+    @property
+    def profile(self) -> Profile | None:
+        return self.card.profile
 
     @property
     def scenarios(self) -> dict[str, str]:
         return {name: text for launch in self.launches for name, text in launch.scenarios.items()}
 
+    @property
+    def carries(self) -> tuple[AllowRule, ...]:
+        """The sites the fix removes, as rules whose reason is the case's name."""
+        return tuple(
+            AllowRule(reason=self.name, **{k: v for k, v in vars(c).items() if v is not None})
+            for c in self.card.carries
+        )
+
     def tree_name(self, name: str) -> str:
         """`fixed` stands for upstream's fixed release: `fixed+tests` becomes `5.14.0+tests`."""
         base, plus, extra = name.partition("+")
-        if base != "fixed":
+        if base != TreeRole.FIXED:
             return name
         if self.fixed is None:
             raise WorkspaceError(
@@ -98,9 +220,14 @@ class Case:
             )
         return self.fixed.version + plus + extra
 
-
-def _release(table: dict[str, Any]) -> Release:
-    return Release(table["version"], table["tag"], Sdist(**table["sdist"]))
+    def role(self, label: str) -> TreeRole:
+        """What the tree `label` (a `tree_name`) is to this case."""
+        base = label.partition("+")[0]
+        if base in (TreeRole.PINNED, TreeRole.PATCHED):
+            return TreeRole(base)
+        if self.fixed is not None and base == self.fixed.version:
+            return TreeRole.FIXED
+        return TreeRole.RELEASE
 
 
 def card_path(root: Path, name: str) -> Path:
@@ -114,56 +241,44 @@ def names(root: Path) -> list[str]:
 
 def load(root: Path, name: str) -> Case:
     """The card of case `name`; a missing or malformed one is refused in one line."""
+    if not NAME.fullmatch(name):
+        raise WorkspaceError(
+            f"{name!r} is no case name: name one of {', '.join(names(root)) or 'none'}"
+            " (a name, not a path)"
+        )
     path = card_path(root, name)
     if not path.exists():
         known = ", ".join(names(root)) or "none"
         raise WorkspaceError(f"no case {name!r} (cases/{name}.toml): the cases are {known}")
+    where = f"cases/{name}.toml"
     try:
-        raw = tomllib.loads(path.read_text())
-        return _case(name, raw)
-    except (KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as error:
-        raise WorkspaceError(f"cases/{name}.toml is malformed ({error!r}): fix the card") from None
+        card = load_card(tomllib.loads(path.read_text()))
+    except tomllib.TOMLDecodeError as error:
+        raise WorkspaceError(f"{where} is not valid TOML ({error}): fix the card") from None
+    except RecordError as error:
+        raise WorkspaceError(f"{where}: {error}: fix the card") from None
+    try:
+        project = projects.get(card.project)
+    except WorkspaceError as error:
+        raise WorkspaceError(f"{where}: project: {error}") from None
+    return Case(name, card, project)
 
 
-def _case(name: str, raw: dict[str, Any]) -> Case:
-    upstream = raw["upstream"]
-    if upstream["state"] not in UPSTREAM_STATES:
-        raise ValueError(f"upstream.state must be one of {UPSTREAM_STATES}")
-    repro, tests = raw["repro"], raw.get("tests", {})
-    launches = tuple(
-        Launch(
-            script=launch["script"],
-            launcher=launch["launcher"],
-            scenarios=dict(launch["scenarios"]),
-            ranks=tuple(launch.get("ranks", (1,))),
-            args=tuple(launch.get("args", ())),
-        )
-        for launch in repro["launch"]
-    )
-    for launch in launches:
-        if launch.launcher not in LAUNCHERS:
-            raise ValueError(f"repro.launch.launcher must be one of {LAUNCHERS}")
-    return Case(
-        name=name,
-        title=raw["title"],
-        project=projects.get(raw["project"]),
-        pin=_release(raw["pin"]),
-        fixed=_release(raw["fixed"]) if "fixed" in raw else None,
-        upstream=Upstream(
-            state=upstream["state"],
-            seen=upstream["seen"],
-            issue=upstream.get("issue", 0),
-            pull_request=upstream.get("pull_request", 0),
-            reviewers=tuple(upstream.get("reviewers", ())),
-        ),
-        launches=launches,
-        trees=tuple(repro.get("trees", ("pinned", "patched"))),
-        columns=tuple(repro["columns"]),
-        compare=tuple(repro.get("compare", ())),
-        red_on_pinned=frozenset(tests.get("red_on_pinned", ())),
-        neighbours=tuple(tests.get("neighbours", ())),
-        workspace_only=tuple(tests.get("workspace_only", ())),
-        profile=dict(raw.get("profile", {})),
-        carries=tuple(raw.get("carries", ())),
-        raw=raw,
-    )
+def load_card(data: Json) -> Card:
+    """A card's table, its types checked, then what types cannot say."""
+    card = records.load(Card, data, "")
+    for number, launch in enumerate(card.repro.launch):
+        where = f"repro.launch[{number}]"
+        if not launch.ranks or any(n < 1 for n in launch.ranks):
+            raise RecordError(f"{where}.ranks", "must list rank counts of at least 1")
+        if launch.launcher == Launcher.PYTHON and launch.ranks != (1,):
+            raise RecordError(f"{where}.ranks", "a `python` launch is one process: use [1]")
+        if not launch.scenarios:
+            raise RecordError(f"{where}.scenarios", "names no scenario")
+    scenarios = [name for launch in card.repro.launch for name in launch.scenarios]
+    if card.profile and card.profile.scenario not in scenarios:
+        raise RecordError("profile.scenario", f"must be one of {', '.join(scenarios)}")
+    for base in (tree.partition("+")[0] for tree in card.repro.trees):
+        if base == TreeRole.FIXED and card.fixed is None:
+            raise RecordError("repro.trees", "names `fixed`, but the card has no [fixed]")
+    return card

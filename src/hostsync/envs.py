@@ -36,7 +36,7 @@ from hostsync.errors import WorkspaceError, last_line
 from hostsync.layout import Layout
 from hostsync.options import case_layouts
 from hostsync.projects import Project
-from hostsync.sdists import fetch_sdist, pkg_info, requires_dist
+from hostsync.upstream.sdists import fetch_sdist, pkg_info, requires_dist
 
 log = logging.getLogger(__name__)
 
@@ -128,11 +128,24 @@ def python_for(layout: Layout, project: Project, release: Release, root: Path | 
                 f" {'; '.join(unmet)} (install them there, or drop --no-venv)"
             )
         return sys.executable
-    for env in sorted(layout.envs.glob("*/" + RECORD)):
-        record = json.loads(env.read_text())
+    for record_file in sorted(layout.envs.glob("*/" + RECORD)):
+        record = json.loads(record_file.read_text())
         if not problems(record["installed"], pin, project, requires, exact=True):
-            return record["python"]
+            return usable_python(record_file.parent, record)
     return build(layout, pin, project, version, requires)
+
+
+def usable_python(env: Path, record: dict) -> str:
+    """The interpreter of the environment `env`, which its record names relative to the
+    folder; a record naming one elsewhere, or one that is gone, is refused in one line."""
+    python = env / record["python"]  # an older record's absolute path stays as it is
+    inside = python.parent.resolve().is_relative_to(env.resolve())  # bin/python is a link
+    if not inside or not python.exists():
+        raise WorkspaceError(
+            f"the environment {env.name} has no interpreter of its own at {python}"
+            f" (it names {record['python']}): remove {env} and rerun, it is rebuilt"
+        )
+    return str(python)
 
 
 def build(
@@ -140,7 +153,9 @@ def build(
 ) -> str:
     """A new environment: pin.toml's pins with `project` at `version`, checked after install."""
     name = f"{project.name}-{version}"
-    target = layout.envs / name
+    # Built at its real path: scripts it installs name their interpreter by path, and a
+    # workspace reached through a link (a test's) may be gone when the environment is used.
+    target = (layout.envs / name).resolve()
     if (target / RECORD).exists():
         raise WorkspaceError(
             f"{target} exists but does not fit {project.name} {version} (pin.toml changed?):"
@@ -172,9 +187,9 @@ def build(
             f"the new environment {name} does not fit its own release: {'; '.join(unmet)}:"
             " pin.toml's pins conflict with what that release needs"
         )
-    record = {"python": str(target / "bin" / "python"), "specs": specs, "installed": installed}
+    record = {"python": "bin/python", "specs": specs, "installed": installed}
     (target / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    return record["python"]
+    return usable_python(target, record)
 
 
 def main(argv: list[str]) -> int:

@@ -82,6 +82,11 @@ class Layout:
         return self.work / "envs"
 
     @property
+    def unsaved(self) -> Path:
+        """Where a finished run's result goes when profiles/ cannot take it."""
+        return self.work / "unsaved"
+
+    @property
     def cache(self) -> Path:
         """Downloads and compiled extensions that survive between runs."""
         return self.work / "cache"

@@ -13,12 +13,15 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hostsync.cases import LintTool
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.layout import Layout
-from hostsync.upstream import Tree
+from hostsync.projects import PreCommitLint, RuffLint
+from hostsync.records import Tree
 
 log = logging.getLogger(__name__)
 
@@ -37,25 +40,20 @@ class Step:
         return re.sub(r"[^\w.-]+", "-", self.name).strip("-")
 
 
-def steps(layout: Layout, tree: Tree, settings: dict, workdir: Path) -> list[Step]:
-    """The lint steps of the tree's project. `settings` is the case card's `[lint]`, for a tree
-    that lacks the project's own lint configuration (a PyPI sdist may); config files it holds are
-    written to `workdir`."""
-    if tree.project.name == "deepspeed":
-        return _deepspeed(layout, tree, settings, workdir)
-    return _ruff(layout, tree)
+def steps(layout: Layout, tree: Tree, settings: Mapping[str, LintTool],
+          workdir: Path) -> list[Step]:  # fmt: skip
+    """The lint steps of the tree's project, as its record says. `settings` is the case card's
+    `[lint]`, for a tree that lacks the project's own lint configuration (a PyPI sdist may);
+    config files it holds are written to `workdir`."""
+    lint = tree.project.lint
+    if isinstance(lint, RuffLint):
+        return _ruff(layout, tree, lint)
+    return _pre_commit(layout, tree, lint, settings, workdir)
 
 
-# Where each ruff-linted project pins its ruff: the file, and the pattern whose group 1 is it.
-RUFF_PINS = {
-    "transformers": ("src/transformers/dependency_versions_table.py", r'"ruff": "ruff==([^"]+)"'),
-    "accelerate": ("setup.py", r"ruff\s*==\s*([\w.]+)"),
-}
-
-
-def _ruff(layout: Layout, tree: Tree) -> list[Step]:
+def _ruff(layout: Layout, tree: Tree, lint: RuffLint) -> list[Step]:
     """ruff check and ruff format --check, at the version the tree pins for its style job."""
-    version = pinned(tree, *RUFF_PINS[tree.project.name])
+    version = pinned(tree, lint.file, lint.pattern)
     tool = f"ruff {version}"
     python, env = installed(layout, f"ruff=={version}")
     prefix = (python, "-m", "ruff")
@@ -65,34 +63,32 @@ def _ruff(layout: Layout, tree: Tree) -> list[Step]:
     ]
 
 
-def _deepspeed(layout: Layout, tree: Tree, settings: dict, workdir: Path) -> list[Step]:
-    """The formatters of DeepSpeed's .pre-commit-config.yaml that check Python files: from the
+def _pre_commit(layout: Layout, tree: Tree, lint: PreCommitLint,
+                settings: Mapping[str, LintTool], workdir: Path) -> list[Step]:  # fmt: skip
+    """The formatters of the tree's .pre-commit-config.yaml that check Python files: from the
     tree when it has it (a git clone), else as the case card records them."""
-    tools = _pre_commit_versions(tree) or {
-        name: (spec["version"], _written(workdir, spec)) for name, spec in settings.items()
+    tools = _pre_commit_versions(tree, lint) or {
+        name: (spec.version, _written(workdir, spec)) for name, spec in settings.items()
     }
-    missing = [name for name in ("yapf", "flake8", "codespell") if name not in tools]
+    missing = [f.name for f in lint.formatters if f.name not in tools]
     if missing:
         raise WorkspaceError(
             f"{tree.label} has no .pre-commit-config.yaml and the case card's [lint] lacks"
             f" {', '.join(missing)}: add them to the card with their versions and configs"
         )
     found = []
-    for name, check, config_flag in (
-        ("yapf", ("--diff",), "--style"),
-        ("flake8", (), "--config"),
-        ("codespell", (), None),
-    ):
-        version, config = tools[name]
-        flags = (*check, *((config_flag, str(config)) if config and config_flag else ()))
-        python, env = installed(layout, f"{name}=={version}")
-        tool = f"{name} {version}"
-        module = {"codespell": "codespell_lib"}.get(name, name)
-        found.append(Step(tool, tool, (python, "-m", module, *flags), env))
+    for formatter in lint.formatters:
+        version, config = tools[formatter.name]
+        flags = formatter.check_flags
+        if config and formatter.config_flag:
+            flags += (formatter.config_flag, str(config))
+        python, env = installed(layout, f"{formatter.name}=={version}")
+        tool = f"{formatter.name} {version}"
+        found.append(Step(tool, tool, (python, "-m", formatter.module, *flags), env))
     return found
 
 
-def _pre_commit_versions(tree: Tree) -> dict[str, tuple[str, Path | None]]:
+def _pre_commit_versions(tree: Tree, lint: PreCommitLint) -> dict[str, tuple[str, Path | None]]:
     """Each formatter's version from the tree's .pre-commit-config.yaml (configs found by the
     tools themselves from the tree root), or {} when the tree has none."""
     config = tree.root / ".pre-commit-config.yaml"
@@ -100,20 +96,20 @@ def _pre_commit_versions(tree: Tree) -> dict[str, tuple[str, Path | None]]:
         return {}
     text = config.read_text()
     found = {}
-    for name, repo in (("yapf", "google/yapf"), ("flake8", "flake8"), ("codespell", "codespell")):
-        match = re.search(rf"{re.escape(repo)}\s+rev:\s*v?([\w.]+)", text)
+    for formatter in lint.formatters:
+        match = re.search(rf"{re.escape(formatter.repo)}\s+rev:\s*v?([\w.]+)", text)
         if match:
-            found[name] = (match[1], None)
+            found[formatter.name] = (match[1], None)
     return found
 
 
-def _written(workdir: Path, spec: dict) -> Path | None:
+def _written(workdir: Path, spec: LintTool) -> Path | None:
     """The card's config text for a tool, as the file the tool reads, or None."""
-    if "text" not in spec:
+    if not spec.text:
         return None
-    path = workdir / spec["config"]
+    path = workdir / spec.config
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(spec["text"])
+    path.write_text(spec.text)
     return path
 
 

@@ -36,8 +36,10 @@ def case_layouts(name: str | None, layout: Layout | None = None) -> list[Layout]
     layout = layout or Layout()
     if name == ALL_CASES:
         names = cases.names(layout.root)
+    elif name is None:
+        names = [load_pin(layout.pin_file).default_case]
     else:
-        names = [name or load_pin(layout.pin_file).default_case]
+        names = [name]
     for each in names:
         cases.load(layout.root, each)
     return [layout.for_case(each) for each in names]

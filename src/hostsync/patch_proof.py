@@ -27,27 +27,30 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from hostsync import cases, linters, results, table, upstream
+from hostsync import cases, linters, locks, provenance, results, table
 from hostsync.errors import WorkspaceError, last_line
-from hostsync.launch import Run, run_group
+from hostsync.launchers import Run, run_group
 from hostsync.layout import Layout
 from hostsync.options import add_case, add_timeout, case_layouts
+from hostsync.records import (
+    CheckRecord,
+    Outcome,
+    TestOutcome,
+    TestPatchResult,
+    Tree,
+    TreeRef,
+    TreeRole,
+    Verdict,
+)
+from hostsync.upstream import patchqueue
+from hostsync.upstream.trees import prepare_tree
 
 log = logging.getLogger(__name__)
 
-PASSED, FAILED, ERROR, SKIPPED = "passed", "failed", "error", "skipped"
+PASSED, FAILED, ERROR, SKIPPED = Outcome.PASSED, Outcome.FAILED, Outcome.ERROR, Outcome.SKIPPED
 _JUNIT_OUTCOMES = {"failure": FAILED, "error": ERROR, "skipped": SKIPPED}
-OK, WRONG, NOT_APPLICABLE = "ok", "WRONG", "n/a"
+OK, WRONG, NOT_APPLICABLE = Verdict.OK, Verdict.WRONG, Verdict.NOT_APPLICABLE
 HEADERS = ("check", "tree", "passed", "failed", "skipped", "expected", "verdict", "reason")
-
-
-@dataclass(frozen=True)
-class Case:
-    """One test case of a pytest run (or one ruff step)."""
-
-    test: str  # Class::method, as in the case card's red_on_pinned
-    outcome: str
-    message: str = ""  # the failure's first line, or why it was skipped
 
 
 @dataclass(frozen=True)
@@ -75,10 +78,10 @@ class Check:
     name: str
     label: str  # the tree asked for; `tree` stays None when it could not be made
     expected: str
-    tree: upstream.Tree | None = None
-    verdict: str = NOT_APPLICABLE
+    tree: Tree | None = None
+    verdict: Verdict = NOT_APPLICABLE
     reason: str = ""
-    tests: list[Case] = field(default_factory=list)
+    tests: list[TestOutcome] = field(default_factory=list)
     seconds: float = 0.0
 
     def row(self) -> list[object]:
@@ -94,19 +97,19 @@ class Check:
             _shorten(self.reason, 110),
         ]
 
-    def record(self) -> dict:
+    def record(self) -> CheckRecord:
         tree = self.tree
-        return {
-            "check": self.name,
-            "label": self.label,
-            "tree": tree and {k: getattr(tree, k) for k in ("version", "commit", "origin")},
-            "expected": self.expected,
-            "verdict": self.verdict,
-            "reason": self.reason,
-            "counts": dict(Counter(t.outcome for t in self.tests)),
-            "tests": [vars(t) for t in self.tests],
-            "seconds": round(self.seconds, 1),
-        }
+        return CheckRecord(
+            check=self.name,
+            label=self.label,
+            tree=tree and TreeRef(tree.version, tree.commit, tree.origin),
+            expected=self.expected,
+            verdict=self.verdict,
+            reason=self.reason,
+            counts={o.value: n for o, n in Counter(t.outcome for t in self.tests).items()},
+            tests=tuple(self.tests),
+            seconds=round(self.seconds, 1),
+        )
 
 
 @contextmanager
@@ -124,7 +127,7 @@ def measured(check: Check) -> Iterator[Check]:
 # --- reading and judging a pytest run ------------------------------------------------------------
 
 
-def read_junit(path: Path) -> list[Case]:
+def read_junit(path: Path) -> list[TestOutcome]:
     """Each test case of a pytest junit report, with its outcome."""
     found = []
     for case in ElementTree.parse(path).getroot().iter("testcase"):
@@ -135,11 +138,12 @@ def read_junit(path: Path) -> list[Case]:
                 outcome = _JUNIT_OUTCOMES[child.tag]
                 message = _first_line(child.get("message") or child.text or "")
                 break
-        found.append(Case(test, outcome, message))
+        found.append(TestOutcome(test, outcome, message))
     return found
 
 
-def judge(expect: Expectation, tests: Sequence[Case], returncode: int) -> tuple[str, str]:
+def judge(expect: Expectation, tests: Sequence[TestOutcome], returncode: int,
+          ) -> tuple[Verdict, str]:  # fmt: skip
     """The verdict on one pytest run, and why."""
     if not tests:
         # pytest's 5; upstream's conftest.py turns it into 0, so the report is what counts.
@@ -165,7 +169,7 @@ def judge(expect: Expectation, tests: Sequence[Case], returncode: int) -> tuple[
     return OK, f"all {ran} passed"
 
 
-def _describe(test: Case) -> str:
+def _describe(test: TestOutcome) -> str:
     if test.outcome == PASSED:
         return "passed"
     if test.outcome == SKIPPED:
@@ -179,8 +183,8 @@ def _describe(test: Case) -> str:
 
 
 def pytest_in_tree(
-    tree: upstream.Tree, paths: Sequence[str], run: Run, timeout: float
-) -> tuple[int, list[Case]]:
+    tree: Tree, paths: Sequence[str], run: Run, timeout: float
+) -> tuple[int, list[TestOutcome]]:
     """Run pytest on `paths` at the tree root: its exit code and the junit report's results."""
     report = run.run_dir / "junit.xml"
     command = [
@@ -201,14 +205,14 @@ def pytest_in_tree(
 
 
 def touched_files(patches: Sequence[Path]) -> list[str]:
-    return sorted({path for patch in patches for path in upstream.touched_files(patch)})
+    return sorted({path for patch in patches for path in patchqueue.touched_files(patch)})
 
 
 # --- the checks ----------------------------------------------------------------------------------
 
 
 def series_tests(layout: Layout) -> list[Path]:
-    return [p for p in upstream.series(layout) if upstream.touches_only_tests(p)]
+    return [p for p in patchqueue.series(layout) if patchqueue.touches_only_tests(p)]
 
 
 def series_test_files(test_patches: Sequence[Path]) -> list[str]:
@@ -228,8 +232,8 @@ def check_tests(
     check = Check("series tests", label, expect.label)
     with measured(check):
         try:
-            check.tree = upstream.tree(layout, label)
-        except upstream.PatchDoesNotApply as error:
+            check.tree = prepare_tree(layout, label)
+        except patchqueue.PatchDoesNotApply as error:
             if not optional:
                 raise
             check.reason = f"does not apply: {error}"
@@ -245,14 +249,15 @@ def check_tests(
     return check
 
 
-def check_neighbours(layout: Layout, case: cases.Case, workdir: Path, tree: upstream.Tree,
+def check_neighbours(layout: Layout, case: cases.Case, workdir: Path, tree: Tree,
                      timeout: float) -> Check:  # fmt: skip
     """Upstream's tests near the change on the patched tree: run, skipped (why) or absent."""
     check = Check("upstream tests", tree.label, PASS_OR_SKIP.label, tree)
     with measured(check):
-        present = [p for p in case.neighbours if (tree.root / p).exists()]
+        neighbours = case.card.tests.neighbours
+        present = [p for p in neighbours if (tree.root / p).exists()]
         if not present:
-            check.reason = f"absent: this tree has no {', '.join(case.neighbours) or 'such tests'}"
+            check.reason = f"absent: this tree has no {', '.join(neighbours) or 'such tests'}"
             return check
         run = Run(workdir / _safe(tree.label) / "neighbours", tree, layout)
         returncode, check.tests = pytest_in_tree(tree, present, run, timeout)
@@ -260,13 +265,13 @@ def check_neighbours(layout: Layout, case: cases.Case, workdir: Path, tree: upst
     return check
 
 
-def check_lint(layout: Layout, workdir: Path, tree: upstream.Tree) -> Check:
+def check_lint(layout: Layout, workdir: Path, tree: Tree) -> Check:
     """The project's own linters, at the tree's pinned versions and with its config, on the
     Python files the series touches."""
     check = Check("lint", tree.label, "clean", tree)
     with measured(check):
-        files = [f for f in touched_files(upstream.series(layout)) if f.endswith(".py")]
-        settings = cases.load(layout.root, layout.case).raw.get("lint", {})
+        files = [f for f in touched_files(patchqueue.series(layout)) if f.endswith(".py")]
+        settings = cases.load(layout.root, layout.case).card.lint
         steps = linters.steps(layout, tree, settings, workdir / "lint")
         check.name = ", ".join(dict.fromkeys(step.tool for step in steps))
         failures = []
@@ -275,7 +280,7 @@ def check_lint(layout: Layout, workdir: Path, tree: upstream.Tree) -> Check:
             status = run_group(run, [*step.command, *files], timeout=300, cwd=tree.root,
                                env=step.env)  # fmt: skip
             message = "" if status == 0 else last_line(run.log_file.read_text())
-            check.tests.append(Case(step.name, PASSED if status == 0 else FAILED, message))
+            check.tests.append(TestOutcome(step.name, PASSED if status == 0 else FAILED, message))
             if status != 0:
                 failures.append(f"{step.name}: {message} (see {run.log_file})")
         check.verdict = WRONG if failures else OK
@@ -313,7 +318,7 @@ def all_checks(
     case = cases.load(layout.root, layout.case)
     checks = [
         check_tests(layout, workdir, "pinned+tests", red(case), timeout),
-        check_tests(layout, workdir, upstream.PATCHED, GREEN, timeout),
+        check_tests(layout, workdir, TreeRole.PATCHED.value, GREEN, timeout),
     ]
     if case.fixed:
         checks.append(check_tests(layout, workdir, "fixed+tests", GREEN, timeout))
@@ -333,6 +338,7 @@ def prove_and_report(
 ) -> tuple[int, Path]:
     """Prove, print the summary, write the result file; exit status 1 when a verdict is WRONG."""
     workdir = layout.new_run_dir(f"test-patch-{layout.case}")
+    measured_against = provenance.inputs(layout)
     checks = all_checks(layout, versions, timeout, workdir)
     wrong = [c for c in checks if c.verdict == WRONG]
     say(table.text(HEADERS, [c.row() for c in checks]))
@@ -340,8 +346,12 @@ def prove_and_report(
         for test in check.tests:
             if test.outcome in (FAILED, ERROR):
                 say(f"{check.label}: {test.test}\n    {test.message}")
-    payload = {"ok": not wrong, "checks": [c.record() for c in checks]}
-    path = results.write(layout, "test_patch", payload)
+    result = TestPatchResult(
+        stamp=provenance.stamp(layout, measured_against),
+        ok=not wrong,
+        checks=tuple(c.record() for c in checks),
+    )
+    path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
     say(f"wrote {path.relative_to(layout.root)}")
     if wrong:
         say(f"{len(wrong)} wrong verdict(s); pytest and lint logs are kept in {workdir}")
@@ -359,7 +369,6 @@ def main(argv: list[str]) -> int:
     add_case(parser)
     parser.add_argument(
         "--release",
-        "--transformers",
         dest="releases",
         action="append",
         default=[],
@@ -375,7 +384,8 @@ def main(argv: list[str]) -> int:
     status = 0
     for layout in case_layouts(args.case):
         print(f"case {layout.case}")
-        status = max(status, prove_and_report(layout, args.releases, args.timeout)[0])
+        with locks.case(layout):
+            status = max(status, prove_and_report(layout, args.releases, args.timeout)[0])
     return status
 
 

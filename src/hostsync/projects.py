@@ -1,11 +1,14 @@
-"""The upstream projects a case can pin: where each keeps its package and version, and how its
-CI runs its tests.
+"""The upstream projects a case can pin, each described once: where it keeps its package and
+version, how its CI runs its tests, which linters it applies, what the environment probe
+reports beside it, how its compiled extensions are cached.
 
 A tree under test is imported by path: `Project.import_root` is the folder that goes first on
 `PYTHONPATH` (transformers and accelerate keep their package under `src/`, DeepSpeed at the top
 together with its `accelerator` and `op_builder` packages). DeepSpeed's unit tests need its own
 harness (`tests/unit/common.py`), which the PyPI sdist lacks: `harness` names the stand-in under
 `hostsync/harness/` that takes its place there.
+
+Adding a project is adding one entry to `PROJECTS`: nothing else in the engine names one.
 """
 
 from __future__ import annotations
@@ -18,15 +21,52 @@ from hostsync.errors import WorkspaceError
 
 
 @dataclass(frozen=True)
+class RuffLint:
+    """`ruff check` and `ruff format --check`, at the version the tree pins: group 1 of
+    `pattern` in the tree's `file`."""
+
+    file: str
+    pattern: str
+
+
+@dataclass(frozen=True)
+class Formatter:
+    """One Python formatter of a `.pre-commit-config.yaml`, run as a check."""
+
+    name: str  # on PyPI, and as the card's [lint] names it
+    repo: str  # how the pre-commit config names its repository
+    module: str  # python -m MODULE
+    check_flags: tuple[str, ...] = ()  # what makes it report instead of rewrite
+    config_flag: str | None = None  # how it takes a config file the card supplies
+
+
+@dataclass(frozen=True)
+class PreCommitLint:
+    """The formatters of the tree's `.pre-commit-config.yaml`; for a tree without one (an
+    sdist), their versions and configs from the case card's `[lint]`."""
+
+    formatters: tuple[Formatter, ...]
+
+
+@dataclass(frozen=True)
 class Project:
     name: str  # on PyPI, and the import name
     repository: str
     import_root: str  # relative to the tree root
     version_file: str  # relative to the tree root
     version_pattern: str  # its group 1 is the version
+    lint: RuffLint | PreCommitLint
+    # Installed packages the environment probe reports beside the project (the tree is
+    # imported by path, so the project's own installed version is reported too, as installed).
+    reports: tuple[str, ...] = ()
     test_env: tuple[tuple[str, str], ...] = ()  # as the project's CPU CI sets it
     harness: str = ""  # a stand-in for test infrastructure an sdist lacks
     harness_marker: str = ""  # the tree file whose absence calls for the stand-in
+    # JIT-compiled extensions are built from the tree's own sources: one cache per tree, or
+    # each tree would rebuild the other's.
+    extensions_per_tree: bool = False
+    # DCO: every commit sent upstream carries `Signed-off-by` (the outbox adds it).
+    sign_off: bool = False
 
     def version_in(self, root: Path) -> str:
         """The version the tree at `root` says it is, or "unknown"."""
@@ -57,23 +97,45 @@ PROJECTS = {
         Project(
             "transformers", "https://github.com/huggingface/transformers", "src",
             "src/transformers/__init__.py", _DUNDER_VERSION,
+            # `make style`: the ruff of its dependency table.
+            lint=RuffLint("src/transformers/dependency_versions_table.py",
+                          r'"ruff": "ruff==([^"]+)"'),
+            reports=("tokenizers", "huggingface_hub"),
         ),
         Project(
             "accelerate", "https://github.com/huggingface/accelerate", "src",
             "src/accelerate/__init__.py", _DUNDER_VERSION,
+            # `make quality`: the ruff of setup.py's quality extra.
+            lint=RuffLint("setup.py", r"ruff\s*==\s*([\w.]+)"),
         ),
         Project(
             "deepspeed", "https://github.com/deepspeedai/DeepSpeed", ".",
             "version.txt", r"^(\S+)\s*$",
+            lint=PreCommitLint((
+                Formatter("yapf", "google/yapf", "yapf", ("--diff",), "--style"),
+                Formatter("flake8", "flake8", "flake8", (), "--config"),
+                Formatter("codespell", "codespell", "codespell_lib"),
+            )),
             # Its cpu-torch-latest workflow: `cd tests; DS_ACCELERATOR=cpu pytest unit/...`.
             test_env=(("DS_ACCELERATOR", "cpu"),),
             harness="deepspeed", harness_marker="tests/unit/common.py",
+            extensions_per_tree=True,
+            sign_off=True,
         ),
     )
 }  # fmt: skip
+
+# What the hunt attributes a site to, in the order it ranks them: the projects, then torch.
+PACKAGES = (*PROJECTS, "torch")
 
 
 def get(name: str) -> Project:
     if name not in PROJECTS:
         raise WorkspaceError(f"unknown project {name!r}: use one of {', '.join(PROJECTS)}")
     return PROJECTS[name]
+
+
+def probed_packages() -> tuple[str, ...]:
+    """What the environment probe reports: torch, every project and what each names."""
+    reported = [name for project in PROJECTS.values() for name in project.reports]
+    return tuple(dict.fromkeys(["torch", *PROJECTS, *reported]))

@@ -1,23 +1,22 @@
 """`python -m hostsync repro`: a case's reproducer on real processes, tree by tree.
 
 The case card says how: each `[[repro.launch]]` names a script of `repro/<case>/`, its launcher
-(`python`, `fork`, `torchrun` or `accelerate launch`), the rank counts to run it at and its
-scenarios. Every (tree, launch, rank count) is one run; `fork` starts the ranks of all of a
-launch's rank counts from one import of the script (`hostsync.prefork`). A rank script takes
-`--scenarios a,b --device D` (and `--no-detector`, to time the detector) and returns
-`{"runs": [row, ...]}`, one row per scenario: `scenario`, the figures, site lists (`*_sites`:
+(`python`, `fork`, `torchrun` or `accelerate`, see `hostsync.launchers`), the rank counts to run
+it at and its scenarios. Every (tree, launch, rank count) is one run; `fork` starts the ranks of
+all of a launch's rank counts from one import of the script (`hostsync.prefork`). A rank script
+takes `--scenarios a,b --device D` (and `--no-detector`, to time the detector) and returns
+`{"runs": [row, ...]}`, one row per scenario: `scenario`, the figures, site lists (lists of
 {file, line, function, code, count}), and `problems`, what the rank found wrong (a loss off its
-reference, say). The ranks' rows are merged here: a value all ranks agree on is kept as it is;
-where they differ, the row holds the largest number (or all() of flags) and `<key>_per_rank`
-beside it, and the report says so.
+reference, say). The ranks' rows are merged here (`merge_ranks`): a figure every rank agrees on
+is kept as it is; where they differ, the row holds the largest number (or all() of flags, or
+each rank's message) and every rank's value beside it, and the report says so.
 
 With `--trainer`, `trainer` holds per tree the full Trainer path's per-step losses with and
 without SP (`trainer_run.compare_losses`). The card's `compare` keys are compared across trees:
 for each (launch, rank count, scenario), whether every tree gave the value the first one gave
 (the fix must not change the loss, say).
 
-Writes `profiles/<case>/repro-<stamp>.json`: environment, trees, scenarios, `runs`, the merged
-rows, each with `tree`, `launch` (the script) and `ranks`, and `comparisons`.
+Writes `profiles/<case>/repro-<stamp>.json` (`records.ReproResult`).
 """
 
 from __future__ import annotations
@@ -26,20 +25,31 @@ import argparse
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from hostsync import cases, environment, results, table, trainer_run, upstream
+from hostsync import cases, devices, launchers, locks, provenance, results, table, trainer_run
 from hostsync.cases import Case, Launch
 from hostsync.errors import WorkspaceError
-from hostsync.launch import Run, launch, prefork, torchrun_command
+from hostsync.launchers import Run, Start, World
 from hostsync.layout import Layout
 from hostsync.options import add_case, add_device, add_timeout, case_layouts, comma_list
+from hostsync.records import (
+    Comparison,
+    Device,
+    Json,
+    ReproResult,
+    RunRow,
+    TrainerComparison,
+    Tree,
+    is_site_list,
+)
+from hostsync.upstream.trees import infos, prepare_trees
 
 
 def run_launch(
     layout: Layout,
-    tree: upstream.Tree,
+    tree: Tree,
     spec: Launch,
     counts: Sequence[int],
     scenarios: Sequence[str],
@@ -48,70 +58,40 @@ def run_launch(
     timeout: float,
     detector: bool = True,
     env: Mapping[str, str] | None = None,
-) -> list[tuple[int, str, list[dict]]]:
+) -> list[tuple[int, Device, list[dict]]]:
     """A launch on `tree` at each rank count of `counts`: (ranks, device, each rank's result).
 
-    Each rank count gets its own device (`auto` uses GPUs only where there is one per rank). A
-    `fork` launch runs the rank counts that share a device from one import of its script. Run
-    folders are removed after a success and kept, with the launcher log and the failing rank's
-    traceback, after a failure.
+    Each rank count gets its own device (`auto` uses GPUs only where there is one per rank); the
+    rank counts that share a device go to the launcher together (`fork` runs them all from one
+    import of its script). Run folders are removed after a success and kept, with the launcher
+    log and the failing rank's traceback, after a failure.
     """
     script = layout.repro / spec.script
     name = f"repro-{tree.label}-{spec.script.removesuffix('.py')}"
-    by_device: dict[str, list[int]] = {}
+    by_device: dict[Device, list[int]] = {}
     for ranks in counts:
-        used = environment.resolve_device(device, ranks, tree.python)
+        used = devices.resolve_device(device, ranks, tree.python)
         by_device.setdefault(used, []).append(ranks)
-    done: dict[int, tuple[str, list[dict]]] = {}
+    done: dict[int, tuple[Device, list[dict]]] = {}
     for used, group in by_device.items():
-        args = ["--scenarios", ",".join(scenarios), "--device", used, *spec.args]
-        args += [] if detector else ["--no-detector"]
-        run_env = environment.device_env(used) | dict(env or {})
-        if spec.launcher == "fork":
-            run = Run(layout.new_run_dir(name), tree, layout)
-            worlds = prefork(run, script, [(n, args) for n in group], timeout=timeout, env=run_env)
-            shutil.rmtree(run.run_dir)
-            done |= {n: (used, rank_results) for n, rank_results in zip(group, worlds, strict=True)}
-            continue
-        for ranks in group:
-            run = Run(layout.new_run_dir(f"{name}-{ranks}"), tree, layout)
-            rank_results = _run_one(
-                run, spec.launcher, script, ranks, args, device=used, timeout=timeout, env=run_env
-            )
-            done[ranks] = (used, rank_results)
+        args = ("--scenarios", ",".join(scenarios), "--device", used.value, *spec.args)
+        args += () if detector else ("--no-detector",)
+        run = Run(layout.new_run_dir(name), tree, layout)
+        what = Start(script, tuple(World(n, args) for n in group), used, timeout, env or {})
+        worlds = launchers.start(spec.launcher, run, what)
+        shutil.rmtree(run.run_dir)
+        done |= {n: (used, rank_results) for n, rank_results in zip(group, worlds, strict=True)}
     return [(ranks, *done[ranks]) for ranks in counts]
 
 
-def _run_one(run: Run, launcher: str, script: Path, ranks: int, args: list[str], *, device: str,
-             timeout: float, env: Mapping[str, str]) -> list[dict]:  # fmt: skip
-    """One run of a `python`, `torchrun` or `accelerate` launch; each rank's result, by rank."""
-    if launcher == "accelerate":
-        rank_results = trainer_run.launch_accelerate(
-            run, script, ranks, args, device=device, timeout=timeout, env=env
-        )
-    else:
-        command = (
-            torchrun_command(run.tree.python, script, ranks, args)
-            if launcher == "torchrun"
-            else [run.tree.python, str(script), *args]
-        )
-        rank_results = launch(run, command, nprocs=ranks, timeout=timeout, env=env)
-    shutil.rmtree(run.run_dir)
-    return rank_results
-
-
 # --- merging the ranks' rows ----------------------------------------------------------------------
-
-
-def is_site_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, dict) and "line" in v for v in value)
 
 
 def merge_sites(per_rank: list[list[dict]]) -> list[dict]:
     """One entry per source line: its count on each rank, and the largest as `count`."""
     merged: dict[tuple[str, int], dict] = {}
     for rank, sites in enumerate(per_rank):
-        for site in sites:
+        for site in sites or ():
             entry = merged.setdefault(
                 (site["file"], site["line"]), site | {"count_per_rank": [0] * len(per_rank)}
             )
@@ -130,7 +110,7 @@ def per_rank_text(values: list[Any]) -> str | None:
     return "; ".join(f"rank {rank}: {value}" for rank, value in enumerate(values) if value)
 
 
-def combine(values: list[Any]) -> Any:
+def disagreement(values: list[Any]) -> Any:
     """What a merged row shows where the ranks differ: all() of flags, the largest number, each
     rank's message, or, for lists and tables, the ranks' own values in rank order."""
     if all(isinstance(v, bool) for v in values):
@@ -144,41 +124,46 @@ def combine(values: list[Any]) -> Any:
     return values
 
 
-def merge_ranks(rank_results: list[dict]) -> list[dict]:
-    """One row per scenario from every rank's rows."""
+def merge_ranks(rank_results: list[dict], tree: str, launch: str, ranks: int) -> list[RunRow]:
+    """One row per scenario from every rank's rows: site lists merged by line, problems pooled,
+    other figures kept where the ranks agree and set apart (`disagreement`) where not."""
     rows = []
     for index, first in enumerate(rank_results[0]["runs"]):
         by_rank = [result["runs"][index] for result in rank_results]
         keys = list(dict.fromkeys(key for row in by_rank for key in row))
-        merged: dict[str, Any] = {}
+        figures: dict[str, Json] = {}
+        per_rank: dict[str, tuple[Json, ...]] = {}
+        problems: set[str] = set()
         for key in keys:
             values = [row.get(key) for row in by_rank]
             if key == "problems":
-                merged[key] = sorted({problem for value in values for problem in value or ()})
-            elif is_site_list(values[0]):
-                merged[key] = merge_sites(values)
+                problems |= {problem for value in values for problem in value or ()}
+            elif key == "scenario":
+                continue
+            elif any(is_site_list(value) for value in values):
+                figures[key] = merge_sites(values)
             elif all(v == values[0] for v in values):
-                merged[key] = values[0]
+                figures[key] = values[0]
             else:
-                merged[key] = combine(values)
-                merged[f"{key}_per_rank"] = values
-        merged["scenario"] = first["scenario"]
-        rows.append(merged)
+                figures[key] = disagreement(values)
+                per_rank[key] = tuple(values)
+        rows.append(RunRow(tree, launch, ranks, first["scenario"], figures, per_rank,
+                           tuple(sorted(problems))))  # fmt: skip
     return rows
 
 
 # --- presenting -----------------------------------------------------------------------------------
 
 
-def cell(run: dict, key: str) -> object:
+def cell(run: RunRow, key: str) -> object:
     """A column of the case card, shown: sites as `file:line xN`, rank differences as `a/b`."""
     value = run.get(key)
     if is_site_list(value):
-        return ", ".join(f"{_short(s['file'])}:{s['line']} x{s['count']}" for s in value) or "-"
-    if f"{key}_per_rank" in run:
-        return "/".join(table.cell(v) for v in run[f"{key}_per_rank"])
+        return ", ".join(f"{_short(s['file'])}:{s['line']} x{s['count']}" for s in value)
+    if key in run.per_rank:
+        return "/".join(table.cell(v) for v in run.per_rank[key])
     if isinstance(value, list):
-        return " ".join(table.cell(v) for v in value)
+        return " ".join(table.cell(v) for v in value) or "-"
     return value
 
 
@@ -187,34 +172,33 @@ def _short(file: str) -> str:
     return file.split("/", 1)[1] if "/" in file else file
 
 
-def anomalies(runs: list[dict], columns: Sequence[str]) -> list[str]:
+def anomalies(runs: Sequence[RunRow], columns: Sequence[str]) -> list[str]:
     """What a reader must not miss: ranks that disagree, and what the ranks found wrong."""
     found = []
     for run in runs:
-        where = f"{run['tree']} x{run['ranks']} {run['scenario']}"
+        where = f"{run.tree} x{run.ranks} {run.scenario}"
         for key in columns:
-            if f"{key}_per_rank" in run:
-                found.append(f"{where}: ranks differ in {key} {run[f'{key}_per_rank']}")
-        found += [f"{where}: {problem}" for problem in run.get("problems", []) if problem]
+            if key in run.per_rank:
+                found.append(f"{where}: ranks differ in {key} {list(run.per_rank[key])}")
+        found += [f"{where}: {problem}" for problem in run.problems if problem]
     return found
 
 
-def compare_trees(runs: list[dict], keys: Sequence[str]) -> list[dict]:
+def compare_trees(runs: Sequence[RunRow], keys: Sequence[str]) -> list[Comparison]:
     """For each key and (launch, ranks, scenario): the same value on every tree, or where not."""
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple[str, int, str], list[RunRow]] = {}
     for run in runs:
-        groups.setdefault((run["launch"], run["ranks"], run["scenario"]), []).append(run)
+        groups.setdefault((run.launch, run.ranks, run.scenario), []).append(run)
     found = []
     for key in keys:
-        for (launch_, ranks, scenario), group in groups.items():
+        for (launch, ranks, scenario), group in groups.items():
             first = group[0]
-            differ = [run["tree"] for run in group[1:] if run.get(key) != first.get(key)]
-            found.append({
-                "launch": launch_, "ranks": ranks, "scenario": scenario, "key": key,
-                "trees": [run["tree"] for run in group], "same": not differ,
-                "verdict": "identical" if not differ
-                else f"differs from {first['tree']} on {', '.join(differ)}",
-            })  # fmt: skip
+            differ = [run.tree for run in group[1:] if run.get(key) != first.get(key)]
+            verdict = (
+                "identical" if not differ else f"differs from {first.tree} on {', '.join(differ)}"
+            )
+            trees = tuple(run.tree for run in group)
+            found.append(Comparison(launch, ranks, scenario, key, trees, not differ, verdict))
     return found
 
 
@@ -223,58 +207,69 @@ TRAINER_COLUMNS = ("tree", "Trainer step", "loss with SP", "loss without SP", "|
 TRAINER_TOLERANCE = 1e-5
 
 
-def trainer_rows(comparisons: list[dict]) -> list[list[object]]:
+def trainer_rows(comparisons: Sequence[TrainerComparison]) -> list[list[object]]:
     return [
-        [compared["tree"], step, sp, no_sp, diff]
+        [compared.tree, step, sp, no_sp, diff]
         for compared in comparisons
         for step, (sp, no_sp, diff) in enumerate(
-            zip(compared["sp"], compared["no_sp"], compared["abs_diff"], strict=True), start=1
+            zip(compared.sp, compared.no_sp, compared.abs_diff, strict=True), start=1
         )
     ]
 
 
-def trainer_anomalies(comparisons: list[dict]) -> list[str]:
+def trainer_anomalies(comparisons: Sequence[TrainerComparison]) -> list[str]:
     found = []
     for compared in comparisons:
-        if compared["max_abs_diff"] > TRAINER_TOLERANCE:
+        if compared.max_abs_diff > TRAINER_TOLERANCE:
             found.append(
-                f"{compared['tree']} Trainer: SP loss differs from the run without SP by"
-                f" {compared['max_abs_diff']:.3g}"
+                f"{compared.tree} Trainer: SP loss differs from the run without SP by"
+                f" {compared.max_abs_diff:.3g}"
             )
-        if not compared["sp_ranks_agree"]:
-            found.append(f"{compared['tree']} Trainer: the SP ranks logged different losses")
+        if not compared.sp_ranks_agree:
+            found.append(f"{compared.tree} Trainer: the SP ranks logged different losses")
     return found
 
 
-def report(case: Case, payload: dict) -> str:
+def report(case: Case, result: ReproResult) -> str:
     columns = ("tree", "ranks", *case.columns)
-    rows = [[cell(run, key) for key in columns] for run in payload["runs"]]
+    rows = [[cell(run, key) for key in columns] for run in result.runs]
     lines = [table.text(columns, rows)]
-    if payload["comparisons"]:
+    if result.comparisons:
         headers = ("scenario", "ranks", "compared", "across trees")
-        compared = [
-            [c["scenario"], c["ranks"], c["key"], c["verdict"]] for c in payload["comparisons"]
-        ]
+        compared = [[c.scenario, c.ranks, c.key, c.verdict] for c in result.comparisons]
         lines += ["", table.text(headers, compared)]
-    if "trainer" in payload:
-        lines += ["", table.text(TRAINER_COLUMNS, trainer_rows(payload["trainer"]))]
-        lines += [f"note: {line}" for line in trainer_anomalies(payload["trainer"])]
-    lines += [f"note: {line}" for line in anomalies(payload["runs"], case.columns)]
+    if result.trainer:
+        lines += ["", table.text(TRAINER_COLUMNS, trainer_rows(result.trainer))]
+        lines += [f"note: {line}" for line in trainer_anomalies(result.trainer)]
+    lines += [f"note: {line}" for line in anomalies(result.runs, case.columns)]
     lines += [
-        f"note: {c['scenario']} x{c['ranks']}: {c['key']} {c['verdict']}"
-        for c in payload["comparisons"]
-        if not c["same"]
+        f"note: {c.scenario} x{c.ranks}: {c.key} {c.verdict}"
+        for c in result.comparisons
+        if not c.same
     ]
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class ReproSettings:
+    """What `repro` was asked, read once from the command line."""
+
+    trees: tuple[str, ...] | None
+    scenarios: str | None
+    ranks: str | None
+    device: str
+    timeout: float
+    trainer: bool
+
+
 def measure(
-    layout: Layout, case: Case, trees: list[upstream.Tree], scenarios: Sequence[str], *,
+    layout: Layout, case: Case, trees: list[Tree], scenarios: Sequence[str], *,
     device: str, timeout: float, only_ranks: Sequence[int] = (),
-) -> dict:  # fmt: skip
-    """Every (tree, launch, rank count) as one run; the payload of the `repro` result file.
+) -> tuple[list[RunRow], set[Device]]:  # fmt: skip
+    """Every (tree, launch, rank count) as one run: the merged rows, and the devices used.
     `only_ranks` keeps the runs at those rank counts."""
-    runs, devices = [], set()
+    runs: list[RunRow] = []
+    used: set[Device] = set()
     for tree in trees:
         for spec in case.launches:
             wanted = [name for name in scenarios if name in spec.scenarios]
@@ -282,19 +277,36 @@ def measure(
             if not wanted or not counts:
                 continue
             done = run_launch(layout, tree, spec, counts, wanted, device=device, timeout=timeout)
-            for ranks, used, rank_results in done:
-                devices.add(used)
-                runs += [
-                    {"tree": tree.label, "launch": spec.script, "ranks": ranks} | row
-                    for row in merge_ranks(rank_results)
-                ]
-    return {
-        "environment": environment.describe(trees[0].python) | {"devices": sorted(devices)},
-        "trees": upstream.describe_trees(layout, trees),
-        "scenarios": {name: case.scenarios[name] for name in scenarios},
-        "runs": runs,
-        "comparisons": compare_trees(runs, case.compare),
-    }
+            for ranks, device_used, rank_results in done:
+                used.add(device_used)
+                runs += merge_ranks(rank_results, tree.label, spec.script, ranks)
+    return runs, used
+
+
+def repro_case(layout: Layout, settings: ReproSettings) -> ReproResult:
+    case = cases.load(layout.root, layout.case)
+    scenarios = parse_scenarios(case, settings.scenarios)
+    only_ranks = parse_ranks(case, settings.ranks)
+    measured_against = provenance.inputs(layout)
+    trees = prepare_trees(layout, list(settings.trees or case.trees))
+    runs, used = measure(
+        layout, case, trees, scenarios, device=settings.device, timeout=settings.timeout,
+        only_ranks=only_ranks,
+    )  # fmt: skip
+    trainer = tuple(
+        trainer_run.compare_losses(layout, tree, timeout=settings.timeout, device=settings.device)
+        for tree in (trees if settings.trainer else ())
+    )
+    environment = devices.describe(trees[0].python)
+    return ReproResult(
+        stamp=provenance.stamp(layout, measured_against),
+        environment=environment.with_devices(sorted(used)),
+        trees=infos(layout, trees),
+        scenarios={name: case.scenarios[name] for name in scenarios},
+        runs=tuple(runs),
+        comparisons=tuple(compare_trees(runs, case.compare)),
+        trainer=trainer,
+    )
 
 
 # --- command line ---------------------------------------------------------------------------------
@@ -357,23 +369,20 @@ def parse_ranks(case: Case, text: str | None) -> list[int]:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    settings = ReproSettings(
+        trees=tuple(comma_list(args.trees, "--trees")) if args.trees else None,
+        scenarios=args.scenarios,
+        ranks=args.ranks,
+        device=args.device,
+        timeout=args.timeout,
+        trainer=args.trainer,
+    )
     for layout in case_layouts(args.case):
-        case = cases.load(layout.root, layout.case)
-        scenarios = parse_scenarios(case, args.scenarios)
-        only_ranks = parse_ranks(case, args.ranks)
-        names = comma_list(args.trees, "--trees") if args.trees else list(case.trees)
-        trees = upstream.trees(layout, names)
-        payload = measure(
-            layout, case, trees, scenarios, device=args.device, timeout=args.timeout,
-            only_ranks=only_ranks,
-        )  # fmt: skip
-        if args.trainer:
-            payload["trainer"] = [
-                trainer_run.compare_losses(layout, tree, timeout=args.timeout, device=args.device)
-                for tree in trees
-            ]
-        print(f"case {case.name}: {case.title}")
-        print(report(case, payload))
-        path = results.write(layout, "repro", payload)
+        with locks.case(layout):
+            result = repro_case(layout, settings)
+            case = cases.load(layout.root, layout.case)
+            print(f"case {case.name}: {case.title}")
+            print(report(case, result))
+            path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
         print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
     return 0

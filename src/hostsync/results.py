@@ -1,140 +1,111 @@
-"""Result files under profiles/<case>/: written once, never overwritten, each saying what made it.
+"""Result files: written once and whole, never overwritten, read back checked field by field.
 
-Every session that measures something writes one JSON file per invocation. The drafts are filled
-only from these files, so each carries its provenance: pin.toml, the case card, the patch series
-and the case's scripts it was measured with. When any changed since, the result is stale.
-
-Each kind has a schema: the keys its producer writes and its readers rely on, and the schema
-version. `read` refuses a file that lacks them, in one line naming the file, never a traceback.
+Every command that measures something writes one file per case and invocation,
+`profiles/<case>/<kind>-<UTC time>.json`; a folder beside it, named like it without `.json`,
+holds its attachments (traces, pictures). What a file holds is its record in
+`hostsync.records`; this module only stores and finds them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
-import shlex
-import sys
-from datetime import UTC, datetime
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from hostsync.errors import WorkspaceError
-from hostsync.files import sha256
-from hostsync.layout import Layout
-from hostsync.upstream import series
+from hostsync.records import KINDS, SCHEMA_VERSION, RecordError, Result
 
-SCHEMA_VERSION = 3
-_COMMON = ("kind", "schema", "created", "command", "case", "provenance")
-# What each kind holds beyond the common keys; `runs`/`checks` entries must hold their keys too.
-SCHEMAS: dict[str, dict[str, tuple[str, ...]]] = {
-    "repro": {"top": ("environment", "trees", "scenarios", "runs"), "runs": ("tree", "scenario")},
-    "test_patch": {"top": ("ok", "checks"), "checks": ("check", "label", "verdict", "tests")},
-    "profile": {"top": ("setting", "trees", "snippet"), "trees": ()},
-    "hunt": {"top": ("setup", "allowlist", "trees"), "trees": ("label",)},
-    "bench": {"top": ("environment",)},
-}
+R = TypeVar("R", bound=Result)
+_STAMP = re.compile(r"-(\d{8}T\d{6})Z(?:-(\d+))?$")
 
 
-def provenance(layout: Layout) -> dict:
-    """The inputs a result depends on: pin.toml, the case card, each patch and each of the
-    case's scripts (what its ranks run, the snippet an issue quotes), by sha256."""
-    return {
-        "pin_sha256": sha256(layout.pin_file),
-        "case_sha256": sha256(layout.case_file),
-        "patches": {path.name: sha256(path) for path in series(layout)},
-        "scripts": {path.name: sha256(path) for path in sorted(layout.repro.glob("*.py"))},
-    }
+def write(folder: Path, result: Result, keep_elsewhere: Path) -> Path:
+    """Write `result` into `folder` as `<kind>-<time>.json`, whole or not at all, next to no
+    earlier file of the same name. When `folder` cannot take it, the result goes to
+    `keep_elsewhere` instead and the error says where, so a finished run is never lost."""
+    text = json.dumps(result.document(), indent=2) + "\n"
+    stem = f"{result.KIND}-{result.stamp.time:%Y%m%dT%H%M%SZ}"
+    try:
+        return _write_new(folder, stem, text)
+    except OSError as error:
+        kept = _write_new(Path(tempfile.mkdtemp(prefix="result-", dir=_existing(keep_elsewhere))),
+                          stem, text)  # fmt: skip
+        raise WorkspaceError(
+            f"cannot write the {result.KIND} result into {folder} ({error.strerror or error}):"
+            f" it is kept at {kept}; make the folder writable and move the file there"
+        ) from None
 
 
-def stale_reasons(layout: Layout, result: dict) -> list[str]:
-    """Why `result` no longer describes the workspace (empty when it still does)."""
-    then, now = result["provenance"], provenance(layout)
-    reasons = []
-    if then["pin_sha256"] != now["pin_sha256"]:
-        reasons.append("pin.toml changed")
-    if then["case_sha256"] != now["case_sha256"]:
-        reasons.append(f"cases/{layout.case}.toml changed")
-    for folder, kind in (("patches", "patches"), ("repro", "scripts")):
-        old, new = then[kind], now[kind]
-        for name in sorted(set(old) | set(new)):
-            where = f"{folder}/{layout.case}/{name}"
-            if name not in new:
-                reasons.append(f"{where} was removed")
-            elif name not in old:
-                reasons.append(f"{where} was added")
-            elif old[name] != new[name]:
-                reasons.append(f"{where} changed")
-    return reasons
+def _existing(folder: Path) -> Path:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return Path(tempfile.gettempdir())
+    return folder
 
 
-def write(layout: Layout, kind: str, payload: dict) -> Path:
-    """Write `payload` as profiles/<case>/<kind>-<UTC time>.json; never replaces a file."""
-    created = datetime.now(UTC).replace(microsecond=0)
-    document = {
-        "kind": kind,
-        "schema": SCHEMA_VERSION,
-        "created": created.isoformat().replace("+00:00", "Z"),
-        "command": shlex.join(["python", "-m", "hostsync", *sys.argv[1:]]),
-        "case": layout.case,
-        "provenance": provenance(layout),
-        **payload,
-    }
-    problem = schema_problem(document, kind)
-    if problem:
-        raise ValueError(f"a {kind} result about to be written {problem}")
-    layout.profiles.mkdir(parents=True, exist_ok=True)
-    stem = f"{kind}-{created:%Y%m%dT%H%M%SZ}"
-    for attempt in range(1, 100):
-        path = layout.profiles / (f"{stem}.json" if attempt == 1 else f"{stem}-{attempt}.json")
-        try:
-            with path.open("x") as out:
-                json.dump(document, out, indent=2)
-                out.write("\n")
-        except FileExistsError:
-            continue
-        return path
-    raise FileExistsError(f"{stem}: too many results written within one second")
+def _write_new(folder: Path, stem: str, text: str) -> Path:
+    """A new file holding `text`: written under a temporary name, then linked to its final
+    name, which fails rather than replace a file that is already there."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=folder, prefix=".", suffix=".part",
+                                     delete=False) as partial:  # fmt: skip
+        partial.write(text)
+        partial.flush()
+        os.fsync(partial.fileno())
+    try:
+        for attempt in range(1, 100):
+            path = folder / (f"{stem}.json" if attempt == 1 else f"{stem}-{attempt}.json")
+            try:
+                os.link(partial.name, path)
+            except FileExistsError:
+                continue
+            return path
+        raise FileExistsError(f"{stem}: too many results written within one second")
+    finally:
+        Path(partial.name).unlink()
 
 
-def read(path: Path, kind: str) -> dict[str, Any]:
-    """A result of `kind`, checked against its schema."""
+def read(path: Path, kind: type[R]) -> R:
+    """The result at `path`, which must be a `kind` result of this schema, every field checked."""
+    rerun = f"rerun `nox -s {kind.KIND}` to replace it"
     try:
         document = json.loads(path.read_text())
     except (OSError, ValueError) as error:
-        raise WorkspaceError(f"{path} is no readable result ({error}): rerun its session") from None
-    problem = schema_problem(document, kind)
+        raise WorkspaceError(f"{path} is no readable result ({error}): {rerun}") from None
+    problem = _header_problem(document, kind)
     if problem:
-        raise WorkspaceError(f"{path} {problem}: rerun `nox -s {kind}` to replace it")
-    return document
+        raise WorkspaceError(f"{path} {problem}: {rerun}")
+    try:
+        return kind.from_json(document)
+    except RecordError as error:
+        raise WorkspaceError(f"{path} is no valid {kind.KIND} result ({error}): {rerun}") from None
 
 
-def schema_problem(document: Any, kind: str) -> str | None:
-    """What keeps `document` from being a `kind` result of this schema, or None."""
+def _header_problem(document: object, kind: type[Result]) -> str | None:
     if not isinstance(document, dict):
         return "is not a JSON object"
-    if document.get("kind") != kind:
-        return f"is a {document.get('kind')!r} result, not {kind!r}"
+    found = document.get("kind")
+    if found != kind.KIND:
+        named = f"a {found!r} result" if found in KINDS else f"of kind {found!r}"
+        return f"is {named}, not a {kind.KIND!r} one"
     if document.get("schema") != SCHEMA_VERSION:
         return f"has schema {document.get('schema')}, this workspace reads {SCHEMA_VERSION}"
-    schema = SCHEMAS[kind]
-    missing = [key for key in (*_COMMON, *schema["top"]) if key not in document]
-    for part, keys in schema.items():
-        if part == "top":
-            continue
-        entries = document.get(part, [])
-        entries = entries.values() if isinstance(entries, dict) else entries
-        for entry in entries:
-            missing += [f"{part}[].{key}" for key in keys if key not in entry]
-    return f"lacks {', '.join(sorted(set(missing)))}" if missing else None
+    return None
 
 
-def latest(layout: Layout, kind: str) -> Path | None:
-    """The newest result of `kind`, or None when that session has not run yet."""
-    found = sorted(layout.profiles.glob(f"{kind}-[0-9]*.json"), key=_sort_key)
+def latest(folder: Path, kind: type[Result]) -> Path | None:
+    """The newest result of `kind` in `folder`, or None when none was written yet."""
+    found = sorted(folder.glob(f"{kind.KIND}-[0-9]*.json"), key=_sort_key)
     return found[-1] if found else None
 
 
-_STAMP = re.compile(r"-(\d{8}T\d{6})Z(?:-(\d+))?$")
+def attachments(path: Path) -> Path:
+    """The folder of a result's attachments: beside it, named like it."""
+    return path.with_suffix("")
 
 
 def _sort_key(path: Path) -> tuple[str, int]:

@@ -31,15 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hostsync import cases, profiling, results, upstream
+from hostsync import cases, provenance, results
 from hostsync.cases import Case
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.options import add_case, case_layouts
+from hostsync.records import ProfileResult, ReproResult, Result, TestPatchResult
+from hostsync.upstream import patchqueue
 
 log = logging.getLogger(__name__)
 
-KINDS = ("repro", "test_patch", "profile")
+KINDS: tuple[type[Result], ...] = (ReproResult, TestPatchResult, ProfileResult)
 REFERENCE = "reference"
 NOT_MEASURED = "not measured"
 PLACEHOLDER = re.compile(r"\{\{\s*(?P<source>\w+):(?P<path>[^|}]+?)(?:\|(?P<reduce>\w+))?\s*\}\}")
@@ -61,7 +63,12 @@ class Source:
 
     kind: str
     path: Path
-    data: dict
+    result: Result
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The result as its file holds it: what the placeholders query."""
+        return self.result.document()
 
 
 # --- the results, fresh --------------------------------------------------------------------------
@@ -70,14 +77,14 @@ class Source:
 def latest_sources(layout: Layout, case: Case) -> dict[str, Source]:
     """The newest result of each kind the drafts cite (a profile only where the card has one)."""
     found = {}
-    for kind in KINDS if case.profile else tuple(k for k in KINDS if k != "profile"):
-        path = results.latest(layout, kind)
+    for kind in KINDS if case.profile else tuple(k for k in KINDS if k is not ProfileResult):
+        path = results.latest(layout.profiles, kind)
         if path is None:
             raise WorkspaceError(
-                f"no {kind} result in profiles/{layout.case}/: run"
-                f" `nox -s {kind} -- --case {layout.case}` first"
+                f"no {kind.KIND} result in profiles/{layout.case}/: run"
+                f" `nox -s {kind.KIND} -- --case {layout.case}` first"
             )
-        found[kind] = Source(kind, path, results.read(path, kind))
+        found[kind.KIND] = Source(kind.KIND, path, results.read(path, kind))
     return found
 
 
@@ -85,7 +92,7 @@ def stale(layout: Layout, sources: dict[str, Source]) -> dict[str, list[str]]:
     """Each stale source's reasons: pin, card, series or the case's scripts changed."""
     found = {}
     for kind, source in sources.items():
-        reasons = results.stale_reasons(layout, source.data)
+        reasons = provenance.stale_reasons(layout, source.result)
         if reasons:
             found[kind] = reasons
     return found
@@ -116,7 +123,7 @@ def fresh_sources(layout: Layout, case: Case, rerun: bool) -> dict[str, Source]:
 def rerun_command(source: Source) -> None:
     """Run the command recorded in `source` again, as its own process so that the new result
     records that command (a failure shows in its output and leaves the result stale)."""
-    argv = shlex.split(source.data["command"])[3:]  # after `python -m hostsync`
+    argv = shlex.split(source.result.stamp.command)[3:]  # after `python -m hostsync`
     log.info("rerunning stale %s: python -m hostsync %s", source.path.name, shlex.join(argv))
     status = subprocess.run([sys.executable, "-m", "hostsync", *argv]).returncode
     if status != 0:
@@ -192,15 +199,15 @@ def templates(layout: Layout) -> list[Path]:
 def documents(layout: Layout, case: Case, sources: dict[str, Source]) -> dict[str, Any]:
     """What the placeholders can query: each result by kind, the card, the snippet's code, and
     the files the upstream-bound patches add (a new test, shown whole in a draft)."""
-    snippet = profiling.snippet_path(layout, case) if case.profile else None
+    snippet = layout.repro / case.profile.snippet if case.profile and case.profile.snippet else None
     added = [
         {"patch": patch.name, "path": path, "text": text}
-        for patch in upstream.series(layout)
-        if patch.name not in case.workspace_only
-        for path, text in upstream.added_files(patch).items()
+        for patch in patchqueue.series(layout)
+        if patch.name not in case.card.tests.workspace_only
+        for path, text in patchqueue.added_files(patch).items()
     ]
     return {kind: source.data for kind, source in sources.items()} | {
-        "case": case.raw,
+        "case": case.card.to_json(),
         "snippet": {"code": snippet.read_text().rstrip() if snippet else None},
         "series": {"added": added},
     }
@@ -214,7 +221,8 @@ def refresh_reference(layout: Layout, sources: dict[str, Source]) -> list[str]:
     what changed."""
     reference = layout.profiles / REFERENCE
     reference.mkdir(parents=True, exist_ok=True)
-    folder = profiling.artifacts_dir(sources["profile"].path) if "profile" in sources else None
+    profile = sources.get(ProfileResult.KIND)
+    folder = results.attachments(profile.path) if profile else None
     kept = [folder / "summary.md", *sorted(folder.glob("timeline-*.png"))] if folder else []
     wanted = {s.path.name for s in sources.values()} | ({folder.name} if folder else set())
     changes = []

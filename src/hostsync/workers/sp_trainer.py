@@ -23,13 +23,14 @@ from typing import Any
 import torch
 
 from hostsync.protocol import SYNC_OP, SYNC_OPS, rank_entry
+from hostsync.rankkit import (
+    MODEL_SUMMARY,
+    add_launch_arguments,
+    samples,
+    trainer_llama,
+    training_arguments,
+)
 
-SEQ_LEN = 16
-VOCAB = 128
-# Positions whose label is -100, per sample, like an SFT prompt. The second sample masks the
-# whole first half, so under SP its first shard has no token to learn from: the branch of
-# `deepspeed_sp_compute_loss` that skips a rank with zero good tokens is taken on every other step.
-PROMPT_LENGTHS = (3, SEQ_LEN // 2 + 1)
 # Every device-to-host read of a scalar reaches SYNC_OP; `.item()` and `bool(t)` wrap it in these.
 PYTHON_LEVEL_READS = tuple(op for op in SYNC_OPS if op != SYNC_OP)
 # The profiler names a Python function event "<path>(<line of its def>): <name>".
@@ -38,49 +39,13 @@ PYTHON_FRAME = re.compile(r"^(?P<file>.+\.py)\((?P<line>\d+)\): (?P<function>.+)
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output-dir", required=True)
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    parser.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
+    add_launch_arguments(parser)
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps in all")
     parser.add_argument("--logging-steps", type=int, default=1)
     parser.add_argument("--max-grad-norm", type=float, default=1.0, help="the Trainer's default")
     parser.add_argument("--detect-steps", type=int, default=0, help="steps 1..N under the detector")
     parser.add_argument("--profile-step", type=int, default=0, help="one step under the profiler")
     return parser.parse_args()
-
-
-# Four heads, so that Ulysses can split them over the ranks of the SP group.
-LAYERS, HIDDEN, HEADS = 2, 32, 4
-MODEL_SUMMARY = (
-    f"{LAYERS} layers, hidden size {HIDDEN}, {HEADS} attention heads, vocabulary {VOCAB},"
-    f" sequences of {SEQ_LEN} tokens with masked prompts"
-)
-
-
-def tiny_llama():
-    """The same weights on every rank, from a config: nothing to download."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
-        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
-        max_position_embeddings=2 * SEQ_LEN, attn_implementation="sdpa",
-    )  # fmt: skip
-    return LlamaForCausalLM(config)
-
-
-def samples(count: int) -> list[dict[str, torch.Tensor]]:
-    """Deterministic token sequences with SFT-style masked prompts and explicit position_ids."""
-    generator = torch.Generator().manual_seed(1234)
-    data = []
-    for index in range(count):
-        input_ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=generator)
-        labels = input_ids.clone()
-        labels[: PROMPT_LENGTHS[index % len(PROMPT_LENGTHS)]] = -100
-        positions = torch.arange(SEQ_LEN)
-        data.append({"input_ids": input_ids, "labels": labels, "position_ids": positions})
-    return data
 
 
 def as_callback(mixin: type) -> type:
@@ -223,38 +188,21 @@ def hunting_trainer(hunt: SyncHunt) -> type:
 
 @rank_entry
 def main() -> dict:
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     args = parse_args()
-    training_args = TrainingArguments(
-        output_dir=args.output_dir,
-        max_steps=args.steps,
-        per_device_train_batch_size=1,
-        learning_rate=1e-3,
-        lr_scheduler_type="constant",
-        max_grad_norm=args.max_grad_norm,
-        bf16=args.precision == "bf16" and torch.cuda.is_available(),
-        logging_steps=args.logging_steps,
-        train_sampling_strategy="sequential",
+    training_args = training_arguments(
+        args.output_dir, precision=args.precision, max_steps=args.steps,
+        max_grad_norm=args.max_grad_norm, logging_steps=args.logging_steps,
         # Without it accelerate's state has no backend on CPU: each rank trains alone, silently.
         ddp_backend=args.backend,
-        remove_unused_columns=False,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=0,
-    )
-    if args.precision == "bf16" and not torch.cuda.is_available():
-        # What a GPU run passes. TrainingArguments refuses bf16 without a GPU (its use_cpu way
-        # out also turns the DeepSpeed launch off), while DeepSpeed's CPU accelerator runs bf16:
-        # set after the check, so that DeepSpeed's "auto" bf16 follows it as on a GPU.
-        training_args.bf16 = True
+    )  # fmt: skip
     logged = as_callback(LoggedValues)()
     hunting = args.detect_steps or args.profile_step
     hunt = as_callback(SyncHunt)(args.detect_steps, args.profile_step) if hunting else None
     trainer_class = hunting_trainer(hunt) if hunt else Trainer
     trainer = trainer_class(
-        model=tiny_llama(),
+        model=trainer_llama(),
         args=training_args,
         train_dataset=samples(count=2 * args.steps),
         callbacks=[logged, *([hunt] if hunt else [])],

@@ -1,0 +1,144 @@
+"""The `hunt` command line: settings read once, one hunt result per case."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import sys
+from dataclasses import dataclass
+
+from hostsync import cases, devices, locks, provenance, results, trainer_run
+from hostsync.errors import WorkspaceError
+from hostsync.hunt.allowlist import carried_rules, load_allowlist
+from hostsync.hunt.measure import LOGGING_STEPS, hunt_plan, hunt_tree
+from hostsync.hunt.report import console_summary, write_reports
+from hostsync.launchers import DeepSpeedSetup
+from hostsync.layout import Layout
+from hostsync.options import add_case, add_timeout, case_layouts, comma_list
+from hostsync.records import HuntResult, HuntSetup, Tree, TreeRole
+from hostsync.upstream.trees import prepare_tree, prepare_trees
+
+DEFAULT_TREES = (TreeRole.PINNED.value, TreeRole.PATCHED.value)
+DEFAULT_STEPS = 7
+# What users run: bf16 mixed precision in every ZeRO stage (fp32 is a labelled variant).
+DEFAULT_SETUPS = ("bf16-zero1", "bf16-zero2", "bf16-zero3")
+
+
+@dataclass(frozen=True)
+class HuntSettings:
+    """What `hunt` was asked, read once from the command line."""
+
+    trees: tuple[str, ...]
+    steps: int
+    setups: tuple[DeepSpeedSetup, ...]
+    stack: tuple[str, ...]
+    timeout: float
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hostsync hunt",
+        description="Record every host sync of a full accelerate + Trainer + DeepSpeed Ulysses"
+        " training step on 2 ranks, per tree, and compare the trees.",
+    )
+    add_case(parser)
+    parser.add_argument("--trees", default=",".join(DEFAULT_TREES),
+                        help="pinned, patched, a release like 5.14.0, NAME+tests, NAME+series"
+                        " (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--release", dest="releases", action="append",
+                        default=[], metavar="VERSION",
+                        help="also hunt this release of the case's project as published on PyPI"
+                        " (repeatable), e.g. the newest")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                        help="steps under the detector, the first being the warm-up"
+                        " (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--setups", default=",".join(DEFAULT_SETUPS),
+                        help="DeepSpeed setups, PRECISION-zeroSTAGE each, one run per tree"
+                        " and setup (default: %(default)s; fp32-zero1: the labelled variant)",
+                        )  # fmt: skip
+    parser.add_argument("--stack", action="append", default=[], metavar="CASE",
+                        help="also import this case's patched tree (another project) in every"
+                        " run: a hunt with every carried fix applied (repeatable)")  # fmt: skip
+    add_timeout(parser, "one training run")
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> HuntSettings:
+    """The settings, every value checked before anything is downloaded or run."""
+    hunt_plan(args.steps, LOGGING_STEPS)
+    return HuntSettings(
+        trees=tuple(dict.fromkeys(comma_list(args.trees, "--trees") + args.releases)),
+        steps=args.steps,
+        setups=tuple(DeepSpeedSetup.parse(text) for text in comma_list(args.setups, "--setups")),
+        stack=tuple(args.stack),
+        timeout=args.timeout,
+    )
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    settings = settings_from(args)
+    status = 0
+    for layout in case_layouts(args.case):
+        status = max(status, hunt_case(layout, settings))
+    return status
+
+
+def stacked(layout: Layout, tree: Tree, names: tuple[str, ...]) -> Tree:
+    """`tree` with the patched trees of the cases `names` imported beside it."""
+    clash = [name for name in names if cases.load(layout.root, name).project == tree.project]
+    if clash:
+        raise WorkspaceError(
+            f"--stack {', '.join(clash)}: a case of {tree.project.name} cannot be stacked on a"
+            f" {tree.project.name} tree; stack cases of other projects"
+        )
+    others = [prepare_tree(layout.for_case(name), TreeRole.PATCHED.value) for name in names]
+    return dataclasses.replace(tree, stacked=tuple(other.src for other in others))
+
+
+def hunt_case(layout: Layout, settings: HuntSettings) -> int:
+    with contextlib.ExitStack() as held:
+        for name in (layout.case, *settings.stack):
+            held.enter_context(locks.case(layout.for_case(name)))
+        return _hunt(layout, settings)
+
+
+def _hunt(layout: Layout, settings: HuntSettings) -> int:
+    rules = load_allowlist(layout.allowlist)
+    carried = carried_rules(layout.root)
+    measured_against = provenance.inputs(layout)
+    trees = [
+        stacked(layout, tree, settings.stack)
+        for tree in prepare_trees(layout, list(settings.trees))
+    ]
+    hunted = [
+        hunt_tree(layout, tree, settings.steps, rules, settings.timeout, setup, carried)
+        for tree in trees
+        for setup in settings.setups
+    ]
+    failed = [tree for tree in hunted if not tree.measured]
+    for tree in failed:
+        print(f"error: {tree.label}: {tree.error}", file=sys.stderr)
+    if len(failed) == len(hunted):
+        raise WorkspaceError("no tree could be hunted: see the errors above")
+    ranks = next(tree.ranks for tree in hunted if tree.measured)
+    environment = devices.describe(trees[0].python)
+    result = HuntResult(
+        stamp=provenance.stamp(layout, measured_against),
+        setup=HuntSetup(
+            world_size=len(ranks),
+            sp_size=trainer_run.SP_SIZE,
+            model=ranks[0]["model"],
+            device=ranks[0]["device"],
+            backend=ranks[0]["backend"],
+            versions=environment.versions,
+        ),
+        allowlist=rules,
+        trees=tuple(hunted),
+    )
+    json_path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
+    print(console_summary(result.measured))
+    for path in [json_path, *write_reports(layout, json_path)]:
+        print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
+    return 1 if failed else 0

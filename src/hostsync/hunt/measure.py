@@ -1,0 +1,221 @@
+"""The hunt's measurement: the SP Trainer run under the detector and the profiler, per tree and
+DeepSpeed setup, summed up into sites.
+
+The ranks record (`workers/sp_trainer.py`) every host sync of steps 1..N with the detector, each
+step from fetching its batch to the end of its logging, and one later step with the PyTorch
+profiler, which also sees reads made inside C++ kernels. Here those records become sites: where,
+how often per step, on which steps, and whether a case carries them or the allow-list accepts
+them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import Counter, defaultdict
+
+from hostsync import trainer_run
+from hostsync.errors import WorkspaceError
+from hostsync.hunt.allowlist import reason
+from hostsync.launchers import DEFAULT_SETUP, DeepSpeedSetup, RunFailed
+from hostsync.layout import Layout
+from hostsync.options import DEFAULT_TIMEOUT_S
+from hostsync.projects import PACKAGES
+from hostsync.records import CrossCheck, HuntPlan, HuntSite, HuntTree, ProfilerOnly, Tree
+from hostsync.sites import AllowRule, Site
+
+LOGGING_STEPS = 3
+
+
+def hunt_plan(steps: int, logging_steps: int) -> HuntPlan:
+    """Which steps the detector watches and which one the profiler watches, and its twin.
+
+    The detector watches steps 1..`steps`. The profiler watches the next logging step alone (the
+    detector's own re-dispatch would show in its trace); its `twin` is the watched step one
+    common period earlier, in the same phase of both the logging cycle and the SP data refill
+    (every `SP_SIZE` steps), so the two see the same kinds of work.
+    """
+    period = math.lcm(logging_steps, trainer_run.SP_SIZE)
+    profile = (steps // logging_steps + 1) * logging_steps
+    twin = profile - period
+    if twin < 2:
+        fewest = math.ceil((period + 2) / logging_steps) * logging_steps - logging_steps
+        raise WorkspaceError(
+            f"--steps {steps} is too few: the profiled step {profile} needs a watched twin"
+            f" {period} steps earlier, after the warm-up step; use --steps {fewest} or more"
+        )
+    return HuntPlan(steps=steps, logging_steps=logging_steps, profile=profile, twin=twin)
+
+
+def hunt_run(layout: Layout, tree: Tree, steps: int, logging_steps: int = LOGGING_STEPS,
+             timeout: float = DEFAULT_TIMEOUT_S,
+             setup: DeepSpeedSetup = DEFAULT_SETUP) -> tuple[HuntPlan, list[dict]]:  # fmt: skip
+    """The SP Trainer run under the sync detector and the profiler: the plan, each rank's record.
+
+    Logging every 3 steps while SP refills data every 2: a site tied to either cycle shows as such.
+    """
+    plan = hunt_plan(steps, logging_steps)
+    results = trainer_run.run_trainer(
+        layout, tree, sp=True, steps=plan.profile, logging_steps=logging_steps,
+        worker_args=["--detect-steps", str(steps), "--profile-step", str(plan.profile)],
+        timeout=timeout, setup=setup,
+    )  # fmt: skip
+    context = ("device", "backend", "model")
+    return plan, [
+        result["hunt"] | {"rank": rank} | {key: result[key] for key in context}
+        for rank, result in enumerate(results)
+    ]
+
+
+# --- from rank records to sites ------------------------------------------------------------------
+
+
+def package(file: str) -> str:
+    top = file.split("/", 1)[0]
+    return top if top in PACKAGES else "other"
+
+
+def summarize(ranks: list[dict], rules: tuple[AllowRule, ...],
+              carried: tuple[AllowRule, ...] = ()) -> list[HuntSite]:  # fmt: skip
+    """One entry per sync site over all ranks and steps, ranked: candidates by syncs per step.
+    `carried` names the case whose fix removes a site (`carried`), before any allow rule.
+
+    `per_step` is the most syncs one rank made there in one step (after the warm-up, unless it
+    occurs only then); `rate` the mean per rank per step after the warm-up (what the site costs
+    in the steady state); `when` names the steps.
+    """
+    steady = sorted({s["step"] for rank in ranks for s in rank["steps"] if not s["warmup"]})
+    logging_steps = sorted(
+        {s["step"] for rank in ranks for s in rank["steps"] if s["logging"] and not s["warmup"]}
+    )
+    counts: dict[tuple, Counter] = defaultdict(Counter)
+    kinds: dict[tuple, set[str]] = defaultdict(set)
+    for rank in ranks:
+        for step in rank["steps"]:
+            for site in step["sites"]:
+                key = (site["file"], site["line"], site["function"], site["code"],
+                       site.get("caller", ""))  # fmt: skip
+                counts[key][(rank["rank"], step["step"])] += site["count"]
+                kinds[key].add(site["kind"])
+    sites = []
+    for key, by_rank_step in counts.items():
+        file, line, function, code, caller = key
+        steps = sorted({step for _, step in by_rank_step})
+        in_steady = [n for (_, step), n in by_rank_step.items() if step in steady]
+        where = Site(file, line, function, code)
+        carried_by = reason(carried, where, caller)
+        sites.append(HuntSite(
+            package=package(file), file=file, line=line, function=function, code=code,
+            caller=caller, kinds=tuple(sorted(kinds[key])), steps=tuple(steps),
+            when=when(steps, steady, logging_steps),
+            per_step=max(in_steady or by_rank_step.values()),
+            rate=sum(in_steady) / (len(ranks) * len(steady)) if steady else 0.0,
+            carried=carried_by,
+            allowed=None if carried_by else reason(rules, where, caller),
+        ))  # fmt: skip
+    return sorted(sites, key=rank_key)
+
+
+def when(steps: list[int], steady: list[int], logging_steps: list[int]) -> str:
+    """Which steps a site occurs on, in words."""
+    seen = [step for step in steps if step in steady]
+    if not seen:
+        return "warm-up only"
+    if seen == steady:
+        return "every step"
+    if seen == logging_steps:
+        return "logging steps"
+    return "steps " + ", ".join(map(str, seen))
+
+
+def rank_key(site: HuntSite) -> tuple:
+    """Most syncs per step first; then transformers before the libraries under it."""
+    order = PACKAGES.index(site.package) if site.package in PACKAGES else len(PACKAGES)
+    return (-site.rate, order, site.file, site.line)
+
+
+def profiler_only(ranks: list[dict], twin: int) -> list[ProfilerOnly]:
+    """The profiled step's scalar reads the detector did not see in the twin step.
+
+    Matched per (file, function): the profiler names a function by its first line, not the
+    line of the call. A surplus made inside a kernel (`via`) is a read no dispatch mode sees.
+    """
+    found: dict[tuple[str, str], dict] = {}
+    for rank in ranks:
+        detected: Counter = Counter()
+        for step in rank["steps"]:
+            if step["step"] == twin:
+                for site in step["sites"]:
+                    if site["kind"] == "scalar_read":
+                        detected[(site["file"], site["function"])] += site["count"]
+        profiled: dict[tuple, Counter] = defaultdict(Counter)
+        for entry in rank["profiled"]:
+            profiled[(entry["file"], entry["function"])][entry["via"]] += entry["count"]
+        for (file, function), by_via in profiled.items():
+            surplus = sum(by_via.values()) - detected[(file, function)]
+            if surplus <= 0:
+                continue
+            vias = sorted(via for via in by_via if via) or ["(Python level, missed)"]
+            entry = found.setdefault((file, function), {
+                "package": package(file), "file": file, "function": function,
+                "via": ", ".join(vias), "count": 0, "ranks": (),
+            })  # fmt: skip
+            entry["count"] = max(entry["count"], surplus)
+            entry["ranks"] += (rank["rank"],)
+    return sorted(
+        (ProfilerOnly(**entry) for entry in found.values()),
+        key=lambda e: (-e.count, e.file, e.function),
+    )
+
+
+def cross_check(ranks: list[dict], twin: int) -> list[CrossCheck]:
+    """Per rank: Python-level reads the profiler saw in its step against the detector's twin."""
+    return [
+        CrossCheck(
+            rank=rank["rank"],
+            profiler=sum(e["count"] for e in rank["profiled"] if e["via"] is None),
+            detector=sum(
+                site["count"]
+                for step in rank["steps"]
+                if step["step"] == twin
+                for site in step["sites"]
+                if site["kind"] == "scalar_read"
+            ),
+        )
+        for rank in ranks
+    ]
+
+
+def hunt_tree(layout: Layout, tree: Tree, steps: int, rules: tuple[AllowRule, ...],
+              timeout: float, setup: DeepSpeedSetup = DEFAULT_SETUP,
+              carried: tuple[AllowRule, ...] = ()) -> HuntTree:  # fmt: skip
+    """One tree's hunt in one DeepSpeed setup: its sites, the profiler-only reads, and every
+    rank's raw record, labelled `<tree> <setup>`.
+
+    A failed run is kept as the tree's `error`, so that one tree that cannot run (a release
+    needing newer dependencies than the pin) does not throw away the others' results.
+    """
+    started = time.monotonic()
+    hunted = HuntTree(
+        label=f"{tree.label} {setup.label}",
+        tree=tree.label,
+        setup=setup.label,
+        info=tree.info(layout.root),
+        stacked=tuple(str(path.relative_to(layout.root.resolve())) for path in tree.stacked),
+        seconds=0.0,
+    )
+    try:
+        plan, ranks = hunt_run(layout, tree, steps, LOGGING_STEPS, timeout=timeout, setup=setup)
+    except RunFailed as error:
+        seconds = round(time.monotonic() - started, 1)
+        return dataclasses.replace(hunted, seconds=seconds, error=str(error))
+    return dataclasses.replace(
+        hunted,
+        seconds=round(time.monotonic() - started, 1),
+        plan=plan,
+        sites=tuple(summarize(ranks, rules, carried)),
+        profiler_only=tuple(profiler_only(ranks, plan.twin)),
+        cross_check=tuple(cross_check(ranks, plan.twin)),
+        ranks=tuple(ranks),
+    )

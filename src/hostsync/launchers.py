@@ -1,0 +1,396 @@
+"""How ranks start, and multi-process runs that leave nothing behind.
+
+Every command that runs ranks (repro, profile, bench, the hunt) starts them through `LAUNCHERS`,
+one entry per way a case card can name (`records.Launcher`):
+
+- `python`: one process, `python SCRIPT ARGS`;
+- `fork`: `hostsync.prefork` imports the script once and forks every rank of every world from
+  that interpreter, with the variables torchrun gives its ranks;
+- `torchrun`: `torch.distributed.run --standalone`, one agent per world;
+- `accelerate`: `accelerate launch` with a DeepSpeed config written at run time (its ZeRO stage
+  and precision from `DeepSpeedSetup`) and, with several ranks, DeepSpeed Ulysses SP over all of
+  them; the script also gets `--output-dir`, `--backend` and `--precision`.
+
+A launch is started in a session of its own, so that on a timeout, an error or Ctrl-C the whole
+process group (launcher, ranks, compilers they spawned) is killed and no rank outlives the run.
+The rank side (`protocol.rank_entry`) writes each rank's result, or its traceback, into the run
+folder, so that a failure is reported with its rank number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hostsync.devices import device_env
+from hostsync.errors import WorkspaceError
+from hostsync.layout import Layout
+from hostsync.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV, free_port
+from hostsync.records import Device, Launcher, Tree
+
+log = logging.getLogger(__name__)
+
+_KILL_GRACE_S = 10.0
+# Where the hostsync package is imported from: the ranks import its protocol and detector.
+ENGINE_SRC = Path(__file__).resolve().parents[1]
+RankResults = list[dict]
+
+
+class RunFailed(WorkspaceError):
+    """A rank raised, a launcher exited non-zero, or a run hung and was killed."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """Where one multi-process run reads its inputs and leaves its outputs."""
+
+    run_dir: Path
+    tree: Tree
+    layout: Layout = field(default_factory=Layout)
+
+    @property
+    def extensions_dir(self) -> Path:
+        where = Path(self.tree.python).parent.parent.name
+        if self.tree.project.extensions_per_tree:
+            where += f"-{self.layout.case}-{self.tree.label}"
+        return self.layout.cache / "torch_extensions" / where
+
+    @property
+    def log_file(self) -> Path:
+        return self.run_dir / "launcher.log"
+
+    def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The ranks import the project from the tree under test and hostsync from here, and
+        find the tree's environment's own tools (torchrun, accelerate) first on the PATH."""
+        env = dict(os.environ)
+        paths = [self.tree.src, *self.tree.stacked, ENGINE_SRC]
+        env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), env.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        )
+        env["PATH"] = os.pathsep.join([str(Path(self.tree.python).parent), env.get("PATH", "")])
+        env[RUN_DIR_ENV] = str(self.run_dir)
+        env[TREE_SRC_ENV] = str(self.tree.src)
+        env[TREE_PACKAGE_ENV] = self.tree.project.name
+        # Two ranks on two cores: one thread each, or they fight over the cores.
+        env.setdefault("OMP_NUM_THREADS", "1")
+        # Each rank imports the tree under test from source: let Python keep the bytecode it
+        # compiles (in the tree, under work/), or every rank compiles transformers again.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        # Compiled extensions are kept between runs, apart per environment (and per tree where
+        # the project compiles from its own sources), or each would rebuild the other's.
+        env.setdefault("TORCH_EXTENSIONS_DIR", str(self.extensions_dir))
+        env.update(extra or {})
+        return env
+
+
+# --- what a launch is asked to do ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeepSpeedSetup:
+    """What DeepSpeed users choose per run and several host reads depend on: the ZeRO stage and
+    the precision (ZeRO 1/2 check overflow on the host in fp32, and in bf16 only with
+    check_grad_overflow)."""
+
+    zero_stage: int = 1
+    precision: str = "fp32"
+
+    @property
+    def label(self) -> str:
+        return f"{self.precision}-zero{self.zero_stage}"
+
+    @classmethod
+    def parse(cls, text: str) -> DeepSpeedSetup:
+        match = re.fullmatch(r"(bf16|fp32)-zero([123])", text)
+        if not match:
+            raise WorkspaceError(f"setup {text!r}: use PRECISION-zeroSTAGE, e.g. bf16-zero2")
+        return cls(zero_stage=int(match[2]), precision=match[1])
+
+    def config(self) -> dict:
+        """The DeepSpeed config, every size left to the Trainer ("auto") so that runs with and
+        without SP share one config. bf16 is spelled out: accelerate fills an "auto" one from its
+        own mixed precision, which it ignores beside a DeepSpeed config file."""
+        return {
+            "zero_optimization": {"stage": self.zero_stage},
+            "bf16": {"enabled": self.precision == "bf16"},
+            "train_batch_size": "auto",
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto",
+            "gradient_clipping": "auto",
+        }
+
+
+DEFAULT_SETUP = DeepSpeedSetup()
+
+
+@dataclass(frozen=True)
+class World:
+    """One process group: how many ranks, and the arguments each gets."""
+
+    ranks: int
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Start:
+    """What to launch: a script, the worlds to run it in (in turn), on which device, how long
+    each world may take, extra variables, and a prefix around the launcher (nsys, say)."""
+
+    script: Path
+    worlds: tuple[World, ...]
+    device: Device
+    timeout: float
+    env: Mapping[str, str] = field(default_factory=dict)
+    wrap: tuple[str, ...] = ()
+    deepspeed: DeepSpeedSetup = field(default_factory=lambda: DEFAULT_SETUP)
+
+    def environment(self) -> dict[str, str]:
+        return device_env(self.device) | dict(self.env)
+
+
+def start(launcher: Launcher, run: Run, what: Start) -> list[RankResults]:
+    """Run `what` with `launcher`: for each world, its ranks' results, by rank. Raises RunFailed
+    naming the failing rank (with its traceback) or the timeout; either way every process of the
+    run is gone when this returns."""
+    return LAUNCHERS[launcher](run, what)
+
+
+# --- the launchers -------------------------------------------------------------------------------
+
+
+def world_dir(run_dir: Path, index: int, world: World) -> Path:
+    """Where the ranks of the `index`th world of a run write their results and files."""
+    return run_dir / f"world-{index}-ranks-{world.ranks}"
+
+
+Command = Callable[[Run, World, Start], list[str]]
+
+
+def _each_world(command: Command) -> Callable[[Run, Start], list[RankResults]]:
+    """A launcher that starts one command per world, each in its world's folder."""
+
+    def launch_worlds(run: Run, what: Start) -> list[RankResults]:
+        found = []
+        for index, world in enumerate(what.worlds):
+            inner = dataclasses.replace(run, run_dir=world_dir(run.run_dir, index, world))
+            inner.run_dir.mkdir(parents=True, exist_ok=True)
+            argv = [*what.wrap, *command(inner, world, what)]
+            found.append(launch(inner, argv, world.ranks, what.timeout, what.environment()))
+        return found
+
+    return launch_worlds
+
+
+def _python(run: Run, world: World, what: Start) -> list[str]:
+    if world.ranks != 1:
+        raise WorkspaceError(f"the python launcher runs one process, not {world.ranks}")
+    return [run.tree.python, str(what.script), *world.args]
+
+
+def torchrun_command(python: str, script: Path, nprocs: int, args: Sequence[str]) -> list[str]:
+    return [
+        python, "-m", "torch.distributed.run",
+        "--standalone", f"--nproc-per-node={nprocs}", "--max-restarts=0",
+        str(script), *args,
+    ]  # fmt: skip
+
+
+def _torchrun(run: Run, world: World, what: Start) -> list[str]:
+    return torchrun_command(run.tree.python, what.script, world.ranks, world.args)
+
+
+def accelerate_config(num_processes: int, deepspeed_file: Path) -> dict:
+    """What `accelerate config` would write for DeepSpeed, plus Ulysses SP over every rank when
+    there are several."""
+    config = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "DEEPSPEED",
+        "deepspeed_config": {"deepspeed_config_file": str(deepspeed_file)},
+        "num_machines": 1,
+        "num_processes": num_processes,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+    }
+    if num_processes > 1:
+        config["parallelism_config"] = {
+            "parallelism_config_sp_size": num_processes,
+            "parallelism_config_sp_backend": "deepspeed",
+            "parallelism_config_sp_seq_length_is_variable": True,
+            "parallelism_config_sp_attn_implementation": "sdpa",
+        }
+    return config
+
+
+def _accelerate(run: Run, world: World, what: Start) -> list[str]:
+    deepspeed_file = run.run_dir / "deepspeed.json"
+    deepspeed_file.write_text(json.dumps(what.deepspeed.config(), indent=2))
+    accelerate_file = run.run_dir / "accelerate.json"
+    config = accelerate_config(world.ranks, deepspeed_file)
+    accelerate_file.write_text(json.dumps(config, indent=2))
+    backend = "nccl" if what.device == Device.CUDA else "gloo"
+    return [
+        run.tree.python, "-m", "accelerate.commands.launch",
+        "--config_file", str(accelerate_file), "--main_process_port", str(free_port()),
+        str(what.script), "--output-dir", str(run.run_dir / "output"), "--backend", backend,
+        "--precision", what.deepspeed.precision, *world.args,
+    ]  # fmt: skip
+
+
+def _fork(run: Run, what: Start) -> list[RankResults]:
+    """Every world of `what` from one interpreter that imported the script once
+    (`hostsync.prefork`); `timeout` is per world."""
+    folders = [world_dir(run.run_dir, i, world) for i, world in enumerate(what.worlds)]
+    plan = {
+        "script": str(what.script),
+        "worlds": [
+            {"ranks": world.ranks, "run_dir": str(folder), "args": list(world.args)}
+            for folder, world in zip(folders, what.worlds, strict=True)
+        ],
+    }
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    plan_file = run.run_dir / "plan.json"
+    plan_file.write_text(json.dumps(plan, indent=2) + "\n")
+    command = [*what.wrap, run.tree.python, "-m", "hostsync.prefork", str(plan_file)]
+    timeout = what.timeout * len(what.worlds)
+    returncode = run_group(run, command, timeout=timeout, env=what.environment())
+    if returncode != 0:
+        raise RunFailed(_describe_failure(run, returncode))
+    return [
+        _read_rank_results(run, folder, world.ranks)
+        for folder, world in zip(folders, what.worlds, strict=True)
+    ]
+
+
+# The launchers that start one command per world: what that command is, to show for a rerun.
+COMMANDS: dict[Launcher, Command] = {
+    Launcher.PYTHON: _python,
+    Launcher.TORCHRUN: _torchrun,
+    Launcher.ACCELERATE: _accelerate,
+}
+LAUNCHERS: dict[Launcher, Callable[[Run, Start], list[RankResults]]] = {
+    **{name: _each_world(command) for name, command in COMMANDS.items()},
+    Launcher.FORK: _fork,
+}
+
+
+# --- running a process group ---------------------------------------------------------------------
+
+
+def launch(run: Run, command: Sequence[str], nprocs: int, timeout: float,
+           env: Mapping[str, str] | None = None) -> RankResults:  # fmt: skip
+    """Run `command` as one process group and return the result each rank wrote, by rank."""
+    returncode = run_group(run, command, timeout=timeout, env=env)
+    if returncode != 0:
+        raise RunFailed(_describe_failure(run, returncode))
+    return _read_rank_results(run, run.run_dir, nprocs)
+
+
+def run_group(run: Run, command: Sequence[str], *, timeout: float, cwd: Path | None = None,
+              env: Mapping[str, str] | None = None) -> int:  # fmt: skip
+    """Run `command` as one process group, output in the run's log, and return its exit status.
+
+    For commands whose exit status is an answer (pytest's 1: tests failed). Raises RunFailed on
+    the timeout; either way every process of the group is gone when this returns.
+    """
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    log.info("running %s (log: %s)", " ".join(command[:6]), run.log_file)
+    with run.log_file.open("w") as output:
+        process = subprocess.Popen(
+            command, cwd=cwd, env=run.environment(env), stdout=output, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            raise RunFailed(
+                f"run hung: no exit after {timeout:.0f} s, killed it and every process it started;"
+                f" see {run.log_file} and raise the timeout if the machine is just slow"
+            ) from None
+        except BaseException:
+            _kill_group(process)
+            raise
+        finally:
+            _kill_group(process)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGTERM the group, then SIGKILL what is left: the launcher may already be gone."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + _KILL_GRACE_S
+        while time.monotonic() < deadline and _group_alive(process.pid):
+            time.sleep(0.1)
+        if not _group_alive(process.pid):
+            break
+    if process.poll() is None:
+        process.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Zombies answer signal 0 too; a group whose members have all exited counts as gone.
+    return any(_is_live_member(pid, pgid) for pid in _pids())
+
+
+def _pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def _is_live_member(pid: int, pgid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[1].split()
+    state, process_group = fields[0], int(fields[2])
+    return process_group == pgid and state != "Z"
+
+
+def _describe_failure(run: Run, returncode: int) -> str:
+    """Name the rank that failed first: the others often fail only because it left."""
+    errors = sorted(
+        run.run_dir.rglob("rank-*.error"),
+        key=lambda path: (path.stat().st_mtime_ns, int(path.stem.split("-")[1])),
+    )
+    if not errors:
+        reported = len(list(run.run_dir.rglob("rank-*.json")))
+        return (
+            f"launcher exited with status {returncode}, {reported} rank(s) having reported a"
+            f" result and none an error; see {run.log_file}"
+        )
+    first = errors[0]
+    rank = first.stem.split("-")[1]
+    summary = first.read_text().splitlines()[0]
+    others = f" ({len(errors) - 1} more rank(s) failed after it)" if len(errors) > 1 else ""
+    return f"rank {rank} raised {summary}{others}; traceback in {first}"
+
+
+def _read_rank_results(run: Run, folder: Path, nprocs: int) -> RankResults:
+    results = []
+    for rank in range(nprocs):
+        path = folder / f"rank-{rank}.json"
+        if not path.exists():
+            raise RunFailed(f"rank {rank} exited cleanly but wrote no result; see {run.log_file}")
+        results.append(json.loads(path.read_text()))
+    return results

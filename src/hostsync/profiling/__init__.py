@@ -1,0 +1,12 @@
+"""`python -m hostsync profile`: before/after profiles of a case's measured code, tree by tree.
+
+- `capture`: runs the case's profile script on each tree (nsys where it can, the PyTorch
+  profiler everywhere), and the issue snippet;
+- `traces`: reads the traces and nsys's tables into per-step figures;
+- `report`: the summary table, `summary.md` and the timeline PNG;
+- `command`: the command line.
+
+`profiles/<case>/profile-<stamp>.json` holds the summary (`records.ProfileResult`); the folder
+beside it the traces (`<tree>-<backend>-ws<N>-rank<R>.trace.json.gz`, open in ui.perfetto.dev),
+`summary.md` and the timeline PNG.
+"""

@@ -1,0 +1,122 @@
+"""The `profile` command line: one profile per case, settings read once."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+from dataclasses import replace
+
+from hostsync import cases, devices, locks, provenance, table
+from hostsync.errors import WorkspaceError
+from hostsync.files import sha256
+from hostsync.layout import Layout
+from hostsync.options import ALL_CASES, add_case, add_device, add_timeout, case_layouts, comma_list
+from hostsync.profiling.capture import (
+    ProfileSettings,
+    capture_with_fallback,
+    choose_profiler,
+    run_snippet,
+)
+from hostsync.profiling.report import publish, summary_table
+from hostsync.records import ProfileResult, ProfileSetting, RegionLabels, SnippetRuns
+from hostsync.results import attachments
+from hostsync.upstream.trees import infos, prepare_trees
+
+log = logging.getLogger(__name__)
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hostsync profile",
+        description="Profile a case's measured code before and after, tree by tree: Nsight"
+        " Systems where nsys and GPUs exist, the PyTorch profiler everywhere.",
+    )
+    add_case(parser)
+    parser.add_argument("--trees", help="trees to profile, before first (default: the card's)")
+    parser.add_argument("--scenario", help="one of the case's (default: the card's)")
+    parser.add_argument("--warmup", type=int, default=2, help="unprofiled steps first (default: 2)")
+    parser.add_argument("--steps", type=int, default=3, help="profiled steps (default: 3)")
+    add_device(parser)
+    parser.add_argument(
+        "--profiler",
+        choices=("auto", "torch", "nsys"),
+        default="auto",
+        help="auto: nsys when it is on the PATH and the ranks have GPUs",
+    )
+    add_timeout(parser, "one profiled launch")
+    return parser
+
+
+def settings_for(layout: Layout, args: argparse.Namespace) -> ProfileSettings | None:
+    """The case's settings, checked before anything runs; None for a case without a profile
+    under `--case all`."""
+    case = cases.load(layout.root, layout.case)
+    if case.profile is None:
+        if args.case == ALL_CASES:
+            log.info("case %s has no [profile] in its card: not profiled", case.name)
+            return None
+        raise WorkspaceError(f"case {case.name} has no [profile] in its card: nothing to profile")
+    scenario = args.scenario or case.profile.scenario
+    if scenario not in case.scenarios:
+        raise WorkspaceError(f"--scenario {scenario}: choose one of {', '.join(case.scenarios)}")
+    names = tuple(comma_list(args.trees, "--trees") if args.trees else case.trees)
+    return ProfileSettings(case, names, scenario, args.warmup, args.steps, args.device,
+                           args.profiler, args.timeout)  # fmt: skip
+
+
+def profile_case(layout: Layout, settings: ProfileSettings) -> None:
+    case = settings.case
+    measured_against = provenance.inputs(layout)
+    trees = prepare_trees(layout, list(settings.trees))
+    device = devices.resolve_device(settings.device, settings.ranks, trees[0].python)
+    # What `auto` resolved to on this machine, for the captures.
+    settings = replace(settings, device=device, profiler=choose_profiler(settings.profiler, device))
+    notes = [
+        f"{name}: not profiled, the series is empty (the patched tree would equal pinned)"
+        for name in settings.trees
+        if case.tree_name(name) not in {tree.label for tree in trees}
+    ]
+    staging = layout.new_run_dir("profile")
+    (staging / "artifacts").mkdir()
+    captures = [capture_with_fallback(layout, tree, staging, settings, notes) for tree in trees]
+    snippet = layout.repro / case.profile.snippet if case.profile.snippet else None
+    outputs = {
+        tree.label: run_snippet(layout, case, tree, staging / f"snippet-{tree.label}", device)
+        for tree in (trees if snippet else ())
+    }
+    result = ProfileResult(
+        stamp=provenance.stamp(layout, measured_against),
+        environment=devices.describe(trees[0].python),
+        trees=infos(layout, trees),
+        setting=ProfileSetting(settings.scenario, settings.ranks),
+        labels=RegionLabels(case.profile.measured, case.profile.excluded),
+        warmup_steps=settings.warmup,
+        steps=settings.steps,
+        notes=tuple(notes),
+        captures=tuple(captures),
+        snippet=SnippetRuns(
+            file=snippet and snippet.name, sha256=snippet and sha256(snippet), output=outputs
+        ),
+    )
+    path = publish(layout, result, staging)
+    shutil.rmtree(staging)
+    table_headers, rows = summary_table(result)
+    print(table.text(table_headers, rows))
+    for note in notes:
+        print(f"note: {note}")
+    folder = attachments(path).relative_to(layout.root)
+    print(f"wrote {path.relative_to(layout.root)} and {folder}/", file=sys.stderr)
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    if args.warmup < 1 or args.steps < 1:
+        raise WorkspaceError("--warmup and --steps must be at least 1: the first step is slow")
+    chosen = [(layout, settings_for(layout, args)) for layout in case_layouts(args.case)]
+    for layout, settings in chosen:
+        if settings is not None:
+            with locks.case(layout):
+                profile_case(layout, settings)
+    return 0

@@ -1,0 +1,58 @@
+"""What a result depends on, and whether it still describes the workspace.
+
+A result records, by sha256, pin.toml, the case card, each patch of the series and each of the
+case's scripts (what its ranks run, the snippet an issue quotes) as they were when the run
+started. When any of them changed since, the result is stale: the drafts refuse it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from hostsync.files import sha256
+from hostsync.layout import Layout
+from hostsync.records import Provenance, Result, Stamp
+from hostsync.upstream.patchqueue import series
+
+
+def inputs(layout: Layout) -> Provenance:
+    """The case's inputs now: take them when a run starts, so an edit during it makes the
+    result stale rather than invisible."""
+    return Provenance(
+        pin_sha256=sha256(layout.pin_file),
+        case_sha256=sha256(layout.case_file),
+        patches={path.name: sha256(path) for path in series(layout)},
+        scripts={path.name: sha256(path) for path in sorted(layout.repro.glob("*.py"))},
+    )
+
+
+def stamp(layout: Layout, measured: Provenance) -> Stamp:
+    """The stamp of a result finished now, measured against `measured`."""
+    command = shlex.join(["python", "-m", "hostsync", *sys.argv[1:]])
+    return Stamp.now(command, layout.case, measured)
+
+
+def stale_reasons(layout: Layout, result: Result) -> list[str]:
+    """Why `result` no longer describes the workspace (empty when it still does)."""
+    if result.stamp.case != layout.case:
+        return [f"it is a result of case {result.stamp.case}, not of {layout.case}"]
+    then, now = result.stamp.provenance, inputs(layout)
+    reasons = []
+    if then.pin_sha256 != now.pin_sha256:
+        reasons.append("pin.toml changed")
+    if then.case_sha256 != now.case_sha256:
+        reasons.append(f"cases/{layout.case}.toml changed")
+    for folder, old, new in (
+        ("patches", then.patches, now.patches),
+        ("repro", then.scripts, now.scripts),
+    ):
+        for name in sorted(set(old) | set(new)):
+            where = f"{folder}/{layout.case}/{name}"
+            if name not in new:
+                reasons.append(f"{where} was removed")
+            elif name not in old:
+                reasons.append(f"{where} was added")
+            elif old[name] != new[name]:
+                reasons.append(f"{where} changed")
+    return reasons

@@ -1,0 +1,121 @@
+"""What rank scripts share: the tiny model and its samples, the Trainer's settings for a short
+run, the arguments `accelerate launch` passes, JSON-safe numbers, a named profiler range.
+
+Rank scripts import this module, `hostsync.protocol`, `hostsync.detector`, torch and the tree
+under test, nothing else of the workspace. transformers is imported inside the functions that
+need it, so that an import error of the tree under test is reported by `rank_entry` with the
+rank and the reason, and a DeepSpeed-only script does not import it at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hostsync.protocol import RUN_DIR_ENV
+
+VOCAB, LAYERS, HEADS = 128, 2, 4  # four heads: Ulysses splits them over 2 or 4 ranks
+SEQ_LEN = 16
+HIDDEN = 32
+# Positions whose label is -100, per sample, like an SFT prompt. The second sample masks the
+# whole first half, so under SP its first shard has no token to learn from: the branch of
+# `deepspeed_sp_compute_loss` that skips a rank with zero good tokens is taken on every other step.
+PROMPT_LENGTHS = (3, SEQ_LEN // 2 + 1)
+MODEL_SUMMARY = (
+    f"{LAYERS} layers, hidden size {HIDDEN}, {HEADS} attention heads, vocabulary {VOCAB},"
+    f" sequences of {SEQ_LEN} tokens with masked prompts"
+)
+
+
+def tiny_llama(hidden: int = HIDDEN, intermediate: int = 2 * HIDDEN, **config: Any):
+    """A tiny `LlamaForCausalLM` built from a config (nothing to download), the same weights on
+    every rank (seeded); `config` sets further LlamaConfig fields."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    settings = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=intermediate,
+        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+        attn_implementation="sdpa", **config,
+    )  # fmt: skip
+    return LlamaForCausalLM(settings)
+
+
+def trainer_llama():
+    """The Trainer runs' tiny Llama: positions for its samples' length and a little more."""
+    return tiny_llama(max_position_embeddings=2 * SEQ_LEN)
+
+
+def samples(count: int) -> list[dict[str, torch.Tensor]]:
+    """Deterministic token sequences with SFT-style masked prompts and explicit position_ids."""
+    generator = torch.Generator().manual_seed(1234)
+    data = []
+    for index in range(count):
+        input_ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=generator)
+        labels = input_ids.clone()
+        labels[: PROMPT_LENGTHS[index % len(PROMPT_LENGTHS)]] = -100
+        positions = torch.arange(SEQ_LEN)
+        data.append({"input_ids": input_ids, "labels": labels, "position_ids": positions})
+    return data
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser,
+                         precisions: tuple[str, ...] = ("bf16", "fp32")) -> None:  # fmt: skip
+    """What the `accelerate` launcher passes a script: where the Trainer writes, the process
+    group's backend, the precision."""
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    parser.add_argument(
+        "--output-dir", type=Path, default=Path(run_dir) / "output" if run_dir else None
+    )
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--precision", choices=precisions, default="fp32")
+
+
+def training_arguments(output_dir: str | Path, *, precision: str = "fp32", **settings: Any):
+    """`TrainingArguments` for a short deterministic run: one sample per device and step, a
+    constant learning rate, sequential sampling, nothing saved or reported; `settings` add to
+    or override them.
+
+    bf16 on a machine without a GPU is what a GPU run passes: TrainingArguments refuses bf16
+    without a GPU (its use_cpu way out also turns the DeepSpeed launch off), while DeepSpeed's
+    CPU accelerator runs bf16, so it is set after the check and DeepSpeed's "auto" bf16 follows
+    it as on a GPU.
+    """
+    from transformers import TrainingArguments
+
+    bf16 = precision == "bf16"
+    short_run = {
+        "per_device_train_batch_size": 1, "learning_rate": 1e-3, "lr_scheduler_type": "constant",
+        "train_sampling_strategy": "sequential", "remove_unused_columns": False,
+        "save_strategy": "no", "report_to": "none", "disable_tqdm": True, "seed": 0,
+        "bf16": bf16 and torch.cuda.is_available(),
+    }  # fmt: skip
+    arguments = TrainingArguments(output_dir=str(output_dir), **(short_run | settings))
+    if bf16:
+        arguments.bf16 = True
+    return arguments
+
+
+def finite_or_name(value: float) -> float | str:
+    """JSON has no nan/inf: those are written as their names."""
+    return value if math.isfinite(value) else str(value)
+
+
+@contextlib.contextmanager
+def named_range(name: str, nvtx: bool) -> Iterator[None]:
+    """A range both the PyTorch profiler and Nsight Systems show under `name`."""
+    with torch.profiler.record_function(name):
+        if nvtx:
+            torch.cuda.nvtx.range_push(name)
+        try:
+            yield
+        finally:
+            if nvtx:
+                torch.cuda.nvtx.range_pop()

@@ -1,0 +1,71 @@
+"""A source line that makes the host wait, and the rules that accept one.
+
+Shared by the detector, which records sites in a rank, and the engine, which judges them (the
+hunt's allow-list, the sites a case's fix removes): standard library only, so that neither side
+needs the other's imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class Site(NamedTuple):
+    """A source line that caused host syncs; `file` is relative to its package root."""
+
+    file: str
+    line: int
+    function: str
+    code: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+
+@dataclass(frozen=True)
+class AllowRule:
+    """A known, accepted sync site: a file (a path suffix), optionally one function or line,
+    a statement containing `code`, and only when called from `caller` (`function`, or
+    `file suffix:function`)."""
+
+    file: str
+    reason: str
+    function: str | None = None
+    line: int | None = None
+    caller: str | None = None
+    code: str | None = None
+
+    def __post_init__(self) -> None:
+        require_reason(self.reason)
+
+    def matches(self, site: Site, caller: str = "") -> bool:
+        return (
+            _suffix(site.file, self.file)
+            and self.function in (None, site.function)
+            and self.line in (None, site.line)
+            and (self.code is None or self.code in site.code)
+            and (self.caller is None or _called_from(caller, self.caller))
+        )
+
+
+def first_match(rules: tuple[AllowRule, ...] | list[AllowRule], site: Site,
+                caller: str = "") -> AllowRule | None:  # fmt: skip
+    """The first rule accepting `site` when called from `caller`, or None."""
+    return next((rule for rule in rules if rule.matches(site, caller)), None)
+
+
+def require_reason(reason: str) -> None:
+    if not reason.strip():
+        raise ValueError("an allowed sync needs a reason: say why this sync is accepted")
+
+
+def _suffix(file: str, suffix: str) -> bool:
+    return file == suffix or file.endswith("/" + suffix)
+
+
+def _called_from(caller: str, wanted: str) -> bool:
+    """`wanted` is a function name, or a file suffix and a function: `a/b.py:step`."""
+    file, _, function = caller.rpartition(":")
+    wanted_file, _, wanted_function = wanted.rpartition(":")
+    return function == wanted_function and (not wanted_file or _suffix(file, wanted_file))

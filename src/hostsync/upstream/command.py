@@ -1,0 +1,42 @@
+"""`python -m hostsync clone` and `export-patches`: the patch queue's two commands."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from hostsync.options import add_case, case_layouts
+from hostsync.upstream.patchqueue import clone, export_patches
+
+log = logging.getLogger(__name__)
+
+
+def clone_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hostsync clone",
+        description="Materialise a case's pinned release in work/clones/<case>, apply its patches.",
+    )
+    add_case(parser)
+    parser.add_argument("--remote", help="git remote to clone from (default: the project's)")
+    args = parser.parse_args(argv)
+    for layout in case_layouts(args.case):
+        said = clone(layout, remote=args.remote)
+        log.info("%s: %s", layout.case, said or "the clone matches the patches: nothing to do")
+    return 0
+
+
+def export_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hostsync export-patches",
+        description="Write the commits of `patched` in a case's clone back into patches/<case>/.",
+    )
+    add_case(parser)
+    args = parser.parse_args(argv)
+    for layout in case_layouts(args.case):
+        report = export_patches(layout)
+        for change in ("added", "changed", "removed"):
+            for name in report[change]:
+                log.info("%s patches/%s/%s", change, layout.case, name)
+        if not any(report[change] for change in ("added", "changed", "removed")):
+            log.info("patches/%s already matches the clone: nothing changed", layout.case)
+    return 0

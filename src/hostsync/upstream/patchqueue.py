@@ -1,0 +1,198 @@
+"""The patch queue: `patches/<case>/` on the case's clone, and back.
+
+`work/clones/<case>` is where a contributor edits. Its base is the release tag the case card
+pins (`releases.materialise`). The branch `patched` holds `patches/<case>/` applied in `series`
+order, one commit per patch; `export_patches` writes it back with `git format-patch`, byte for
+byte reproducibly. Neither ever loses work: with uncommitted edits in the clone, or commits
+there that are not in `patches/`, they stop and say how to keep or discard them.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+from hostsync import cases
+from hostsync.errors import WorkspaceError
+from hostsync.files import sha256
+from hostsync.layout import Layout
+from hostsync.upstream.git import (
+    git,
+    read_state,
+    refuse_to_lose_work,
+    rev,
+    write_state,
+)
+from hostsync.upstream.releases import materialise
+
+PATCHED = "patched"
+SERIES_HEADER = "# Applied in this order by `nox -s clone`; rewritten by `nox -s export_patches`.\n"
+
+
+class PatchDoesNotApply(WorkspaceError):
+    """A patch of the series conflicts with the tree it is applied to."""
+
+
+def series(layout: Layout) -> list[Path]:
+    """The case's patches in patches/<case>/series order (blank lines and # comments skipped)."""
+    series_file = layout.patches / "series"
+    if not series_file.exists():
+        return []
+    names = [line.strip() for line in series_file.read_text().splitlines()]
+    return [layout.patches / name for name in names if name and not name.startswith("#")]
+
+
+def touched_files(patch: Path) -> list[str]:
+    """The files a patch changes, both names of a rename."""
+    pairs = re.findall(r"^diff --git a/(\S+) b/(\S+)$", patch.read_text(), re.MULTILINE)
+    return sorted({path for pair in pairs for path in pair})
+
+
+def added_files(patch: Path) -> dict[str, str]:
+    """The files a patch creates, with their whole text (its `+` lines)."""
+    found = {}
+    for diff in re.split(r"^diff --git ", patch.read_text(), flags=re.MULTILINE)[1:]:
+        if "\nnew file mode" not in diff.split("@@", 1)[0]:
+            continue
+        path = re.search(r"^\+\+\+ b/(\S+)$", diff, re.MULTILINE)[1]
+        body = diff.split("\n@@", 1)[1].split("\n", 1)[1]
+        lines = [line[1:] for line in body.splitlines() if line.startswith("+")]
+        found[path] = "\n".join(lines) + "\n"
+    return found
+
+
+def touches_only_tests(patch: Path) -> bool:
+    """A test patch: every file it changes lies under tests/ (applies to any release)."""
+    files = touched_files(patch)
+    return bool(files) and all(path.startswith("tests/") for path in files)
+
+
+def apply_patches(repo: Path, patches: list[Path], base: str, where: str) -> None:
+    """`git am -3` each patch onto HEAD (already at `base`); on a conflict, back to `base`."""
+    for patch in patches:
+        result = git(repo, "am", "-3", "--committer-date-is-author-date", str(patch), check=False)
+        if result.returncode != 0:
+            files = _failing_files(result.stdout + result.stderr)
+            git(repo, "am", "--abort", check=False)
+            git(repo, "reset", "--quiet", "--hard", base)
+            raise PatchDoesNotApply(
+                f"{patch.parent.name}/{patch.name} does not apply to {where}"
+                f" (conflict in {', '.join(files) or 'an unknown file'}): rebase it in the clone"
+                " and run `nox -s export_patches`, or drop it from the series"
+            )
+
+
+def _failing_files(output: str) -> list[str]:
+    patterns = (
+        r"^error: patch failed: (\S+?):\d+$",
+        r"^CONFLICT \([^)]*\): Merge conflict in (\S+)$",
+        r"^error: (\S+): does not exist in index$",
+        r"^error: (\S+): already exists in (?:index|working directory)$",
+    )
+    found = [m for p in patterns for m in re.findall(p, output, re.MULTILINE)]
+    return sorted(set(found))
+
+
+def _series_state(layout: Layout) -> dict[str, str]:
+    return {p.name: sha256(p) for p in series(layout)}
+
+
+def clone(layout: Layout, remote: str | None = None) -> str | None:
+    """Make the case's clone its pinned tag plus its patches on `patched`; say what was done.
+
+    Idempotent: None when there was nothing to do. Refuses, naming the way out, whenever going
+    on could lose work in the clone.
+    """
+    case = cases.load(layout.root, layout.case)
+    repo, tag = layout.clone, case.pin.tag
+    where = f"{case.project.name} {tag}"
+    if not repo.exists():
+        materialise(layout, case.project, case.pin, repo, remote)
+        git(repo, "checkout", "--quiet", "-B", PATCHED, tag)
+        return f"{read_state(repo)['origin']}: " + _apply_queue(layout, repo, tag, where)
+
+    if not (repo / ".git").exists() or not rev(repo, tag):
+        raise WorkspaceError(
+            f"{repo} is not a clone of {where} (the case card changed?): move it aside and rerun"
+        )
+    refuse_to_lose_work(repo, where="the clone")
+    branch = git(repo, "branch", "--show-current").stdout.strip()
+    if branch != PATCHED:
+        raise WorkspaceError(
+            f"the clone has {branch or 'a detached HEAD'} checked out, not {PATCHED}:"
+            f" run `git -C {shown(layout, repo)} switch {PATCHED}` first"
+        )
+    state, head = read_state(repo), rev(repo, "HEAD")
+    if head == state.get("head"):
+        if state.get("series") == _series_state(layout):
+            return None
+        git(repo, "reset", "--quiet", "--hard", tag)
+        return "patches/ changed since the last run: " + _apply_queue(layout, repo, tag, where)
+    if _format_patches(repo, tag) == _read_patches(layout):
+        write_state(repo, head=head, series=_series_state(layout))
+        return None
+    commits = git(repo, "rev-list", "--count", f"{tag}..{PATCHED}").stdout.strip()
+    raise WorkspaceError(
+        f"{PATCHED} in {shown(layout, repo)} ({commits} commits on {tag}) differs from patches/:"
+        " keep it with `nox -s export_patches`, or discard it with"
+        f" `git -C {shown(layout, repo)} reset --hard {state.get('head', tag)}`"
+    )
+
+
+def _apply_queue(layout: Layout, repo: Path, tag: str, where: str) -> str:
+    """Apply the series on `tag`; the recorded state says what is applied, if anything."""
+    patches = series(layout)
+    try:
+        apply_patches(repo, patches, tag, where)
+    except PatchDoesNotApply:
+        write_state(repo, head=rev(repo, "HEAD"), series={})
+        raise
+    write_state(repo, head=rev(repo, "HEAD"), series=_series_state(layout))
+    return f"applied {len(patches)} patch(es) from patches/{layout.case}/series on {PATCHED}"
+
+
+def shown(layout: Layout, path: Path) -> str:
+    """`path` as a user types it from the workspace root."""
+    return str(path.relative_to(layout.root)) if path.is_relative_to(layout.root) else str(path)
+
+
+# --- exporting the branch back into patches/ -----------------------------------------------------
+
+
+def _format_patches(repo: Path, base: str) -> dict[str, bytes]:
+    """The commits of `patched` as patch files, byte-stable across machines and git configs."""
+    with tempfile.TemporaryDirectory() as out:
+        git(
+            repo, "format-patch", f"{base}..{PATCHED}", "--quiet", "--output-directory", out,
+            "--no-signature", "--zero-commit", "--full-index", "--no-numbered",
+            "--diff-algorithm=myers", "--stat=72", "--summary",
+        )  # fmt: skip
+        return {p.name: p.read_bytes() for p in sorted(Path(out).iterdir())}
+
+
+def _read_patches(layout: Layout) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in series(layout)}
+
+
+def export_patches(layout: Layout) -> dict[str, list[str]]:
+    """Write the clone's `patched` commits into patches/<case>/; return the names by change."""
+    repo, tag = layout.clone, cases.load(layout.root, layout.case).pin.tag
+    if not repo.exists():
+        raise WorkspaceError(f"no clone at {shown(layout, repo)}: run `nox -s clone` first")
+    refuse_to_lose_work(repo, where="the clone")
+    new, old = _format_patches(repo, tag), _read_patches(layout)
+    report = {
+        "added": sorted(set(new) - set(old)),
+        "changed": sorted(n for n in set(new) & set(old) if new[n] != old[n]),
+        "removed": sorted(set(old) - set(new)),
+        "unchanged": sorted(n for n in set(new) & set(old) if new[n] == old[n]),
+    }
+    layout.patches.mkdir(parents=True, exist_ok=True)
+    for name in report["added"] + report["changed"]:
+        (layout.patches / name).write_bytes(new[name])
+    for name in report["removed"]:
+        (layout.patches / name).unlink()
+    (layout.patches / "series").write_text(SERIES_HEADER + "".join(f"{n}\n" for n in sorted(new)))
+    write_state(repo, head=rev(repo, "HEAD"), series=_series_state(layout))
+    return report

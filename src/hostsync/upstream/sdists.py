@@ -1,0 +1,145 @@
+"""Release sdists from PyPI, verified against the size and sha256 a case card pins.
+
+The offline path to a release when `git clone` cannot reach the project's repository, and the
+source of what a release declares it needs (its PKG-INFO).
+
+The cache is shared by every case, so a file in it is only trusted for what it was verified
+as: a download that matches the card is kept with a record of its digest beside it
+(`<file>.verified`). Later, a card that disagrees with a verified file is a card error and the
+file stays; a verified file that no longer matches its record is damaged and fetched again; a
+fresh download that fails is discarded, since nothing else can have used it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tarfile
+import urllib.request
+from email.parser import HeaderParser
+from pathlib import Path
+
+from hostsync.cases import Sdist
+from hostsync.errors import WorkspaceError
+from hostsync.files import sha256
+from hostsync.layout import Layout
+from hostsync.projects import Project
+
+log = logging.getLogger(__name__)
+
+_TIMEOUT_S = 60
+
+
+def fetch_sdist(layout: Layout, sdist: Sdist) -> Path:
+    """The verified sdist from the cache, downloading it first if needed."""
+    cached = layout.cache / "sdists" / sdist.filename
+    record = cached.with_name(cached.name + ".verified")
+    if cached.exists():
+        problem = _trusted_problem(cached, record, sdist)
+        if problem is None:
+            return cached
+        if problem != _DAMAGED:
+            raise WorkspaceError(problem)
+        log.info("%s no longer matches the digest it was verified with: fetching it again",
+                 cached.name)  # fmt: skip
+        cached.unlink()
+        record.unlink(missing_ok=True)
+    _download(sdist, cached)
+    problem = _mismatch(cached, sdist)
+    if problem:
+        cached.unlink()
+        raise WorkspaceError(
+            f"the download of {sdist.filename} has {problem}: it was discarded; check the card's"
+            f" [pin] or [fixed] sdist against PyPI (`pip download --no-deps {sdist.filename}`)"
+        )
+    record.write_text(json.dumps({"size": sdist.size, "sha256": sdist.sha256}) + "\n")
+    return cached
+
+
+_DAMAGED = "damaged"
+
+
+def _trusted_problem(cached: Path, record: Path, sdist: Sdist) -> str | None:
+    """None when the cached file is the card's; `_DAMAGED` when it changed since it was
+    verified; else why the card and the file disagree, as the one-line error to raise."""
+    if record.exists():
+        verified = json.loads(record.read_text())
+        if sha256(cached) != verified["sha256"]:
+            return _DAMAGED
+        if (verified["size"], verified["sha256"]) == (sdist.size, sdist.sha256):
+            return None
+        return (
+            f"the card pins {sdist.filename} at {sdist.size} bytes, sha256 {sdist.sha256[:16]}...,"
+            f" but the file verified on download has {verified['size']} bytes, sha256"
+            f" {verified['sha256'][:16]}...: fix the card's sdist (the file is kept)"
+        )
+    problem = _mismatch(cached, sdist)
+    if problem:
+        return (
+            f"{cached} was not downloaded here and has {problem}: remove it, or fix the card's"
+            " sdist if the file is the release"
+        )
+    record.write_text(json.dumps({"size": sdist.size, "sha256": sdist.sha256}) + "\n")
+    return None
+
+
+def _download(sdist: Sdist, cached: Path) -> None:
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_name(cached.name + ".part")
+    log.info("downloading %s", sdist.url)
+    try:
+        with urllib.request.urlopen(sdist.url, timeout=_TIMEOUT_S) as response:
+            partial.write_bytes(response.read())
+    except OSError as error:
+        partial.unlink(missing_ok=True)
+        raise WorkspaceError(
+            f"cannot download {sdist.filename} ({error}): check the network to PyPI, or put"
+            f" the verified file at {cached}"
+        ) from None
+    partial.rename(cached)
+
+
+def _mismatch(path: Path, sdist: Sdist) -> str | None:
+    size = path.stat().st_size
+    if size != sdist.size:
+        return f"{size} bytes where the card says {sdist.size}"
+    digest = sha256(path)
+    if digest != sdist.sha256:
+        return f"sha256 {digest[:16]}... where the card says {sdist.sha256[:16]}..."
+    return None
+
+
+def pypi_sdist(project: Project, version: str) -> Sdist:
+    """The sdist of a release as PyPI's JSON simple index describes it."""
+    wanted = f"{project.name}-{version}.tar.gz"
+    for entry in pypi_files(project):
+        if entry["filename"] == wanted:
+            return Sdist(entry["url"], entry["size"], entry["hashes"]["sha256"])
+    raise WorkspaceError(f"PyPI has no sdist {wanted}: check the version number")
+
+
+def pypi_files(project: Project) -> list[dict]:
+    """Every file PyPI's JSON simple index lists for the project."""
+    request = urllib.request.Request(
+        project.pypi_simple, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
+            return json.load(response)["files"]
+    except OSError as error:
+        raise WorkspaceError(
+            f"cannot read the PyPI index for {project.name} ({error}): check the network to PyPI"
+        ) from None
+
+
+def pkg_info(archive: Path) -> str:
+    """The text of the sdist's top-level PKG-INFO."""
+    with tarfile.open(archive) as tar:
+        (top,) = {name.split("/", 1)[0] for name in tar.getnames()}
+        member = tar.extractfile(f"{top}/PKG-INFO")
+        return member.read().decode() if member else ""
+
+
+def requires_dist(pkg_info_text: str) -> list[str]:
+    """The Requires-Dist lines of a PKG-INFO."""
+    return HeaderParser().parsestr(pkg_info_text).get_all("Requires-Dist") or []

@@ -1,0 +1,123 @@
+"""The trees the commands measure: detached worktrees under `work/trees/<case>/`, regenerated
+from the clone's commits or from a release, never edited by hand.
+
+`prepare_tree` does everything a tree needs before it can run, and says so as it goes: it brings
+the clone up to date with `patches/` (the patch queue), makes the release's repository if it is
+missing, checks the worktree out, and picks (or builds) the environment that fits the release.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+from pathlib import Path
+
+from hostsync import cases, envs
+from hostsync.errors import WorkspaceError
+from hostsync.files import sha256
+from hostsync.layout import Layout
+from hostsync.records import Tree, TreeInfo, TreeRole
+from hostsync.upstream.git import git, read_state, refuse_to_lose_work, rev, write_state
+from hostsync.upstream.patchqueue import (
+    PATCHED,
+    apply_patches,
+    clone,
+    series,
+    shown,
+    touches_only_tests,
+)
+from hostsync.upstream.releases import materialise, release_for
+
+log = logging.getLogger(__name__)
+
+EXTRAS = ("", "tests", "series")
+
+
+def prepare_tree(layout: Layout, name: str) -> Tree:
+    """The tree `name` as a detached worktree under work/trees/<case>/, created or refreshed,
+    with the interpreter of its environment.
+
+    `pinned` and `patched` come from the clone (which `clone` brings up to date first); `fixed`
+    is upstream's fixed release and a version like `5.14.0` that release, as published.
+    `+tests` applies only the test patches of the series on top, `+series` the whole series.
+    """
+    case = cases.load(layout.root, layout.case)
+    name = case.tree_name(name)
+    base_name, _, extra = name.partition("+")
+    if extra not in EXTRAS:
+        raise WorkspaceError(f"unknown tree {name!r}: use NAME, NAME+tests or NAME+series")
+    role = case.role(name)
+    if role in (TreeRole.PINNED, TreeRole.PATCHED):
+        said = clone(layout)
+        if said:
+            log.info("%s", said)
+        repo, base = layout.clone, (case.pin.tag if role == TreeRole.PINNED else PATCHED)
+        release = case.pin
+    else:
+        release = release_for(case, base_name)
+        repo = layout.releases / f"{case.project.name}-{release.version}"
+        if not repo.exists():
+            materialise(layout, case.project, release, repo)
+        base = release.tag
+    patches = [p for p in series(layout) if extra == "series" or touches_only_tests(p)]
+    patches = patches if extra else []
+    where = f"{case.project.name} {release.version}" + (
+        " (pinned)" if role == TreeRole.PINNED else ""
+    )
+    root = _worktree(layout, repo, base, patches, layout.trees / name, where)
+    origin = read_state(repo)["origin"]
+    if role == TreeRole.PATCHED:
+        origin += " + the case's patch series"
+    if extra:
+        origin += f" + {extra} patches: {', '.join(p.name for p in patches) or 'none'}"
+    made = Tree(name, role, root, release.version, rev(root, "HEAD"), origin, case.project)
+    python = envs.python_for(layout, case.project, release, root)
+    return dataclasses.replace(made, python=python)
+
+
+def prepare_trees(layout: Layout, names: list[str]) -> list[Tree]:
+    """The trees asked for; `patched` is skipped, saying so, while the series is empty."""
+    if PATCHED in names and not series(layout):
+        log.info("the case's series is empty: skipping the patched tree (it equals pinned)")
+        names = [name for name in names if name != PATCHED]
+        if not names:
+            raise WorkspaceError(
+                "the case's series is empty, so the patched tree is the pinned one: add the fix"
+                " to patches/<case>/ (nox -s export_patches), or ask for --trees pinned"
+            )
+    return [prepare_tree(layout, name) for name in names]
+
+
+def infos(layout: Layout, trees: list[Tree]) -> dict[str, TreeInfo]:
+    """What a result file says of each tree it measured, by label."""
+    return {tree.label: tree.info(layout.root) for tree in trees}
+
+
+def _worktree(layout: Layout, repo: Path, base: str, patches: list[Path], path: Path,
+              where: str) -> Path:  # fmt: skip
+    wanted = {
+        "base": rev(repo, base),
+        "patches": {p.name: sha256(p) for p in patches},
+    }
+    if path.exists() and not _is_worktree_of(path, repo):
+        log.info("replacing %s: it is no worktree of %s", path, repo)
+        shutil.rmtree(path)
+    if path.exists():
+        refuse_to_lose_work(path, where=shown(layout, path))
+        if {k: read_state(path).get(k) for k in wanted} == wanted:
+            return path
+        git(path, "checkout", "--quiet", "--detach", wanted["base"])
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        git(repo, "worktree", "prune")
+        git(repo, "worktree", "add", "--quiet", "--detach", str(path), wanted["base"])
+    apply_patches(path, patches, wanted["base"], where)
+    write_state(path, **wanted)
+    return path
+
+
+def _is_worktree_of(path: Path, repo: Path) -> bool:
+    """False for a leftover whose repository was moved away or recreated."""
+    found = git(path, "rev-parse", "--path-format=absolute", "--git-common-dir", check=False)
+    return found.returncode == 0 and Path(found.stdout.strip()) == (repo / ".git").resolve()

@@ -1,0 +1,95 @@
+"""Small results made by hand, typed as the commands make them: inputs for the tests of what
+reads results (review, the reports, storage). The real ones come from the commands."""
+
+from __future__ import annotations
+
+from hostsync import provenance
+from hostsync.files import sha256
+from hostsync.layout import Layout
+from hostsync.records import (
+    Capture,
+    CheckRecord,
+    Environment,
+    HuntResult,
+    HuntSetup,
+    HuntTree,
+    Outcome,
+    ProfileResult,
+    ProfileSetting,
+    RegionLabels,
+    ReproResult,
+    RunRow,
+    SnippetRuns,
+    StepFigures,
+    TestOutcome,
+    TestPatchResult,
+    Timeline,
+    TreeInfo,
+    Verdict,
+)
+
+ENVIRONMENT = Environment(
+    python="3.11.7", packages={"torch": "2.13.0"}, platform="Linux", device="cpu", device_count=0
+)
+
+
+def info(version: str) -> TreeInfo:
+    return TreeInfo(project="transformers", version=version, commit="0" * 40, origin="made",
+                    src="work/trees/x/src")  # fmt: skip
+
+
+def stamp(layout: Layout):
+    return provenance.stamp(layout, provenance.inputs(layout))
+
+
+def row(tree: str, ranks: int, syncs: int, scenario: str = "all_tokens") -> RunRow:
+    return RunRow(tree, "sp_loss.py", ranks, scenario, {"host_syncs": syncs})
+
+
+def repro(layout: Layout, runs: tuple[RunRow, ...]) -> ReproResult:
+    trees = {run.tree: info("5.13.1") for run in runs}
+    return ReproResult(stamp(layout), ENVIRONMENT, trees, {"all_tokens": "every rank"}, runs, ())
+
+
+def check(label: str, verdict: Verdict, *tests: TestOutcome, expected: str = "all pass",
+          name: str = "series tests") -> CheckRecord:  # fmt: skip
+    counts: dict[str, int] = {}
+    for test in tests:
+        counts[test.outcome.value] = counts.get(test.outcome.value, 0) + 1
+    return CheckRecord(name, label, None, expected, verdict, "", counts, tests, 1.0)
+
+
+def failed(message: str, test: str = "T::test_sync") -> TestOutcome:
+    return TestOutcome(test, Outcome.FAILED, message)
+
+
+def test_patch(layout: Layout, *checks: CheckRecord) -> TestPatchResult:
+    ok = all(c.verdict != Verdict.WRONG for c in checks)
+    return TestPatchResult(stamp(layout), ok, checks)
+
+
+def capture(tree: str, host_reads: int, in_forward: int = 0) -> Capture:
+    ops = {"aten::_local_scalar_dense": host_reads, "aten::item": 0, "aten::is_nonzero": 0}
+    forward = dict.fromkeys(ops, 0) | {"aten::_local_scalar_dense": in_forward}
+    timeline = Timeline(((0.1, 0.5),), tuple(0.6 + i / 10 for i in range(host_reads)), None, None,
+                        1.0)  # fmt: skip
+    figures = StepFigures(1.0, ops, forward, None, None, None, None, timeline)
+    return Capture(tree, "5.13.1", "0" * 40, "gloo", 2, "cpu", "torch", "python x.py", 1.0,
+                   (f"{tree}-gloo-ws2-rank0.trace.json.gz",), per_step=figures)  # fmt: skip
+
+
+def profile(layout: Layout, *captures: Capture, snippet_output: dict[str, str] | None = None,
+            snippet: str | None = None) -> ProfileResult:  # fmt: skip
+    path = layout.repro / snippet if snippet else None
+    runs = SnippetRuns(path and path.name, path and sha256(path), snippet_output or {})
+    return ProfileResult(
+        stamp(layout), ENVIRONMENT, {c.tree: info(c.version) for c in captures},
+        ProfileSetting("all_tokens", 2), RegionLabels("loss aggregation", "model forward"),
+        2, 3, (), captures, runs,
+    )  # fmt: skip
+
+
+def hunt(layout: Layout, *trees: HuntTree) -> HuntResult:
+    setup = HuntSetup(world_size=2, sp_size=2, model="m", device="cpu", backend="gloo",
+                      versions={"python": "3.11.7"})  # fmt: skip
+    return HuntResult(stamp=stamp(layout), setup=setup, allowlist=(), trees=trees)
