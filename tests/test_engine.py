@@ -223,6 +223,7 @@ def test_a_release_declares_its_requirements_in_its_pkg_info(tmp_path: Path) -> 
     assert found == ["tokenizers<=0.23.0,>=0.22.0"]
 
 
+@pytest.mark.network
 def test_the_sessions_share_environments_by_dependency_set() -> None:
     """What `nox -s ...` runs in: the environment of the default case's pin, named by release."""
     done = subprocess.run(

@@ -124,7 +124,9 @@ def test_the_committed_templates_use_only_known_sources_and_reducers(case: str) 
     layout = Layout(ROOT, case)
     sources = {"repro", "test_patch", "profile", "case", "snippet", "series"}
     for template in review.templates(layout):
-        for match in review.PLACEHOLDER.finditer(template.read_text()):
+        found = list(review.PLACEHOLDER.finditer(template.read_text()))
+        assert found, f"{template.name} cites no result"
+        for match in found:
             assert match["source"] in sources, (template.name, match[0])
             assert (match["reduce"] or "first") in review.REDUCERS, (template.name, match[0])
             review.segments(match["path"].strip())

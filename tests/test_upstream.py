@@ -173,6 +173,7 @@ def test_changed_series_is_reapplied(workspace: Layout, remote: Path) -> None:
     assert "x.clamp(min=1)" in (workspace.clone / DEEPSPEED_PY).read_text()
 
 
+@pytest.mark.network  # the tree's environment is chosen by its release's PKG-INFO
 def test_trees_are_worktrees_of_the_tag_and_the_series(workspace: Layout, remote: Path) -> None:
     make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
     test_patch = workspace.patches / "0002-Test-the-loss.patch"

@@ -267,6 +267,8 @@ def load(root: Path, name: str) -> Case:
 def load_card(data: Json) -> Card:
     """A card's table, its types checked, then what types cannot say."""
     card = records.load(Card, data, "")
+    if not card.repro.launch:
+        raise RecordError("repro.launch", "names no launch: add a [[repro.launch]] table")
     for number, launch in enumerate(card.repro.launch):
         where = f"repro.launch[{number}]"
         if not launch.ranks or any(n < 1 for n in launch.ranks):
