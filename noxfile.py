@@ -29,15 +29,20 @@ def prepared(session: nox.Session) -> bool:
     return bool(config.no_venv or config.force_venv_backend == "none")
 
 
+# On Ctrl-C the command stops the process groups it started (SIGTERM, SIGKILL 3 s later): nox
+# waits that long for it before ending it, so that no rank outlives the session.
+INTERRUPT = {"interrupt_timeout": 15.0, "terminate_timeout": 10.0}
+
+
 def run_module(session: nox.Session, module: str, *args: str) -> None:
     """`python -m module` in the workspace's environment (built on first use), or the prepared
     one."""
     env = {"PYTHONPATH": SRC, "HOSTSYNC_PREPARED": "1" if prepared(session) else "0"}
     python = sys.executable
     if not prepared(session):
-        found = session.run(python, "-m", "hostsync", "env", env=env, silent=True)
+        found = session.run(python, "-m", "hostsync", "env", env=env, silent=True, **INTERRUPT)
         python = found.strip().splitlines()[-1]
-    session.run(python, "-m", module, *args, env=env)
+    session.run(python, "-m", module, *args, env=env, **INTERRUPT)
 
 
 def hostsync(session: nox.Session, command: str, *args: str) -> None:

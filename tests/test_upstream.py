@@ -242,3 +242,80 @@ def test_a_damaged_sdist_put_in_the_cache_is_refused_and_kept(
         patchqueue.clone(workspace, remote=str(workspace.root / "nowhere.git"))
     assert not workspace.clone.exists()
     assert archive.exists(), "a file the workspace did not download is never deleted"
+
+
+# --- the patch queue loses nothing ----------------------------------------------------------------
+
+
+def test_a_patch_added_to_the_series_by_hand_stops_the_export(
+    workspace: Layout, remote: Path
+) -> None:
+    (first,) = make_patches(workspace, remote, {"Keep the count on device": "return x.clamp(1)"})
+    patchqueue.clone(workspace, remote=str(remote))
+    added = workspace.patches / "0002-new.patch"
+    added.write_text(first.read_text().replace("x.clamp(1)", "x.clamp(2)"))
+    add_to_series(workspace, added)
+    before = {p.name: p.read_bytes() for p in workspace.patches.iterdir()}
+
+    with pytest.raises(WorkspaceError, match=r"0002-new\.patch.*nox -s clone .*--force"):
+        patchqueue.export_patches(workspace)
+
+    assert {p.name: p.read_bytes() for p in workspace.patches.iterdir()} == before
+    report = patchqueue.export_patches(workspace, force=True)  # said, and done
+    assert report["removed"] == ["0002-new.patch"]
+
+
+def test_a_hand_edit_of_a_patch_not_in_the_clone_stops_the_export(
+    workspace: Layout, remote: Path
+) -> None:
+    (first,) = make_patches(workspace, remote, {"Keep the count on device": "return x.clamp(1)"})
+    patchqueue.clone(workspace, remote=str(remote))
+    edited = first.read_text().replace("x.clamp(1)", "x.clamp(min=1)")
+    first.write_text(edited)
+
+    with pytest.raises(WorkspaceError, match=f"has changed since the clone .*{first.name}"):
+        patchqueue.export_patches(workspace)
+
+    assert first.read_text() == edited
+
+
+def test_after_a_conflict_the_export_does_not_empty_the_series(
+    workspace: Layout, remote: Path
+) -> None:
+    good = make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(1)"})
+    bad = workspace.patches / "0002-Edit-a-line-the-release-does-not-have.patch"
+    bad.write_text(good[0].read_text().replace("max(x, 1)", "x.clamp(min=1)  # after the release"))
+    add_to_series(workspace, bad)
+    before = {p.name: p.read_bytes() for p in workspace.patches.iterdir()}
+    with pytest.raises(patchqueue.PatchDoesNotApply, match="apply the series there by hand"):
+        patchqueue.clone(workspace, remote=str(remote))
+
+    with pytest.raises(WorkspaceError, match=f"does not hold the series \\({bad.name} did not"):
+        patchqueue.export_patches(workspace)  # what the old error advised
+
+    assert {p.name: p.read_bytes() for p in workspace.patches.iterdir()} == before
+
+
+def test_a_series_naming_a_missing_patch_is_refused_in_one_line(workspace: Layout) -> None:
+    (workspace.patches / "series").write_text("0001-gone.patch\n")
+
+    with pytest.raises(WorkspaceError, match=r"series names 0001-gone\.patch, which is not there"):
+        series(workspace)
+
+
+def test_an_interrupted_apply_is_undone_by_the_next_clone(workspace: Layout, remote: Path) -> None:
+    (first,) = make_patches(workspace, remote, {"Keep the count on device": "return x.clamp(1)"})
+    patchqueue.clone(workspace, remote=str(remote))
+    # What Ctrl-C inside `git am` leaves: the apply begun, the clone back at the tag mid-way.
+    repo = workspace.clone
+    git(repo, "reset", "--quiet", "--hard", TAG)
+    conflicting = first.read_text().replace("max(x, 1)", "max(x, 2)")
+    (workspace.root / "half.patch").write_text(conflicting)
+    gitmodule.git(repo, "am", "-3", str(workspace.root / "half.patch"), check=False)
+    gitmodule.write_state(repo, applying=True)
+
+    said = patchqueue.clone(workspace, remote=str(remote))
+
+    assert said.startswith("an interrupted apply was undone")
+    assert "x.clamp(1)" in (repo / DEEPSPEED_PY).read_text()
+    assert not (repo / git(repo, "rev-parse", "--git-path", "rebase-apply")).exists()

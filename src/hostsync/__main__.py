@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import signal
 import sys
 
 from hostsync.errors import WorkspaceError
@@ -52,11 +53,23 @@ def main(argv: list[str] | None = None) -> int:
     module_name, function_name = target.split(":")
     command = getattr(importlib.import_module(module_name), function_name)
     logging.basicConfig(level=logging.INFO, format="hostsync: %(message)s")
+    # A kill is a Ctrl-C: the runs stop their process groups on the way out either way.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return command(argv[1:])
     except WorkspaceError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            "interrupted: every process it started was stopped, and no result was written",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from hostsync.errors import WorkspaceError, last_line
 from hostsync.layout import Layout
 from hostsync.options import case_layouts
 from hostsync.projects import Project
-from hostsync.upstream.sdists import fetch_sdist, pkg_info, requires_dist
+from hostsync.upstream.sdists import egg_info_requires, fetch_sdist, pkg_info, requires_dist
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +55,37 @@ def prepared() -> bool:
 
 def declared(layout: Layout, project: Project, release: Release, root: Path | None = None,
              ) -> list[str]:  # fmt: skip
-    """The requirements a release declares, from its PKG-INFO: the tree's own (a tree made from
-    the sdist has one), else the verified sdist's. Extras are left out."""
-    in_tree = root / "PKG-INFO" if root else None
-    if in_tree and in_tree.exists():
-        text = in_tree.read_text()
+    """The requirements a release declares: its PKG-INFO's Requires-Dist, or for a release
+    built before sdists carried them, its egg-info's requires.txt; from the tree (a tree made
+    from the sdist has both), else from the verified sdist. Extras are left out."""
+    if root is not None and (root / "PKG-INFO").exists():
+        metadata_text = (root / "PKG-INFO").read_text()
+        found = [*root.glob("*.egg-info/requires.txt"), *root.glob("*/*.egg-info/requires.txt")]
+        requires_txt = min(found, default=None)
+        legacy = requires_txt.read_text() if requires_txt else ""
     else:
-        text = pkg_info(fetch_sdist(layout, release.sdist))
-    return [line for line in requires_dist(text) if _applies(Requirement(line))]
+        archive = fetch_sdist(layout, release.sdist)
+        metadata_text, legacy = pkg_info(archive), egg_info_requires(archive)
+    found = requires_dist(metadata_text) or legacy_requirements(legacy)
+    if not found:
+        raise WorkspaceError(
+            f"{project.name} {release.version} declares no requirements (no Requires-Dist in its"
+            " PKG-INFO, no egg-info requires.txt): no environment can be chosen for it here"
+        )
+    return [line for line in found if _applies(Requirement(line))]
+
+
+def legacy_requirements(text: str) -> list[str]:
+    """requires.txt's lines as requirements: those before any `[section]` apply always, those
+    of a `[:marker]` section where the marker holds; `[extra]` sections are extras."""
+    found, section = [], ""
+    for line in (line.strip() for line in text.splitlines()):
+        if line.startswith("["):
+            section = line.strip("[]")
+        elif line and (not section or section.startswith(":")):
+            marker = section.removeprefix(":")
+            found.append(f"{line}; {marker}" if marker else line)
+    return found
 
 
 def _applies(requirement: Requirement) -> bool:

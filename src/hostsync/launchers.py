@@ -39,7 +39,9 @@ from hostsync.records import Device, Launcher, Tree
 
 log = logging.getLogger(__name__)
 
-_KILL_GRACE_S = 10.0
+# How long a process group has to end on SIGTERM before SIGKILL: a Ctrl-C must end every rank
+# within seconds, and nox waits for this process only so long.
+_KILL_GRACE_S = 3.0
 # Where the hostsync package is imported from: the ranks import its protocol and detector.
 ENGINE_SRC = Path(__file__).resolve().parents[1]
 RankResults = list[dict]
@@ -47,6 +49,10 @@ RankResults = list[dict]
 
 class RunFailed(WorkspaceError):
     """A rank raised, a launcher exited non-zero, or a run hung and was killed."""
+
+
+class RunHung(RunFailed):
+    """A run passed its timeout and was killed."""
 
 
 @dataclass(frozen=True)
@@ -264,7 +270,15 @@ def _fork(run: Run, what: Start) -> list[RankResults]:
     plan_file.write_text(json.dumps(plan, indent=2) + "\n")
     command = [*what.wrap, run.tree.python, "-m", "hostsync.prefork", str(plan_file)]
     timeout = what.timeout * len(what.worlds)
-    returncode = run_group(run, command, timeout=timeout, env=what.environment())
+    try:
+        returncode = run_group(run, command, timeout=timeout, env=what.environment())
+    except RunHung as error:
+        # The world that hung is the first one whose ranks did not all write something.
+        for folder, world in zip(folders, what.worlds, strict=True):
+            ranks = _unfinished(folder, world.ranks)
+            if ranks:
+                raise RunHung(f"{error}; {_still_running(ranks, world.ranks)}") from None
+        raise
     if returncode != 0:
         raise RunFailed(_describe_failure(run, returncode))
     return [
@@ -291,10 +305,29 @@ LAUNCHERS: dict[Launcher, Callable[[Run, Start], list[RankResults]]] = {
 def launch(run: Run, command: Sequence[str], nprocs: int, timeout: float,
            env: Mapping[str, str] | None = None) -> RankResults:  # fmt: skip
     """Run `command` as one process group and return the result each rank wrote, by rank."""
-    returncode = run_group(run, command, timeout=timeout, env=env)
+    try:
+        returncode = run_group(run, command, timeout=timeout, env=env)
+    except RunHung as error:
+        running = _still_running(_unfinished(run.run_dir, nprocs), nprocs)
+        raise RunHung(f"{error}; {running}") from None
     if returncode != 0:
         raise RunFailed(_describe_failure(run, returncode))
     return _read_rank_results(run, run.run_dir, nprocs)
+
+
+def _unfinished(folder: Path, nprocs: int) -> list[int]:
+    """The ranks of a run that have written neither a result nor an error."""
+    return [
+        rank
+        for rank in range(nprocs)
+        if not any((folder / f"rank-{rank}{suffix}").exists() for suffix in (".json", ".error"))
+    ]
+
+
+def _still_running(ranks: list[int], nprocs: int) -> str:
+    if not ranks:
+        return f"all {nprocs} ranks had finished"
+    return f"rank {', '.join(map(str, ranks))} of {nprocs} had not finished"
 
 
 def run_group(run: Run, command: Sequence[str], *, timeout: float, cwd: Path | None = None,
@@ -315,7 +348,7 @@ def run_group(run: Run, command: Sequence[str], *, timeout: float, cwd: Path | N
             return process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_group(process)
-            raise RunFailed(
+            raise RunHung(
                 f"run hung: no exit after {timeout:.0f} s, killed it and every process it started;"
                 f" see {run.log_file} and raise the timeout if the machine is just slow"
             ) from None

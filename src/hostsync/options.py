@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from hostsync import cases
 from hostsync.errors import WorkspaceError
@@ -55,13 +56,21 @@ def add_device(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# A run allowed longer than this is hung, however slow the machine.
+MAX_TIMEOUT_S = 86400.0
+
+
 def positive_seconds(text: str) -> float:
     try:
         seconds = float(text)
     except ValueError:
         seconds = -1.0
-    if not seconds > 0:
+    if not seconds > 0 or not math.isfinite(seconds):
         raise argparse.ArgumentTypeError(f"{text!r} is no positive number of seconds")
+    if seconds > MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(
+            f"{text} s is over a day ({MAX_TIMEOUT_S:.0f} s): no run here takes that long"
+        )
     return seconds
 
 

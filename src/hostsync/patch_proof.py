@@ -43,6 +43,7 @@ from hostsync.records import (
     Verdict,
 )
 from hostsync.upstream import patchqueue
+from hostsync.upstream.releases import release_for
 from hostsync.upstream.trees import prepare_tree
 
 log = logging.getLogger(__name__)
@@ -382,7 +383,12 @@ def main(argv: list[str]) -> int:
         if not re.fullmatch(r"\d+\.\d+\.\d+(?:(?:a|b|rc)\d+)?", version):
             raise WorkspaceError(f"--release {version!r} is no release number: use e.g. 5.12.0")
     status = 0
-    for layout in case_layouts(args.case):
+    layouts = case_layouts(args.case)
+    for layout in layouts:  # before anything runs: a release PyPI does not have is refused now
+        case = cases.load(layout.root, layout.case)
+        for version in args.releases:
+            release_for(case, version)
+    for layout in layouts:
         print(f"case {layout.case}")
         with locks.case(layout):
             status = max(status, prove_and_report(layout, args.releases, args.timeout)[0])

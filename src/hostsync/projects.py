@@ -84,10 +84,6 @@ class Project:
             return None
         return Path(__file__).parent / "harness" / self.harness
 
-    @property
-    def pypi_simple(self) -> str:
-        return f"https://pypi.org/simple/{self.name}/"
-
 
 _DUNDER_VERSION = r'^__version__ = "([^"]+)"'
 

@@ -26,12 +26,13 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hostsync import cases, devices, launchers, locks, provenance, results, table, trainer_run
 from hostsync.cases import Case, Launch
 from hostsync.errors import WorkspaceError
-from hostsync.launchers import Run, Start, World
+from hostsync.launchers import Run, RunFailed, Start, World
 from hostsync.layout import Layout
 from hostsync.options import add_case, add_device, add_timeout, case_layouts, comma_list
 from hostsync.records import (
@@ -79,9 +80,27 @@ def run_launch(
         run = Run(layout.new_run_dir(name), tree, layout)
         what = Start(script, tuple(World(n, args) for n in group), used, timeout, env or {})
         worlds = launchers.start(spec.launcher, run, what)
+        for rank_results in worlds:
+            check_contract(rank_results, scenarios, run.run_dir)
         shutil.rmtree(run.run_dir)
         done |= {n: (used, rank_results) for n, rank_results in zip(group, worlds, strict=True)}
     return [(ranks, *done[ranks]) for ranks in counts]
+
+
+def check_contract(rank_results: list[dict], scenarios: Sequence[str], where: Path) -> None:
+    """Refuse what a rank returned unless it is {"runs": [row, ...]}, one row per scenario asked,
+    in order; the run folder, with each rank's result, is kept for a look."""
+    for rank, result in enumerate(rank_results):
+        runs = result.get("runs") if isinstance(result, dict) else None
+        rows = runs if isinstance(runs, list) else []
+        found = [row.get("scenario") if isinstance(row, dict) else None for row in rows]
+        if runs is None or found != list(scenarios):
+            said = "no `runs` list" if not isinstance(runs, list) else f"rows for {found}"
+            raise RunFailed(
+                f"rank {rank} returned {said}, not one row for each of {list(scenarios)} (its"
+                f' result is under {where}): a rank script returns {{"runs": [row, ...]}}, each'
+                " row with its `scenario`"
+            )
 
 
 # --- merging the ranks' rows ----------------------------------------------------------------------

@@ -36,7 +36,7 @@ from hostsync.cases import Case
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.options import add_case, case_layouts
-from hostsync.records import ProfileResult, ReproResult, Result, TestPatchResult
+from hostsync.records import ProfileResult, ReproResult, Result, TestPatchResult, Verdict
 from hostsync.upstream import patchqueue
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,33 @@ def latest_sources(layout: Layout, case: Case) -> dict[str, Source]:
                 f"no {kind.KIND} result in profiles/{layout.case}/: run"
                 f" `nox -s {kind.KIND} -- --case {layout.case}` first"
             )
-        found[kind.KIND] = Source(kind.KIND, path, results.read(path, kind))
+        source = Source(kind.KIND, path, results.read(path, kind))
+        if source.result.stamp.case != layout.case:  # and its command is that case's: no rerun
+            raise WorkspaceError(
+                f"profiles/{layout.case}/{path.name} is a result of case"
+                f" {source.result.stamp.case}, not {layout.case}: move it to"
+                f" profiles/{source.result.stamp.case}/"
+            )
+        found[kind.KIND] = source
     return found
+
+
+def refuse_unusable(layout: Layout, source: Source) -> None:
+    """What a fresh result can still hold that no draft may cite: no runs at all, or a proof
+    that failed or was judged WRONG."""
+    where = f"profiles/{layout.case}/{source.path.name}"
+    result = source.result
+    if isinstance(result, ReproResult) and not result.runs:
+        raise WorkspaceError(f"{where} holds no runs: rerun `nox -s repro -- --case {layout.case}`")
+    if isinstance(result, TestPatchResult):
+        wrong = [f"{c.check} on {c.label}: {c.reason}" for c in result.checks
+                 if c.verdict == Verdict.WRONG]  # fmt: skip
+        if not result.checks or wrong or not result.ok:
+            said = "; ".join(wrong) or "no check passed"
+            raise WorkspaceError(
+                f"{where} is no passing proof ({said}): mend that and rerun `nox -s test_patch --"
+                f" --case {layout.case}`; a draft never says a failed check passed"
+            )
 
 
 def stale(layout: Layout, sources: dict[str, Source]) -> dict[str, list[str]]:
@@ -117,6 +142,8 @@ def fresh_sources(layout: Layout, case: Case, rerun: bool) -> dict[str, Source]:
             f"stale results of {case.name}: {said}: rerun `nox -s {sessions} -- --case"
             f" {case.name}`, or `nox -s review -- --case {case.name} --rerun`"
         )
+    for source in sources.values():
+        refuse_unusable(layout, source)
     return sources
 
 

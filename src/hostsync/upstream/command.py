@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from hostsync import locks
 from hostsync.options import add_case, case_layouts
 from hostsync.upstream.patchqueue import clone, export_patches
 
@@ -20,7 +21,8 @@ def clone_main(argv: list[str]) -> int:
     parser.add_argument("--remote", help="git remote to clone from (default: the project's)")
     args = parser.parse_args(argv)
     for layout in case_layouts(args.case):
-        said = clone(layout, remote=args.remote)
+        with locks.case(layout):
+            said = clone(layout, remote=args.remote)
         log.info("%s: %s", layout.case, said or "the clone matches the patches: nothing to do")
     return 0
 
@@ -31,9 +33,16 @@ def export_main(argv: list[str]) -> int:
         description="Write the commits of `patched` in a case's clone back into patches/<case>/.",
     )
     add_case(parser)
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace patches/<case>/ with the clone's commits even where it holds patches or"
+        " edits the clone does not (they are lost)",
+    )
     args = parser.parse_args(argv)
     for layout in case_layouts(args.case):
-        report = export_patches(layout)
+        with locks.case(layout):
+            report = export_patches(layout, force=args.force)
         for change in ("added", "changed", "removed"):
             for name in report[change]:
                 log.info("%s patches/%s/%s", change, layout.case, name)

@@ -59,11 +59,14 @@ def write_state(repo: Path, **updates: object) -> None:
     _state_file(repo).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
 
 
+INTERRUPTED_AM = "an interrupted `git am` (rebase-apply)"
+
+
 def uncommitted(repo: Path) -> list[str]:
     """Tracked files with edits, plus an interrupted `git am`: what a reset would destroy."""
     changed = git(repo, "status", "--porcelain", "--untracked-files=no").stdout.splitlines()
     if (repo / git(repo, "rev-parse", "--git-path", "rebase-apply").stdout.strip()).exists():
-        changed.append("an interrupted `git am` (rebase-apply)")
+        changed.append(INTERRUPTED_AM)
     return changed
 
 

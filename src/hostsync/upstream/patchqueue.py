@@ -33,14 +33,30 @@ SERIES_HEADER = "# Applied in this order by `nox -s clone`; rewritten by `nox -s
 class PatchDoesNotApply(WorkspaceError):
     """A patch of the series conflicts with the tree it is applied to."""
 
+    def __init__(self, patch: Path, where: str, files: list[str], remedy: str = "") -> None:
+        super().__init__(
+            f"{patch.parent.name}/{patch.name} does not apply to {where}"
+            f" (conflict in {', '.join(files) or 'an unknown file'})"
+            + (f": {remedy}" if remedy else "")
+        )
+        self.patch, self.where, self.files = patch, where, files
+
 
 def series(layout: Layout) -> list[Path]:
-    """The case's patches in patches/<case>/series order (blank lines and # comments skipped)."""
+    """The case's patches in patches/<case>/series order (blank lines and # comments skipped);
+    a name without its file is refused."""
     series_file = layout.patches / "series"
     if not series_file.exists():
         return []
     names = [line.strip() for line in series_file.read_text().splitlines()]
-    return [layout.patches / name for name in names if name and not name.startswith("#")]
+    patches = [layout.patches / name for name in names if name and not name.startswith("#")]
+    missing = [patch.name for patch in patches if not patch.is_file()]
+    if missing:
+        raise WorkspaceError(
+            f"patches/{layout.case}/series names {', '.join(missing)}, which is not there:"
+            " add the file, or remove its line from the series"
+        )
+    return patches
 
 
 def touched_files(patch: Path) -> list[str]:
@@ -76,11 +92,7 @@ def apply_patches(repo: Path, patches: list[Path], base: str, where: str) -> Non
             files = _failing_files(result.stdout + result.stderr)
             git(repo, "am", "--abort", check=False)
             git(repo, "reset", "--quiet", "--hard", base)
-            raise PatchDoesNotApply(
-                f"{patch.parent.name}/{patch.name} does not apply to {where}"
-                f" (conflict in {', '.join(files) or 'an unknown file'}): rebase it in the clone"
-                " and run `nox -s export_patches`, or drop it from the series"
-            )
+            raise PatchDoesNotApply(patch, where, files)
 
 
 def _failing_files(output: str) -> list[str]:
@@ -94,8 +106,14 @@ def _failing_files(output: str) -> list[str]:
     return sorted(set(found))
 
 
+SERIES = "series"
+
+
 def _series_state(layout: Layout) -> dict[str, str]:
-    return {p.name: sha256(p) for p in series(layout)}
+    """What patches/<case>/ holds, by sha256: each patch of the series, and the series file."""
+    found = {p.name: sha256(p) for p in series(layout)}
+    series_file = layout.patches / SERIES
+    return found | ({SERIES: sha256(series_file)} if series_file.exists() else {})
 
 
 def clone(layout: Layout, remote: str | None = None) -> str | None:
@@ -116,6 +134,11 @@ def clone(layout: Layout, remote: str | None = None) -> str | None:
         raise WorkspaceError(
             f"{repo} is not a clone of {where} (the case card changed?): move it aside and rerun"
         )
+    if read_state(repo).get("applying"):
+        # Our own apply was interrupted (Ctrl-C): nothing on top of the tag is the user's.
+        git(repo, "am", "--abort", check=False)
+        git(repo, "reset", "--quiet", "--hard", tag)
+        return "an interrupted apply was undone: " + _apply_queue(layout, repo, tag, where)
     refuse_to_lose_work(repo, where="the clone")
     branch = git(repo, "branch", "--show-current").stdout.strip()
     if branch != PATCHED:
@@ -143,12 +166,24 @@ def clone(layout: Layout, remote: str | None = None) -> str | None:
 def _apply_queue(layout: Layout, repo: Path, tag: str, where: str) -> str:
     """Apply the series on `tag`; the recorded state says what is applied, if anything."""
     patches = series(layout)
+    write_state(repo, applying=True)
     try:
         apply_patches(repo, patches, tag, where)
-    except PatchDoesNotApply:
-        write_state(repo, head=rev(repo, "HEAD"), series={})
-        raise
-    write_state(repo, head=rev(repo, "HEAD"), series=_series_state(layout))
+    except PatchDoesNotApply as error:
+        write_state(repo, head=rev(repo, "HEAD"), series={}, applying=False,
+                    failed=error.patch.name)  # fmt: skip
+        clone = shown(layout, repo)
+        raise PatchDoesNotApply(
+            error.patch,
+            error.where,
+            error.files,
+            f"the clone is left at {tag}; apply the series there by hand (`git -C {clone} am -3"
+            f" ../../../patches/{layout.case}/*.patch`, resolve, `git am --continue`), then"
+            f" `nox -s export_patches -- --case {layout.case} --force`; or drop the patch from"
+            " the series",
+        ) from None
+    write_state(repo, head=rev(repo, "HEAD"), series=_series_state(layout), applying=False,
+                failed=None)  # fmt: skip
     return f"applied {len(patches)} patch(es) from patches/{layout.case}/series on {PATCHED}"
 
 
@@ -175,12 +210,19 @@ def _read_patches(layout: Layout) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in series(layout)}
 
 
-def export_patches(layout: Layout) -> dict[str, list[str]]:
-    """Write the clone's `patched` commits into patches/<case>/; return the names by change."""
+def export_patches(layout: Layout, force: bool = False) -> dict[str, list[str]]:
+    """Write the clone's `patched` commits into patches/<case>/; return the names by change.
+
+    Only files the clone was last seen to match are replaced or removed: a patch added to the
+    series, or edited, since then is not in the clone, and exporting would lose it. Then the
+    export refuses, unless `force` says to replace patches/ with the clone's commits.
+    """
     repo, tag = layout.clone, cases.load(layout.root, layout.case).pin.tag
     if not repo.exists():
         raise WorkspaceError(f"no clone at {shown(layout, repo)}: run `nox -s clone` first")
     refuse_to_lose_work(repo, where="the clone")
+    if not force:
+        _refuse_to_overwrite(layout, read_state(repo))
     new, old = _format_patches(repo, tag), _read_patches(layout)
     report = {
         "added": sorted(set(new) - set(old)),
@@ -194,5 +236,24 @@ def export_patches(layout: Layout) -> dict[str, list[str]]:
     for name in report["removed"]:
         (layout.patches / name).unlink()
     (layout.patches / "series").write_text(SERIES_HEADER + "".join(f"{n}\n" for n in sorted(new)))
-    write_state(repo, head=rev(repo, "HEAD"), series=_series_state(layout))
+    write_state(repo, head=rev(repo, "HEAD"), series=_series_state(layout), failed=None)
     return report
+
+
+def _refuse_to_overwrite(layout: Layout, state: dict) -> None:
+    """Refuse when patches/<case>/ holds what the clone does not: the export would lose it."""
+    matched = state.get("series", {})
+    unseen = [name for name, digest in _series_state(layout).items() if matched.get(name) != digest]
+    if not unseen:
+        return
+    force = f"`nox -s export_patches -- --case {layout.case} --force`"
+    if state.get("failed"):
+        raise WorkspaceError(
+            f"the clone does not hold the series ({state['failed']} did not apply to it): apply"
+            f" the series by hand in {shown(layout, layout.clone)}, then {force}"
+        )
+    raise WorkspaceError(
+        f"patches/{layout.case}/ has changed since the clone last matched it ({', '.join(unseen)}):"
+        f" exporting would lose that; run `nox -s clone -- --case {layout.case}` to bring it into"
+        f" the clone first, or {force} to replace patches/{layout.case}/ with the clone's commits"
+    )

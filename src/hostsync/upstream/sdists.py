@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tarfile
 import urllib.request
 from email.parser import HeaderParser
@@ -115,20 +116,31 @@ def pypi_sdist(project: Project, version: str) -> Sdist:
     for entry in pypi_files(project):
         if entry["filename"] == wanted:
             return Sdist(entry["url"], entry["size"], entry["hashes"]["sha256"])
-    raise WorkspaceError(f"PyPI has no sdist {wanted}: check the version number")
+    raise WorkspaceError(f"{index_url()} has no sdist {wanted}: check the version number")
+
+
+# The package index's simple API: PyPI, or a mirror or local index that serves its JSON form.
+INDEX_ENV = "HOSTSYNC_INDEX_URL"
+PYPI = "https://pypi.org/simple"
+
+
+def index_url() -> str:
+    return os.environ.get(INDEX_ENV, PYPI).rstrip("/")
 
 
 def pypi_files(project: Project) -> list[dict]:
-    """Every file PyPI's JSON simple index lists for the project."""
+    """Every file the package index lists for the project (PEP 691, JSON)."""
     request = urllib.request.Request(
-        project.pypi_simple, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+        f"{index_url()}/{project.name}/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
     )
     try:
         with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
             return json.load(response)["files"]
     except OSError as error:
         raise WorkspaceError(
-            f"cannot read the PyPI index for {project.name} ({error}): check the network to PyPI"
+            f"cannot read the package index for {project.name} at {index_url()} ({error}): check"
+            f" the network, or set {INDEX_ENV}"
         ) from None
 
 
@@ -137,6 +149,14 @@ def pkg_info(archive: Path) -> str:
     with tarfile.open(archive) as tar:
         (top,) = {name.split("/", 1)[0] for name in tar.getnames()}
         member = tar.extractfile(f"{top}/PKG-INFO")
+        return member.read().decode() if member else ""
+
+
+def egg_info_requires(archive: Path) -> str:
+    """The text of the sdist's egg-info requires.txt, or "" when it has none."""
+    with tarfile.open(archive) as tar:
+        found = sorted(n for n in tar.getnames() if n.endswith(".egg-info/requires.txt"))
+        member = tar.extractfile(found[0]) if found else None
         return member.read().decode() if member else ""
 
 

@@ -18,7 +18,15 @@ from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.layout import Layout
 from hostsync.records import Tree, TreeInfo, TreeRole
-from hostsync.upstream.git import git, read_state, refuse_to_lose_work, rev, write_state
+from hostsync.upstream.git import (
+    INTERRUPTED_AM,
+    git,
+    read_state,
+    refuse_to_lose_work,
+    rev,
+    uncommitted,
+    write_state,
+)
 from hostsync.upstream.patchqueue import (
     PATCHED,
     apply_patches,
@@ -104,6 +112,8 @@ def _worktree(layout: Layout, repo: Path, base: str, patches: list[Path], path: 
         log.info("replacing %s: it is no worktree of %s", path, repo)
         shutil.rmtree(path)
     if path.exists():
+        if uncommitted(path) == [INTERRUPTED_AM]:  # trees are ours: an apply cut short
+            git(path, "am", "--abort", check=False)
         refuse_to_lose_work(path, where=shown(layout, path))
         if {k: read_state(path).get(k) for k in wanted} == wanted:
             return path
