@@ -85,6 +85,12 @@ def review(session: nox.Session) -> None:
     hostsync(session, "review", *session.posargs)
 
 
+@nox.session(python=False)
+def outbox(session: nox.Session) -> None:
+    """What would be sent upstream for a case, signed by its contributor (nothing is sent)."""
+    hostsync(session, "outbox", *session.posargs)
+
+
 @nox.session(python=False, tags=["expensive"])
 def hunt(session: nox.Session) -> None:
     """Every host sync of a full SP training step, ranked: the next contribution."""

@@ -46,9 +46,15 @@ def row(tree: str, ranks: int, syncs: int, scenario: str = "all_tokens") -> RunR
     return RunRow(tree, "sp_loss.py", ranks, scenario, {"host_syncs": syncs})
 
 
-def repro(layout: Layout, runs: tuple[RunRow, ...]) -> ReproResult:
+def repro(layout: Layout, runs: tuple[RunRow, ...],
+          snippet_output: dict[str, str] | None = None) -> ReproResult:  # fmt: skip
     trees = {run.tree: info("5.13.1") for run in runs}
-    return ReproResult(stamp(layout), ENVIRONMENT, trees, {"all_tokens": "every rank"}, runs, ())
+    snippet = layout.repro / "issue_snippet.py"
+    runs_of_snippet = (
+        SnippetRuns(snippet.name, sha256(snippet), snippet_output) if snippet_output else None
+    )
+    return ReproResult(stamp(layout), ENVIRONMENT, trees, {"all_tokens": "every rank"}, runs, (),
+                       snippet=runs_of_snippet)  # fmt: skip
 
 
 def check(label: str, verdict: Verdict, *tests: TestOutcome, expected: str = "all pass",
@@ -78,14 +84,11 @@ def capture(tree: str, host_reads: int, in_forward: int = 0) -> Capture:
                    (f"{tree}-gloo-ws2-rank0.trace.json.gz",), per_step=figures)  # fmt: skip
 
 
-def profile(layout: Layout, *captures: Capture, snippet_output: dict[str, str] | None = None,
-            snippet: str | None = None) -> ProfileResult:  # fmt: skip
-    path = layout.repro / snippet if snippet else None
-    runs = SnippetRuns(path and path.name, path and sha256(path), snippet_output or {})
+def profile(layout: Layout, *captures: Capture) -> ProfileResult:
     return ProfileResult(
         stamp(layout), ENVIRONMENT, {c.tree: info(c.version) for c in captures},
         ProfileSetting("all_tokens", 2), RegionLabels("loss aggregation", "model forward"),
-        2, 3, (), captures, runs,
+        2, 3, (), captures,
     )  # fmt: skip
 
 

@@ -193,10 +193,9 @@ def test_a_second_command_on_the_same_case_is_refused_naming_the_first(workspace
 
 @pytest.fixture
 def results_of_sp_loss(workspace: Layout) -> Layout:
-    snippet = cases.load(workspace.root, "sp-loss").profile.snippet
     for result in (
         made.repro(workspace, (made.row("pinned", 2, 3),)),
-        made.profile(workspace, made.capture("pinned", 3), snippet=snippet),
+        made.profile(workspace, made.capture("pinned", 3)),
     ):
         results.write(workspace.profiles, result, workspace.unsaved)
     return workspace

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, envs, options, projects, provenance, repro, results, review
+from hostsync import cases, drafts, envs, options, projects, provenance, repro, results, review
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
 from hostsync.pin import load as load_pin
@@ -260,7 +260,7 @@ DOCUMENTS = {
         ("{{repro:runs[tree=patched].host_syncs|count}}", "1"),
         ("{{repro:trees.'5.14.0'.version}}", "5.14.0"),
         ("{{case:upstream.reviewers|join}}", "@a, @b"),
-        ("{{repro:runs[tree=fixed].host_syncs|max}}", review.NOT_MEASURED),
+        ("{{repro:runs[tree=fixed].host_syncs|max}}", drafts.NOT_MEASURED),
         ("code {not a placeholder} stays", "code {not a placeholder} stays"),
     ],
 )

@@ -19,28 +19,27 @@ import made
 
 TEMPLATE = """\
 Host reads per step on transformers {{repro:trees.pinned.version}}: \
-{{repro:runs[tree=pinned,ranks=2].host_syncs}} at 2 ranks, \
-{{repro:runs[tree=pinned,ranks=4].host_syncs}} at 4; with the fix \
-{{repro:runs[tree=patched].host_syncs|max}}.
+{{repro:runs[tree=pinned,ranks=2].host_syncs}} at {{repro:runs[tree=pinned,ranks=2].ranks}} ranks, \
+{{repro:runs[tree=pinned,ranks=4].host_syncs}} at {{repro:runs[tree=pinned,ranks=4].ranks}}; \
+with the fix {{repro:runs[tree=patched].host_syncs|max}}.
 Red on the release: {{test_patch:checks[label=pinned+tests].tests[outcome=failed].message}}
-GPU idle: {{profile:captures.per_step.gpu_idle_ms}}
 ```
-{{profile:snippet.output.pinned}}
+{{repro:snippet.output.pinned}}
 ```
 """
 
 
 def write_results(layout: Layout) -> dict[str, Path]:
-    snippet = load_case(layout.root, layout.case).profile.snippet
-    repro = made.repro(layout, (made.row("pinned", 2, 3), made.row("pinned", 4, 5),
-                                made.row("patched", 2, 0)))  # fmt: skip
+    runs = (made.row("pinned", 2, 3), made.row("pinned", 4, 5), made.row("patched", 2, 0))
+    repro = made.repro(layout, runs, {"pinned": "transformers 5.13.1: 2 host syncs"})
     red = made.check("pinned+tests", Verdict.OK, made.failed("AssertionError: 3 != 0"))
-    output = {"pinned": "transformers 5.13.1: 2 host syncs"}
-    profile = made.profile(layout, made.capture("pinned", 3), snippet=snippet,
-                           snippet_output=output)  # fmt: skip
     written = {
         result.KIND: results.write(layout.profiles, result, layout.unsaved)
-        for result in (repro, made.test_patch(layout, red), profile)
+        for result in (
+            repro,
+            made.test_patch(layout, red),
+            made.profile(layout, made.capture("pinned", 3)),
+        )
     }
     folder = results.attachments(written["profile"])
     folder.mkdir()
@@ -48,27 +47,53 @@ def write_results(layout: Layout) -> dict[str, Path]:
     return written
 
 
-@pytest.fixture
-def drafted(workspace: Layout) -> Layout:
-    templates = workspace.root / "cases" / workspace.case
+def draft(layout: Layout, text: str, name: str = "issue.md") -> None:
+    templates = layout.root / "cases" / layout.case
     for old in templates.glob("*.md"):
         old.unlink()
     templates.mkdir(exist_ok=True)
-    (templates / "issue.md").write_text(TEMPLATE)
+    (templates / name).write_text(text)
+
+
+@pytest.fixture
+def drafted(workspace: Layout) -> Layout:
+    draft(workspace, TEMPLATE)
     write_results(workspace)
     return workspace
 
 
-def test_drafts_are_filled_from_the_results_and_say_what_was_not_measured(drafted: Layout) -> None:
+def test_drafts_are_filled_from_the_results(drafted: Layout) -> None:
     (path,) = review.review(drafted)
 
     assert path == drafted.root / "issue_drafts" / "sp-loss" / "issue.md"
     assert path.read_text() == (
         "Host reads per step on transformers 5.13.1: 3 at 2 ranks, 5 at 4; with the fix 0.\n"
         "Red on the release: AssertionError: 3 != 0\n"
-        "GPU idle: not measured\n"
         "```\ntransformers 5.13.1: 2 host syncs\n```\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("template", "name", "refusal"),
+    [
+        ("GPU idle: {{profile:captures.per_step.gpu_idle_ms}}\n", "issue.md",
+         "would say 'not measured'"),
+        ("With the fix, 3 fewer reads.\n", "issue.md", r"types the figure\(s\) 3 by hand"),
+        ("Run `nox -s repro` to see it.\n", "issue.md", "a word of this workspace"),
+        ("{{repro:trees.pinned.version}}\n" * 31, "comment.md", "over the 30 of a comment"),
+        ("word " * 30 + "\n", "issue.md", "prose lines over 100 characters"),
+        ("Fine.\n", "notes.md", "name a draft template after what it drafts"),
+    ],
+)  # fmt: skip
+def test_a_draft_upstream_should_not_get_is_refused_before_anything_is_written(
+    drafted: Layout, template: str, name: str, refusal: str
+) -> None:
+    draft(drafted, template, name)
+
+    with pytest.raises(WorkspaceError, match=refusal):
+        review.review(drafted)
+
+    assert not drafted.issue_drafts.exists()
 
 
 def test_the_same_results_give_byte_identical_drafts(drafted: Layout) -> None:
@@ -96,7 +121,7 @@ def test_a_changed_patch_makes_review_refuse_naming_the_results_and_the_change(
 def test_a_changed_case_script_makes_the_results_stale(drafted: Layout) -> None:
     """The snippet an issue quotes, or what the ranks run: results made with another are old."""
     case = load_case(drafted.root, drafted.case)
-    snippet = drafted.repro / case.profile.snippet
+    snippet = drafted.repro / case.card.repro.snippet
     snippet.write_text(snippet.read_text() + "# changed\n")
 
     with pytest.raises(WorkspaceError) as refused:

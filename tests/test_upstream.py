@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from hostsync import cases
+from hostsync import cases, outbox, results
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
+from hostsync.records import Verdict
 from hostsync.upstream import git as gitmodule
 from hostsync.upstream import patchqueue, releases, trees
 from hostsync.upstream.patchqueue import series
 from hostsync.upstream.sdists import fetch_sdist
+
+import made
 
 CASE = cases.load(ROOT, "sp-loss")
 PIN = CASE.pin
@@ -319,3 +323,81 @@ def test_an_interrupted_apply_is_undone_by_the_next_clone(workspace: Layout, rem
     assert said.startswith("an interrupted apply was undone")
     assert "x.clamp(1)" in (repo / DEEPSPEED_PY).read_text()
     assert not (repo / git(repo, "rev-parse", "--git-path", "rebase-apply")).exists()
+
+
+# --- the outbox: the series as the contributor's commits ---------------------------------------
+
+
+ADA = "\tname = Ada Lovelace\n\temail = ada@lovelace.test\n"
+
+
+def outbox_ready(workspace: Layout, remote: Path, tmp_path: Path, identity: str,
+                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A clone with its series, results the drafts cite, a PR template, and git's config."""
+    make_patches(workspace, remote, {"Keep the count on device": "return x.clamp(1)"})
+    patchqueue.clone(workspace, remote=str(remote))
+    for old in (workspace.root / "cases" / "sp-loss").glob("*.md"):
+        old.unlink()
+    (workspace.root / "cases" / "sp-loss" / "pr.md").write_text(
+        "Reads per step: {{repro:runs[tree=pinned].host_syncs}}.\n"
+    )
+    for result in (
+        made.repro(workspace, (made.row("pinned", 2, 3),)),
+        made.test_patch(workspace, made.check("patched", Verdict.OK)),
+        made.profile(workspace, made.capture("pinned", 3)),
+    ):
+        results.write(workspace.profiles, result, workspace.unsaved)
+    config = tmp_path / "gitconfig"
+    config.write_text(f"[user]\n{identity}")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+
+
+def test_the_outbox_sends_the_series_as_the_contributors_commits(
+    workspace: Layout, remote: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outbox_ready(workspace, remote, tmp_path, ADA, monkeypatch)
+
+    target = outbox.outbox(workspace)
+
+    (patch,) = (target / "patches").glob("*.patch")
+    text = patch.read_text()
+    assert "From: Ada Lovelace <ada@lovelace.test>" in text
+    assert "Signed-off-by" not in text, "transformers asks for no DCO"
+    assert (target / "pr.md").read_text() == "Reads per step: 3.\n"
+    assert "Code Agent Policy" in (target / "checklist.md").read_text()
+    with pytest.raises(WorkspaceError, match="outbox exists: move it aside"):
+        outbox.outbox(workspace)
+
+
+def test_a_dco_project_gets_the_contributors_sign_off(
+    workspace: Layout, remote: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outbox_ready(workspace, remote, tmp_path, ADA, monkeypatch)
+    case = cases.load(workspace.root, workspace.case)
+    dco = dataclasses.replace(case, project=dataclasses.replace(case.project, sign_off=True))
+
+    outbox.remake_patches(workspace, dco, ("Ada Lovelace", "ada@lovelace.test"), tmp_path / "out")
+
+    (patch,) = (tmp_path / "out").glob("*.patch")
+    assert "Signed-off-by: Ada Lovelace <ada@lovelace.test>" in patch.read_text()
+
+
+@pytest.mark.parametrize(
+    ("identity", "refusal"),
+    [
+        ("", "no contributor identity in git's config: set yours with `git config --global"),
+        ("\tname = hostsync contributor\n\temail = contributor@example.com\n", "stands for nobody"),
+    ],
+)
+def test_an_outbox_without_a_real_identity_is_refused(
+    workspace: Layout,
+    remote: Path,
+    tmp_path: Path,
+    identity: str,
+    refusal: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    outbox_ready(workspace, remote, tmp_path, identity, monkeypatch)
+
+    with pytest.raises(WorkspaceError, match=refusal):
+        outbox.outbox(workspace)

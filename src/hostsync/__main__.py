@@ -35,6 +35,7 @@ COMMANDS = {
         "before/after profiles of a case's measured code",
     ),
     "review": ("hostsync.review:main", "a case's upstream drafts, from its result files"),
+    "outbox": ("hostsync.outbox:main", "what would be sent upstream, as the contributor's"),
 }
 
 

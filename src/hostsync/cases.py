@@ -70,6 +70,8 @@ class Upstream(Strict):
     pull_request: int = 0
     reviewers: tuple[str, ...] = ()
     notes: str = ""
+    # What only the contributor can do for this case before sending (the outbox's checklist).
+    to_do: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,10 +87,15 @@ class Launch(Strict):
 
 @dataclass(frozen=True)
 class Repro(Strict):
+    """How the reproducer runs and what it shows; `snippet` is the one-process script an issue
+    quotes, run on every tree, and `snippet_output` the pattern of the line it prints."""
+
     launch: tuple[Launch, ...]
     columns: tuple[str, ...]
     trees: tuple[str, ...] = (TreeRole.PINNED.value, TreeRole.PATCHED.value)
     compare: tuple[str, ...] = ()
+    snippet: str = ""
+    snippet_output: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,8 +107,8 @@ class Tests(Strict):
 
 @dataclass(frozen=True)
 class Profile(Strict):
-    """The profile script, its rank count and scenario, the card's words for the range it
-    measures and the part measured apart, and the issue's one-process snippet if any."""
+    """The profile script, its rank count and scenario, and the card's words for the range it
+    measures and the part measured apart."""
 
     script: str
     ranks: int
@@ -109,8 +116,6 @@ class Profile(Strict):
     measured: str
     excluded: str
     launcher: Launcher = Launcher.TORCHRUN
-    snippet: str = ""
-    snippet_output: str = ""
 
 
 @dataclass(frozen=True)
@@ -277,6 +282,8 @@ def load_card(data: Json) -> Card:
             raise RecordError(f"{where}.ranks", "a `python` launch is one process: use [1]")
         if not launch.scenarios:
             raise RecordError(f"{where}.scenarios", "names no scenario")
+    if bool(card.repro.snippet) != bool(card.repro.snippet_output):
+        raise RecordError("repro.snippet", "comes with snippet_output, the line it prints")
     scenarios = [name for launch in card.repro.launch for name in launch.scenarios]
     if card.profile and card.profile.scenario not in scenarios:
         raise RecordError("profile.scenario", f"must be one of {', '.join(scenarios)}")

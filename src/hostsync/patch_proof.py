@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import shutil
 import time
@@ -192,10 +191,6 @@ def pytest_in_tree(
         tree.python, "-m", "pytest", *paths, f"--junitxml={report}", "-p", "no:cacheprovider",
     ]  # fmt: skip
     env = dict(tree.project.test_env)
-    harness = tree.project.harness_for(tree.root)
-    if harness:
-        command += ["-p", f"hostsync.harness.{tree.project.harness}.plugin"]
-        env["PYTHONPATH"] = os.pathsep.join([str(harness), run.environment()["PYTHONPATH"]])
     returncode = run_group(run, command, timeout=timeout, cwd=tree.root, env=env)
     if not report.exists():
         raise WorkspaceError(

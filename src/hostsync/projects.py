@@ -4,9 +4,7 @@ reports beside it, how its compiled extensions are cached.
 
 A tree under test is imported by path: `Project.import_root` is the folder that goes first on
 `PYTHONPATH` (transformers and accelerate keep their package under `src/`, DeepSpeed at the top
-together with its `accelerator` and `op_builder` packages). DeepSpeed's unit tests need its own
-harness (`tests/unit/common.py`), which the PyPI sdist lacks: `harness` names the stand-in under
-`hostsync/harness/` that takes its place there.
+together with its `accelerator` and `op_builder` packages).
 
 Adding a project is adding one entry to `PROJECTS`: nothing else in the engine names one.
 """
@@ -60,13 +58,13 @@ class Project:
     # imported by path, so the project's own installed version is reported too, as installed).
     reports: tuple[str, ...] = ()
     test_env: tuple[tuple[str, str], ...] = ()  # as the project's CPU CI sets it
-    harness: str = ""  # a stand-in for test infrastructure an sdist lacks
-    harness_marker: str = ""  # the tree file whose absence calls for the stand-in
     # JIT-compiled extensions are built from the tree's own sources: one cache per tree, or
     # each tree would rebuild the other's.
     extensions_per_tree: bool = False
     # DCO: every commit sent upstream carries `Signed-off-by` (the outbox adds it).
     sign_off: bool = False
+    # What a contributor does before sending a PR there (the outbox's checklist).
+    before_sending: tuple[str, ...] = ()
 
     def version_in(self, root: Path) -> str:
         """The version the tree at `root` says it is, or "unknown"."""
@@ -77,12 +75,6 @@ class Project:
             else None
         )
         return match[1] if match else "unknown"
-
-    def harness_for(self, root: Path) -> Path | None:
-        """The stand-in harness a tree at `root` needs, or None when it has its own."""
-        if not self.harness or (root / self.harness_marker).exists():
-            return None
-        return Path(__file__).parent / "harness" / self.harness
 
 
 _DUNDER_VERSION = r'^__version__ = "([^"]+)"'
@@ -97,12 +89,18 @@ PROJECTS = {
             lint=RuffLint("src/transformers/dependency_versions_table.py",
                           r'"ruff": "ruff==([^"]+)"'),
             reports=("tokenizers", "huggingface_hub"),
+            before_sending=(
+                "Fill in the PR template's boxes yourself: the Code Agent Policy confirmation is"
+                " yours alone to give, and 'discussed/approved' needs a link to the discussion",
+                "Run `make style` and `make check-repo` in your clone of transformers",
+            ),
         ),
         Project(
             "accelerate", "https://github.com/huggingface/accelerate", "src",
             "src/accelerate/__init__.py", _DUNDER_VERSION,
             # `make quality`: the ruff of setup.py's quality extra.
             lint=RuffLint("setup.py", r"ruff\s*==\s*([\w.]+)"),
+            before_sending=("Run `make style` and `make quality` in your clone of accelerate",),
         ),
         Project(
             "deepspeed", "https://github.com/deepspeedai/DeepSpeed", ".",
@@ -114,9 +112,12 @@ PROJECTS = {
             )),
             # Its cpu-torch-latest workflow: `cd tests; DS_ACCELERATOR=cpu pytest unit/...`.
             test_env=(("DS_ACCELERATOR", "cpu"),),
-            harness="deepspeed", harness_marker="tests/unit/common.py",
             extensions_per_tree=True,
             sign_off=True,
+            before_sending=(
+                "Check that each commit's Signed-off-by line is you (DCO, checked on every PR)",
+                "Run `pre-commit run --files <changed files>` in your clone of DeepSpeed",
+            ),
         ),
     )
 }  # fmt: skip

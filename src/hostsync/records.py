@@ -466,6 +466,15 @@ class TrainerComparison(Record):
 
 
 @dataclass(frozen=True)
+class SnippetRuns(Record):
+    """The case's one-process snippet and the line it printed on each tree."""
+
+    file: str | None
+    sha256: str | None
+    output: dict[str, str]
+
+
+@dataclass(frozen=True)
 class ReproResult(Result):
     KIND: ClassVar[str] = "repro"
     environment: Environment
@@ -474,6 +483,7 @@ class ReproResult(Result):
     runs: tuple[RunRow, ...]
     comparisons: tuple[Comparison, ...]
     trainer: tuple[TrainerComparison, ...] = field(default=(), metadata=OPTIONAL)
+    snippet: SnippetRuns | None = field(default=None, metadata=OPTIONAL)
 
 
 # --- test_patch ----------------------------------------------------------------------------------
@@ -585,15 +595,6 @@ class RegionLabels(Record):
 
 
 @dataclass(frozen=True)
-class SnippetRuns(Record):
-    """The case's one-process snippet and the line it printed on each tree."""
-
-    file: str | None
-    sha256: str | None
-    output: dict[str, str]
-
-
-@dataclass(frozen=True)
 class ProfileResult(Result):
     KIND: ClassVar[str] = "profile"
     environment: Environment
@@ -604,7 +605,6 @@ class ProfileResult(Result):
     steps: int
     notes: tuple[str, ...]
     captures: tuple[Capture, ...]
-    snippet: SnippetRuns
 
     @property
     def on_gpu(self) -> bool:

@@ -22,6 +22,7 @@ Writes `profiles/<case>/repro-<stamp>.json` (`records.ReproResult`).
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -32,15 +33,18 @@ from typing import Any
 from hostsync import cases, devices, launchers, locks, provenance, results, table, trainer_run
 from hostsync.cases import Case, Launch
 from hostsync.errors import WorkspaceError
-from hostsync.launchers import Run, RunFailed, Start, World
+from hostsync.files import sha256
+from hostsync.launchers import Run, RunFailed, Start, World, run_group
 from hostsync.layout import Layout
 from hostsync.options import add_case, add_device, add_timeout, case_layouts, comma_list
+from hostsync.protocol import free_port
 from hostsync.records import (
     Comparison,
     Device,
     Json,
     ReproResult,
     RunRow,
+    SnippetRuns,
     TrainerComparison,
     Tree,
     is_site_list,
@@ -302,6 +306,31 @@ def measure(
     return runs, used
 
 
+def run_snippet(layout: Layout, case: Case, tree: Tree, device: str) -> str:
+    """The line the case's one-process snippet prints on `tree` (its `snippet_output`): what an
+    issue quotes, with the versions it ran on."""
+    snippet = layout.repro / case.card.repro.snippet
+    run = Run(layout.new_run_dir(f"snippet-{tree.label}"), tree, layout)
+    used = devices.resolve_device(device, 1, tree.python)
+    env = {"MASTER_PORT": str(free_port())} | devices.device_env(used)
+    status = run_group(run, [tree.python, str(snippet)], timeout=300, env=env)
+    found = re.findall(case.card.repro.snippet_output, run.log_file.read_text(), re.MULTILINE)
+    if status != 0 or not found:
+        raise WorkspaceError(
+            f"{snippet.name} failed on {tree.label} (exit status {status}): see {run.log_file}"
+        )
+    shutil.rmtree(run.run_dir)
+    return found[-1]
+
+
+def snippet_runs(layout: Layout, case: Case, trees: list[Tree], device: str) -> SnippetRuns | None:
+    if not case.card.repro.snippet:
+        return None
+    snippet = layout.repro / case.card.repro.snippet
+    outputs = {tree.label: run_snippet(layout, case, tree, device) for tree in trees}
+    return SnippetRuns(file=snippet.name, sha256=sha256(snippet), output=outputs)
+
+
 def repro_case(layout: Layout, settings: ReproSettings) -> ReproResult:
     case = cases.load(layout.root, layout.case)
     scenarios = parse_scenarios(case, settings.scenarios)
@@ -325,6 +354,7 @@ def repro_case(layout: Layout, settings: ReproSettings) -> ReproResult:
         runs=tuple(runs),
         comparisons=tuple(compare_trees(runs, case.compare)),
         trainer=trainer,
+        snippet=snippet_runs(layout, case, trees, settings.device),
     )
 
 

@@ -1,20 +1,24 @@
 """`python -m hostsync review`: a case's upstream drafts, filled only from its result files.
 
-The drafts are the case's own templates (`cases/<case>/*.md`: the shape upstream's state asks
-for, in the project's own template), with every figure a query over the latest results:
+The drafts are the case's own templates (`cases/<case>/*.md`, named after what they draft: issue,
+pr, comment, review-comment; the shape upstream's state asks for, in the project's own
+template), with every figure a query over the latest results:
 
     {{repro:runs[tree=pinned,ranks=2].host_syncs|max}}      a field of the matching rows, reduced
-    {{profile:snippet.output.'5.14.0'}}                     a value by its path (quote odd keys)
+    {{repro:snippet.output.'5.14.0'}}                       a value by its path (quote odd keys)
     {{case:upstream.pull_request}}                          the case card
     {{series:added[path=tests/test_x.py].text}}             a file the series adds, whole
+    {{snippet:code}}                                        the case's one-process snippet
 
 A path walks dicts by key and maps over lists; `[key=value,...]` keeps the list items that
-match. Reducers: first (the default), last, max, min, sum, count, join. A figure no result holds is
-written "not measured", never guessed. Results measured against another pin.toml, card, patch
-series or case script (the snippet an issue quotes among them) are stale: `review` names them and
-refuses, or reruns their commands with `--rerun`. The same results give
-byte-identical drafts. `--refresh-reference` also makes `profiles/<case>/reference/` hold exactly
-the results the drafts cite, for committing together; without it nothing tracked is touched.
+match. Reducers: first (the default), last, max, min, sum, count, join. Results measured against
+another pin.toml, card, patch series or case script are stale: `review` names them and refuses,
+or reruns their commands with `--rerun`; a result of another case, one that measured nothing or
+a proof that failed is refused outright. Each draft is checked before it is written
+(`hostsync.drafts`): its length, no word of this workspace, no figure typed by hand or missing
+from the results. The same results give byte-identical drafts. `--refresh-reference` also makes
+`profiles/<case>/reference/` hold exactly the results the drafts cite, for committing together;
+without it nothing tracked is touched.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hostsync import cases, provenance, results
+from hostsync import cases, drafts, provenance, results
 from hostsync.cases import Case
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
@@ -43,7 +47,6 @@ log = logging.getLogger(__name__)
 
 KINDS: tuple[type[Result], ...] = (ReproResult, TestPatchResult, ProfileResult)
 REFERENCE = "reference"
-NOT_MEASURED = "not measured"
 PLACEHOLDER = re.compile(r"\{\{\s*(?P<source>\w+):(?P<path>[^|}]+?)(?:\|(?P<reduce>\w+))?\s*\}\}")
 SEGMENT = re.compile(r"(?:'(?P<quoted>[^']*)'|(?P<name>[^.\[\]']+))(?:\[(?P<filters>[^\]]*)\])?\.?")
 REDUCERS: dict[str, Callable[[list[Any]], Any]] = {
@@ -206,7 +209,7 @@ def figure(match: re.Match, documents: dict[str, Any]) -> str:
         )
     values = lookup(documents[source], segments(match["path"].strip()))
     if not values and reduce != "count":
-        return NOT_MEASURED
+        return drafts.NOT_MEASURED
     value = REDUCERS[reduce](values)
     return f"{value:.2g}" if isinstance(value, float) else str(value)
 
@@ -226,7 +229,7 @@ def templates(layout: Layout) -> list[Path]:
 def documents(layout: Layout, case: Case, sources: dict[str, Source]) -> dict[str, Any]:
     """What the placeholders can query: each result by kind, the card, the snippet's code, and
     the files the upstream-bound patches add (a new test, shown whole in a draft)."""
-    snippet = layout.repro / case.profile.snippet if case.profile and case.profile.snippet else None
+    snippet = layout.repro / case.card.repro.snippet if case.card.repro.snippet else None
     added = [
         {"patch": patch.name, "path": path, "text": text}
         for patch in patchqueue.series(layout)
@@ -275,11 +278,17 @@ def review(layout: Layout, rerun: bool = False, refresh: bool = False) -> list[P
         for change in refresh_reference(layout, sources):
             log.info("profiles/%s/%s: %s", layout.case, REFERENCE, change)
     found = documents(layout, case, sources)
+    filled = {}
+    for template in templates(layout):
+        text = template.read_text()
+        drafts.check_template(template, text)
+        filled[template.name] = fill(text, found)
+        drafts.check_draft(template.name, drafts.kind(template), filled[template.name])
     layout.issue_drafts.mkdir(parents=True, exist_ok=True)
     written = []
-    for template in templates(layout):
-        target = layout.issue_drafts / template.name
-        target.write_text(fill(template.read_text(), found))
+    for name, text in filled.items():
+        target = layout.issue_drafts / name
+        target.write_text(text.replace(drafts.TEMPLATE_MARK + "\n", ""))
         written.append(target)
     return written
 

@@ -1,7 +1,7 @@
 """`python -m hostsync profile`: before/after profiles of a case's measured code, tree by tree.
 
 - `capture`: runs the case's profile script on each tree (nsys where it can, the PyTorch
-  profiler everywhere), and the issue snippet;
+  profiler everywhere);
 - `traces`: reads the traces and nsys's tables into per-step figures;
 - `report`: the summary table, `summary.md` and the timeline PNG;
 - `command`: the command line.

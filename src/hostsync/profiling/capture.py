@@ -1,4 +1,4 @@
-"""Recording a case's profile: its profile script on each tree, and the issue snippet's output.
+"""Recording a case's profile: its profile script on each tree.
 
 The card's `[profile]` names the script, how it is launched, its rank count and scenario. Each
 tree's run warms the reproducer up, then records a few steps whose measured code runs inside
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shlex
 import shutil
 import statistics
@@ -24,9 +23,8 @@ from pathlib import Path
 
 from hostsync import launchers
 from hostsync.cases import Case
-from hostsync.devices import device_env
 from hostsync.errors import WorkspaceError, last_line
-from hostsync.launchers import ENGINE_SRC, Run, RunFailed, Start, World, run_group, world_dir
+from hostsync.launchers import ENGINE_SRC, Run, RunFailed, Start, World, world_dir
 from hostsync.layout import Layout
 from hostsync.profiling.traces import (
     NSYS_REPORTS,
@@ -36,7 +34,7 @@ from hostsync.profiling.traces import (
     load_trace,
     nsys_figures,
 )
-from hostsync.protocol import MEASURED_RANGE, RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV, free_port
+from hostsync.protocol import MEASURED_RANGE, RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV
 from hostsync.records import Capture, Device, Launcher, Tree
 
 log = logging.getLogger(__name__)
@@ -207,21 +205,3 @@ def choose_profiler(requested: str, device: Device) -> str:
             "--profiler nsys: no nsys on the PATH; install Nsight Systems or use --profiler torch"
         )
     return requested
-
-
-# --- the issue snippet ---------------------------------------------------------------------------
-
-
-def run_snippet(layout: Layout, case: Case, tree: Tree, run_dir: Path, device: Device) -> str:
-    """The line the snippet prints on `tree` (its card's `snippet_output` pattern)."""
-    run = Run(run_dir, tree, layout)
-    env = {"MASTER_PORT": str(free_port())} | device_env(device)
-    snippet = layout.repro / case.profile.snippet
-    status = run_group(run, [tree.python, str(snippet)], timeout=300, env=env)
-    output = run.log_file.read_text()
-    found = re.findall(case.profile.snippet_output, output, re.MULTILINE)
-    if status != 0 or not found:
-        raise WorkspaceError(
-            f"{snippet.name} failed on {tree.label} (exit status {status}): see {run.log_file}"
-        )
-    return found[-1]

@@ -10,17 +10,11 @@ from dataclasses import replace
 
 from hostsync import cases, devices, locks, provenance, table
 from hostsync.errors import WorkspaceError
-from hostsync.files import sha256
 from hostsync.layout import Layout
 from hostsync.options import ALL_CASES, add_case, add_device, add_timeout, case_layouts, comma_list
-from hostsync.profiling.capture import (
-    ProfileSettings,
-    capture_with_fallback,
-    choose_profiler,
-    run_snippet,
-)
+from hostsync.profiling.capture import ProfileSettings, capture_with_fallback, choose_profiler
 from hostsync.profiling.report import publish, summary_table
-from hostsync.records import ProfileResult, ProfileSetting, RegionLabels, SnippetRuns
+from hostsync.records import ProfileResult, ProfileSetting, RegionLabels
 from hostsync.results import attachments
 from hostsync.upstream.trees import infos, prepare_trees
 
@@ -81,11 +75,6 @@ def profile_case(layout: Layout, settings: ProfileSettings) -> None:
     staging = layout.new_run_dir("profile")
     (staging / "artifacts").mkdir()
     captures = [capture_with_fallback(layout, tree, staging, settings, notes) for tree in trees]
-    snippet = layout.repro / case.profile.snippet if case.profile.snippet else None
-    outputs = {
-        tree.label: run_snippet(layout, case, tree, staging / f"snippet-{tree.label}", device)
-        for tree in (trees if snippet else ())
-    }
     result = ProfileResult(
         stamp=provenance.stamp(layout, measured_against),
         environment=devices.describe(trees[0].python),
@@ -96,9 +85,6 @@ def profile_case(layout: Layout, settings: ProfileSettings) -> None:
         steps=settings.steps,
         notes=tuple(notes),
         captures=tuple(captures),
-        snippet=SnippetRuns(
-            file=snippet and snippet.name, sha256=snippet and sha256(snippet), output=outputs
-        ),
     )
     path = publish(layout, result, staging)
     shutil.rmtree(staging)
