@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from detector_cases import CASES, score
 
 from hostsync import sync_ops
 from hostsync.detector import SyncScope, SyncScopeError
+from hostsync.detector_suite import CASES, UNDECIDED, score
 
 pytestmark = pytest.mark.filterwarnings("ignore:To copy construct from a tensor")
 
@@ -26,6 +26,12 @@ def test_the_suite_is_large_and_every_case_says_where_its_truth_comes_from():
     assert all(case.source.strip() for case in CASES)
     syncing = [case for case in CASES if case.expected()]
     assert len(syncing) >= 40 and len(CASES) - len(syncing) >= 30
+
+
+def test_an_undecided_case_says_why_and_is_not_scored():
+    assert UNDECIDED
+    assert all(case.source.strip() and case not in CASES for case in UNDECIDED)
+    assert not {case.name for case in UNDECIDED} & {case.name for case in CASES}
 
 
 def test_the_detector_finds_every_labelled_sync_at_its_line_and_nothing_else():

@@ -10,24 +10,24 @@ times it (`call_seconds` of its rows; a step waits for its slowest rank, so each
 its slowest rank's time; each run's first call, a warm-up, is left out). Last, one warm
 `repro` of the whole case (every tree, launch and rank count), as the command runs it.
 
-The detector's precision and recall come from its labelled suite (tests/detector_cases.py), with
-its cost per intercepted operation; `--detector-only` prints those alone, without any run.
+The detector's precision and recall come from its labelled suite (`hostsync.detector_suite`),
+per family too, with its cost per operation; `--detector-only` prints those alone, without any
+run.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import tempfile
 import time
-from types import ModuleType
+from collections.abc import Callable
 
 from hostsync import cases, devices, locks, provenance, repro, results, table
 from hostsync.layout import Layout
 from hostsync.options import add_case, add_device, add_timeout, case_layouts
-from hostsync.records import BenchResult, DetectorTruth
+from hostsync.records import BenchResult, DetectorTruth, FamilyTruth
 from hostsync.upstream.trees import infos, prepare_tree, prepare_trees
 
 
@@ -41,19 +41,11 @@ def overhead(with_detector: float, without: float, unit: str) -> str:
     return f"{with_detector - without:+.3g} {unit} ({with_detector / without - 1:+.0%})"
 
 
-def detector_suite(layout: Layout) -> ModuleType:
-    """The labelled suite the detector is measured on (tests/detector_cases.py)."""
-    path = layout.root / "tests" / "detector_cases.py"
-    spec = importlib.util.spec_from_file_location("detector_cases", path)
-    suite = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = suite  # dataclasses resolve their module by name
-    spec.loader.exec_module(suite)
-    return suite
-
-
-def detector_truth(layout: Layout) -> DetectorTruth:
+def detector_truth() -> DetectorTruth:
     """Precision and recall of the detector on its suite: syncs matched at their source line."""
-    result = detector_suite(layout).score()
+    from hostsync import detector_suite
+
+    result = detector_suite.score()
     return DetectorTruth(
         cases=result.cases,
         syncs_found=result.true,
@@ -63,44 +55,66 @@ def detector_truth(layout: Layout) -> DetectorTruth:
         recall=result.recall,
         wrong_lines=tuple(result.wrong_lines),
         misses=tuple(result.misses),
+        families={
+            family: FamilyTruth(cases=one.cases, syncs=one.true + one.missed, found=one.true)
+            for family, one in detector_suite.score_by_family().items()
+        },
+        undecided=len(detector_suite.UNDECIDED),
     )
 
 
-def intercepted_op_us(ops: int = 2000, repeats: int = 5) -> dict[str, float]:
-    """Median time of one small aten call with a scope open and without, in microseconds."""
+def intercepted_op_us(ops: int = 2000, repeats: int = 5) -> dict[str, dict[str, float]]:
+    """Median CPU time of one small aten call with a scope open and without, in microseconds: one
+    that cannot sync (it falls through the detector's key in C++) and one the detector judges."""
     import torch
 
     from hostsync.detector import SyncScope
 
     t = torch.ones(4)
+    calls = {"add": lambda: torch.add(t, t), "nonzero": lambda: torch.nonzero(t)}
 
-    def timed() -> float:
-        started = time.perf_counter()
+    def timed(call: Callable[[], object]) -> float:
+        started = time.thread_time()
         for _ in range(ops):
-            torch.add(t, t)
-        return (time.perf_counter() - started) / ops * 1e6
+            call()
+        return (time.thread_time() - started) / ops * 1e6
 
-    without, with_scope = [], []
-    for _ in range(repeats):
-        without.append(timed())
-        with SyncScope():
-            with_scope.append(timed())
-    return {"with_detector": statistics.median(with_scope), "without": statistics.median(without)}
+    figures = {}
+    for name, call in calls.items():
+        without, with_scope = [], []
+        for _ in range(repeats):
+            without.append(timed(call))
+            with SyncScope():
+                with_scope.append(timed(call))
+        figures[name] = {
+            "with_detector": statistics.median(with_scope),
+            "without": statistics.median(without),
+        }
+    return figures
 
 
-def print_detector(truth: DetectorTruth, op_us: dict[str, float]) -> None:
+def print_detector(truth: DetectorTruth, op_us: dict[str, dict[str, float]]) -> None:
     print(
-        f"detector on its labelled suite ({truth.cases} cases): precision"
-        f" {truth.precision:.3f}, recall {truth.recall:.3f} ({truth.syncs_found} syncs"
-        f" found at their line, {truth.false_events} false, {truth.syncs_missed} missed)"
+        f"detector on its labelled suite ({truth.cases} cases, {truth.undecided} undecided"
+        f" left out): precision {truth.precision:.3f}, recall {truth.recall:.3f}"
+        f" ({truth.syncs_found} syncs found at their line, {truth.false_events} false,"
+        f" {truth.syncs_missed} missed)"
     )
     for line in truth.wrong_lines + truth.misses:
         print(f"  {line}")
     print(
-        f"one intercepted aten call: {op_us['with_detector']:.1f} us with the detector,"
-        f" {op_us['without']:.1f} us without"
-        f" ({overhead(op_us['with_detector'], op_us['without'], 'us')})"
+        "  per family: "
+        + ", ".join(
+            f"{family} {one.found}/{one.syncs} ({one.cases} cases)"
+            for family, one in sorted(truth.families.items())
+        )
     )
+    for name, figures in op_us.items():
+        print(
+            f"one aten call ({name}): {figures['with_detector']:.1f} us CPU with the detector,"
+            f" {figures['without']:.1f} us without"
+            f" ({overhead(figures['with_detector'], figures['without'], 'us')})"
+        )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -147,7 +161,7 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     (layout,) = case_layouts(args.case)
     measured_against = provenance.inputs(layout)
-    truth, op_us = detector_truth(layout), intercepted_op_us()
+    truth, op_us = detector_truth(), intercepted_op_us()
     if args.detector_only:
         print_detector(truth, op_us)
         if args.write:
@@ -160,7 +174,7 @@ def main(argv: list[str]) -> int:
 
 
 def bench_runs(layout: Layout, args: argparse.Namespace, truth: DetectorTruth,
-               op_us: dict[str, float], measured_against) -> int:  # fmt: skip
+               op_us: dict[str, dict[str, float]], measured_against) -> int:  # fmt: skip
     """The reproducer's wall times, cold and warm, with the detector and without."""
     case = cases.load(layout.root, layout.case)
     spec = case.launches[0]

@@ -10,23 +10,30 @@ it, one event per wait:
     scope.assert_no_unexpected_syncs()
 
 What a call costs on CUDA is decided by `hostsync.sync_ops`, the table of operators and torch
-functions whose CUDA path reads the device, each with its source in PyTorch: a dispatch mode
-judges aten calls (`_local_scalar_dense`, which `bool(t)` and `.item()` become, nonzero, unique,
-masks, bincount, linalg error checks, ...); wrappers, in place while any scope is open, judge the
-Python-level calls that never reach a CPU kernel (`.tolist()`, `.cpu()`, `.to("cpu")`,
-`.numpy()`, `torch.tensor([t0, t1])`) and leave out CPU-only validations (`one_hot` reads its
-input on CPU only); `torch.save` counts one copy per device storage. Event kinds are the table's.
+functions whose CUDA path reads the device, each with its source in PyTorch. Kernels registered
+at a dispatch key no torch feature uses judge the aten calls of the table
+(`_local_scalar_dense`, which `bool(t)` and `.item()` become, nonzero, unique, masks, bincount,
+fills with a tensor value, linalg error checks, ...); every other operator falls through that
+key in C++, so code that cannot sync runs at its own speed. The key sits above autograd: it sees
+what Python code calls, also inside torch's own Python (printing a tensor), and not what an
+operator's kernel calls below autograd (CPU-only validations). Wrappers, in place while any scope
+is open, judge the Python-level calls that never reach a CPU kernel (`.tolist()`, `.cpu()`,
+`.to("cpu")`, `.numpy()`, `torch.tensor([t0, t1])`) and leave out CPU-only validations
+(`one_hot` reads its input on CPU only); `torch.save` and pickling count one copy per device
+storage. Event kinds are the table's.
 
 The model is "every tensor would be on the GPU", except host memory the code names as such
-(`device="cpu"` spelled in the statement, `pin_memory=True`) and what is computed from it
-only: reads of those are free, copies into them (`host[i] = t0`,
-`host.copy_(t)`) count. A chained read of a fresh host copy on the same line (`t.cpu().numpy()`)
+(`device="cpu"` spelled in the statement, `pin_memory=True`, a Python number written with
+`t[i] = 0.0`) and what is computed from it only: reads of those are free, copies into them
+(`host[i] = t0`, `host.copy_(t)`) count. Once the code names host memory, a dispatch mode follows
+what is computed from it (every aten call goes through Python from then on, in the thread that
+opened the scope). A chained read of a fresh host copy on the same line (`t.cpu().numpy()`)
 counts once.
 
 A scope observes its context: the thread that opened it, autograd's device threads (torch carries
-the modes there) and functions wrapped with `scope.carry`. torch.compile'd functions raise
-`SyncScopeError` inside a scope: their graphs would not run under it (dynamo skips frames while
-a dispatch mode is active) and the scope would count eager code instead. On CUDA, torch's own
+the thread-local state there) and functions wrapped with `scope.carry`. torch.compile'd functions
+raise `SyncScopeError` inside a scope: their graphs run fused kernels the scope cannot judge, and
+under the mode that follows host memory dynamo would run eager code instead. On CUDA, torch's own
 sync-debug mode runs alongside as a second opinion (`cuda_syncs`), counted per context; it only
 sees warnings outside code that silences or records warnings itself.
 """
@@ -45,7 +52,6 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from types import CodeType, FrameType
@@ -54,28 +60,18 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 from torch.utils._python_dispatch import (
     TorchDispatchMode,
-    _get_dispatch_stack_at,
     _pop_mode,
     _push_mode,
 )
 
 from hostsync import sync_ops
+from hostsync.sites import AllowRule, Site, require_reason
+
+__all__ = ["AllowRule", "Site", "SyncEvent", "SyncScope", "SyncScopeError", "package_path"]
 
 _TORCH_DIR = str(Path(torch.__file__).parent) + os.sep
 _CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
 _Result = TypeVar("_Result")
-
-
-class Site(NamedTuple):
-    """A source line that caused host syncs; `file` is relative to its package root."""
-
-    file: str
-    line: int
-    function: str
-    code: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line} in {self.function}"
 
 
 class SyncEvent(NamedTuple):
@@ -88,43 +84,6 @@ class SyncEvent(NamedTuple):
     site: Site
     allowed: str | None
     caller: str = ""
-
-
-@dataclass(frozen=True)
-class AllowRule:
-    """A known, accepted sync site: a file (a path suffix), optionally one function or line,
-    a statement containing `code`, and only when called from `caller` (`function`, or
-    `file suffix:function`)."""
-
-    file: str
-    reason: str
-    function: str | None = None
-    line: int | None = None
-    caller: str | None = None
-    code: str | None = None
-
-    def __post_init__(self) -> None:
-        _require_reason(self.reason)
-
-    def matches(self, site: Site, caller: str = "") -> bool:
-        return (
-            _suffix(site.file, self.file)
-            and self.function in (None, site.function)
-            and self.line in (None, site.line)
-            and (self.code is None or self.code in site.code)
-            and (self.caller is None or _called_from(caller, self.caller))
-        )
-
-
-def _suffix(file: str, suffix: str) -> bool:
-    return file == suffix or file.endswith("/" + suffix)
-
-
-def _called_from(caller: str, wanted: str) -> bool:
-    """`wanted` is a function name, or a file suffix and a function: `a/b.py:step`."""
-    file, _, function = caller.rpartition(":")
-    wanted_file, _, wanted_function = wanted.rpartition(":")
-    return function == wanted_function and (not wanted_file or _suffix(file, wanted_file))
 
 
 class SyncScope:
@@ -166,7 +125,7 @@ class SyncScope:
     @contextmanager
     def allow(self, reason: str) -> Iterator[None]:
         """Accept every sync made in this block, for `reason` (the innermost block's wins)."""
-        _require_reason(reason)
+        require_reason(reason)
         self._allowing.append(reason)
         try:
             yield
@@ -254,11 +213,6 @@ def package_path(filename: str, search_path: Sequence[str] | None = None) -> str
     return path.relative_to(max(holding, key=lambda root: len(root.parts))).as_posix()
 
 
-def _require_reason(reason: str) -> None:
-    if not reason.strip():
-        raise ValueError("an allowed sync needs a reason: say why this sync is accepted")
-
-
 _NO_PYTHON_CALLER = Site("<no Python frame>", 0, "", "")
 
 
@@ -312,23 +266,41 @@ class SyncScopeError(RuntimeError):
 
 
 _COMPILED_IN_SCOPE = (
-    "a torch.compile'd function was called inside a SyncScope: compiled graphs do not run under"
-    " the scope's dispatch mode, so it would count eager code instead; call the function"
+    "a torch.compile'd function was called inside a SyncScope: its graphs run fused kernels the"
+    " scope cannot judge (or, under a dispatch mode, eager code instead); call the function"
     " uncompiled inside the scope (e.g. under torch.compiler.set_stance('force_eager'))"
 )
 
 _NAMES_HOST = re.compile(r"\bcpu\b|pin_memory")
 
 
+class _Names:
+    """Sites and callers by code object, kept across scopes while sys.path is unchanged: naming
+    a file walks sys.path (50 us), and a scope is often opened once per training step."""
+
+    def __init__(self) -> None:
+        self.sites: dict[tuple[CodeType, int] | None, Site] = {}
+        self.callers: dict[CodeType, str] = {}
+        self._search_path: list[str] = []
+
+    def follow(self, search_path: list[str]) -> None:
+        if search_path != self._search_path:
+            self.sites.clear()
+            self.callers.clear()
+            self._search_path = list(search_path)
+
+
+_names = _Names()
+
+
 class _Observer:
     """What the open scopes of one context share: the instrumentation and the events it sees.
 
-    A context is the thread that opened the first scope, plus the threads its modes are carried
-    to: autograd's device threads (torch copies the dispatch mode stack there) and
-    those started with `SyncScope.carry`.
+    A context is the thread that opened the first scope, plus the threads its thread-local state
+    is carried to: autograd's device threads (torch copies it into each backward task) and those
+    started with `SyncScope.carry`. The observer itself travels in that state
+    (`torch._C._stash_obj_in_tls`), with the dispatch key its kernels listen on.
     """
-
-    _handling = threading.local()  # the observer whose mode is handling a call in this thread
 
     def __init__(self) -> None:
         self.scopes: list[SyncScope] = []
@@ -337,24 +309,15 @@ class _Observer:
         self._lock = threading.RLock()
         self._local = threading.local()
         self._instrumentation = ExitStack()
-        self._recorder: _SyncRecorder | None = None
-        # Naming a file walks sys.path: once per line and scope, or a read in a loop costs 50 us.
-        self._sites: dict[tuple[CodeType, int] | None, Site] = {}
-        self._callers: dict[CodeType, str] = {}
+        self._opened_in: int | None = None
+        self._propagation: _HostPropagation | None = None
         # The host copy `.cpu()` made last, and where: reading it once on that line is free.
         self._host_copy: tuple[tuple[int, int], weakref.ref[torch.Tensor]] | None = None
 
-    @classmethod
-    def current(cls) -> _Observer | None:
-        """The observer of this context: the one handling a call here, else the mode stack's."""
-        observer = getattr(cls._handling, "observer", None)
-        if observer is not None:
-            return observer
-        for index in range(torch._C._len_torch_dispatch_stack()):
-            mode = _get_dispatch_stack_at(index)
-            if isinstance(mode, _SyncRecorder):
-                return mode.observer
-        return None
+    @staticmethod
+    def current() -> _Observer | None:
+        """The observer of this thread's context, if a scope is open in it."""
+        return torch._C._get_obj_in_tls(_TLS_NAME) if torch._C._is_key_in_tls(_TLS_NAME) else None
 
     def open(self, scope: SyncScope) -> None:
         with self._lock:
@@ -362,8 +325,10 @@ class _Observer:
                 with ExitStack() as instrumentation:
                     self.counts_cuda_syncs = torch.cuda.is_available()
                     instrumentation.enter_context(_process_wide.installed(self.counts_cuda_syncs))
-                    self._recorder = instrumentation.enter_context(_SyncRecorder(self))
+                    instrumentation.enter_context(self._observing_this_thread())
                     self._instrumentation = instrumentation.pop_all()
+                self._opened_in = threading.get_ident()
+                _names.follow(sys.path)
             scope.cuda_syncs = 0 if self.counts_cuda_syncs else None
             self.scopes.append(scope)
 
@@ -371,28 +336,44 @@ class _Observer:
         with self._lock:
             self.scopes.remove(scope)
             if not self.scopes:
+                if self._propagation is not None:
+                    _pop_mode()
+                    self._propagation = None
                 self._host_copy = None
-                self._sites.clear()
-                self._callers.clear()
-                self._recorder = None
+                self.host.clear()
                 self._instrumentation.close()
 
     @contextmanager
-    def carried(self) -> Iterator[None]:
-        """This context's mode pushed in another thread, as autograd does for its threads."""
-        recorder = self._recorder
-        if recorder is None:
-            yield
-            return
-        _push_mode(recorder)
+    def _observing_this_thread(self) -> Iterator[None]:
+        """This context's observer and dispatch key in the current thread's local state."""
+        included = torch._C._dispatch_tls_is_dispatch_key_included(_KEY)
+        torch._C._stash_obj_in_tls(_TLS_NAME, self)
+        torch._C._dispatch_tls_set_dispatch_key_included(_KEY, True)
         try:
             yield
         finally:
-            _pop_mode()
+            torch._C._dispatch_tls_set_dispatch_key_included(_KEY, included)
+            torch._C._remove_obj_from_tls(_TLS_NAME)
+
+    @contextmanager
+    def carried(self) -> Iterator[None]:
+        """This context observed in another thread, as autograd does for its threads."""
+        if not self.scopes:
+            yield
+            return
+        with self._observing_this_thread():
+            yield
+
+    def propagate_host_memory(self) -> None:
+        """From now on, results computed from host memory only are host memory too: every aten
+        call is seen (a dispatch mode), in the thread that opened the scope."""
+        if self._propagation is None and threading.get_ident() == self._opened_in:
+            self._propagation = _HostPropagation(self.host)
+            _push_mode(self._propagation)
 
     @property
     def quiet(self) -> bool:
-        """Inside a call whose CUDA truth replaces what its CPU kernels show."""
+        """Inside a call whose CUDA truth is already judged (its nested calls are not)."""
         return getattr(self._local, "quiet", 0) > 0
 
     @contextmanager
@@ -403,22 +384,28 @@ class _Observer:
         finally:
             self._local.quiet -= 1
 
-    @contextmanager
-    def handling(self) -> Iterator[None]:
-        """Marks this thread as inside this observer's handler (the modes are popped there)."""
-        previous = getattr(_Observer._handling, "observer", None)
-        _Observer._handling.observer = self
-        try:
-            yield
-        finally:
-            _Observer._handling.observer = previous
+    def judge_kernel(
+        self,
+        op: torch._ops.OpOverload,
+        rules: Sequence[sync_ops.OpSync],
+        call: Callable[[], Any],
+        args: tuple,
+        kwargs: dict,
+    ) -> Any:
+        """One aten call made by Python code in this context, and its reads on CUDA."""
+        syncs = [(rule.kind, n) for rule in rules if (n := rule.syncs(args, kwargs, self.host))]
+        with self.quieted():
+            result = call()
+        for kind, count in syncs:
+            self.record(kind, str(op), count, read=args[0] if args else None)
+        return result
 
     def site(self) -> tuple[FrameType | None, Site]:
         frame = _caller_frame()
         key = (frame.f_code, frame.f_lineno) if frame else None
-        site = self._sites.get(key)
+        site = _names.sites.get(key)
         if site is None:
-            site = self._sites[key] = _site(frame)
+            site = _names.sites[key] = _site(frame)
         return frame, site
 
     def caller(self, frame: FrameType | None) -> str:
@@ -427,9 +414,9 @@ class _Observer:
         if calling is None:
             return ""
         code = calling.f_code
-        found = self._callers.get(code)
+        found = _names.callers.get(code)
         if found is None:
-            found = self._callers[code] = f"{package_path(code.co_filename)}:{code.co_name}"
+            found = _names.callers[code] = f"{package_path(code.co_filename)}:{code.co_name}"
         return found
 
     def record(
@@ -485,10 +472,16 @@ class _HostMemory:
     def named(self) -> bool:
         return bool(_NAMES_HOST.search(self._observer.site()[1].code))
 
-    def add(self, values: object) -> None:
+    def add(self, values: object, propagate: bool = True) -> None:
+        """`values` live in host memory; with `propagate`, so will what is computed from them."""
         for value in _tensors_in(values):
             key = id(value)
             self._tensors[key] = weakref.ref(value, lambda _, key=key: self._tensors.pop(key, None))
+        if propagate and self._tensors:
+            self._observer.propagate_host_memory()
+
+    def clear(self) -> None:
+        self._tensors.clear()
 
 
 def _tensors_in(values: object) -> Iterator[torch.Tensor]:
@@ -499,26 +492,19 @@ def _tensors_in(values: object) -> Iterator[torch.Tensor]:
             yield from _tensors_in(value)
 
 
-_KERNEL_RULES: dict[torch._ops.OpOverload, list[sync_ops.OpSync]] = {}
-for _entry in sync_ops.KERNEL_SYNCS:
-    for _overload in sync_ops.overloads(_entry):
-        _KERNEL_RULES.setdefault(_overload, []).append(_entry)
-
-
-def _names_host_memory(kwargs: dict, host: _HostMemory) -> bool:
-    """A factory or copy into pinned memory, or onto a cpu device the statement names."""
+def _names_host_memory(destination: torch.device | None, kwargs: dict, host: _HostMemory) -> bool:
+    """A result in pinned memory, or on a cpu device the statement names."""
     if kwargs.get("pin_memory"):
         return True
-    device = kwargs.get("device")
-    return getattr(device, "type", None) == "cpu" and host.named()
+    return destination is not None and destination.type == "cpu" and host.named()
 
 
-class _SyncRecorder(TorchDispatchMode):
-    """Sees every aten call below autograd and reports those whose CUDA kernel reads the device."""
+class _HostPropagation(TorchDispatchMode):
+    """Results of aten calls whose tensor inputs all live in host memory live there too."""
 
-    def __init__(self, observer: _Observer) -> None:
+    def __init__(self, host: _HostMemory) -> None:
         super().__init__()
-        self.observer = observer
+        self.host = host
 
     def __torch_dispatch__(
         self,
@@ -528,58 +514,152 @@ class _SyncRecorder(TorchDispatchMode):
         kwargs: dict | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        observer = self.observer
-        syncs = []
-        rules = _KERNEL_RULES.get(func)
-        if rules and not observer.quiet:
-            for rule in rules:
-                count = rule.syncs(args, kwargs, observer.host)
-                if count:
-                    syncs.append((rule.kind, count))
-        if observer.counts_cuda_syncs:
-            with observer.handling():
-                result = func(*args, **kwargs)
-        else:
-            result = func(*args, **kwargs)
-        if _names_host_memory(kwargs, observer.host):
-            observer.host.add(result)
-        elif observer.host:
-            inputs = [*_tensors_in(args), *_tensors_in(list(kwargs.values()))]
-            if inputs and all(observer.host.holds(tensor) for tensor in inputs):
-                observer.host.add(result)
-        for kind, count in syncs:
-            observer.record(kind, str(func), count, read=args[0] if args else None)
+        result = func(*args, **kwargs)
+        inputs = [*_tensors_in(args), *_tensors_in(list(kwargs.values()))]
+        if inputs and all(self.host.holds(tensor) for tensor in inputs):
+            self.host.add(result)
         return result
 
 
-def _judging(rule: sync_ops.FunctionSync, original: Callable[..., Any]) -> Callable[..., Any]:
-    """`original`, judged by `rule` in any context with an open scope (found on the dispatch mode
-    stack, which autograd carries to its device threads)."""
-    op = rule.name.removeprefix("torch.")
+# The aten calls judged in C++ dispatch, without a Python call for any other operator: kernels
+# registered at a dispatch key no torch feature uses (its fallback falls through), enabled in
+# the thread-local state of a context with an open scope. The key sits above autograd, so it
+# sees what Python code calls; what an operator's own kernel calls below autograd (CPU-only
+# validations, `nonzero` inside a mask index) runs with ADInplaceOrView excluded, and passes.
+_KEY_NAME = "TESTING_ONLY_GenericMode"
+_KEY = torch._C._dispatch_key_parse(_KEY_NAME)
+_BELOW_KEY = torch._C._dispatch_keyset_full_after(_KEY)
+_NESTED = torch._C.DispatchKey.ADInplaceOrView
+_TLS_NAME = "hostsync.detector"
+# A kernel receives a wrapped number (the tensor C++ makes of `t * 2.0`) as a Python number.
+_WRAPPED_DTYPES = {
+    bool: torch.bool,
+    int: torch.int64,
+    float: torch.float64,
+    complex: torch.complex128,
+}
+
+_KERNEL_RULES: dict[torch._ops.OpOverload, list[sync_ops.OpSync]] = {}
+for _entry in sync_ops.KERNEL_SYNCS:
+    for _overload in sync_ops.overloads(_entry):
+        _KERNEL_RULES.setdefault(_overload, []).append(_entry)
+
+
+def _seen_in_dispatch(op: torch._ops.OpOverload) -> bool:
+    """CompositeImplicitAutograd operators decompose before any kernel: their parts are seen."""
+    try:
+        return not torch._C._dispatch_has_kernel_for_dispatch_key(
+            op.name(), "CompositeImplicitAutograd"
+        )
+    except RuntimeError:  # an overload the dispatcher does not know (`Tensor_hacked_twin`)
+        return False
+
+
+def _host_factories() -> Iterator[str]:
+    """Every public torch function and Tensor method whose aten operators take a device or
+    pin_memory: the calls that can name host memory (factories, copies)."""
+    for qualified in torch._C._dispatch_get_all_op_names():
+        name, _, overload = qualified.removeprefix("aten::").partition(".")
+        packet = getattr(torch.ops.aten, name, None) if qualified.startswith("aten::") else None
+        op = getattr(packet, overload or "default", None) if packet is not None else None
+        if name.startswith("_") or op is None:
+            continue
+        if {"device", "pin_memory"} & {a.name for a in op._schema.arguments if a.kwarg_only}:
+            for owner in ("torch", "torch.Tensor"):
+                if callable(getattr(sync_ops.resolve(owner), name, None)):
+                    yield f"{owner}.{name}"
+
+
+def _judging_kernel(op: torch._ops.OpOverload, rules: Sequence[sync_ops.OpSync]) -> Callable:
+    handle = op._handle
+    tensors = [
+        position
+        for position, argument in enumerate(op._schema.arguments)
+        if not argument.kwarg_only and argument.type == torch._C.TensorType.get()
+    ]
+
+    def judged(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
+        if tensors and any(type(args[i]) in _WRAPPED_DTYPES for i in tensors if i < len(args)):
+            args = tuple(
+                torch.scalar_tensor(value, dtype=_WRAPPED_DTYPES[type(value)])
+                if position in tensors and type(value) in _WRAPPED_DTYPES
+                else value
+                for position, value in enumerate(args)
+            )
+        below = keyset & _BELOW_KEY
+        observer = None
+        if not torch._C._dispatch_tls_is_dispatch_key_excluded(_NESTED):
+            observer = _Observer.current()
+        if observer is None or observer.quiet:
+            return handle.redispatch_boxed(below, *args, **kwargs)
+        return observer.judge_kernel(
+            op, rules, lambda: handle.redispatch_boxed(below, *args, **kwargs), args, kwargs
+        )
+
+    return judged
+
+
+@functools.cache
+def _kernels() -> tuple[torch.library.Library, ...]:
+    """The kernels, registered once per process; idle wherever no scope enables the key."""
+    fallback = torch.library.Library("_", "IMPL")
+    fallback.fallback(torch.library.fallthrough_kernel, _KEY_NAME)
+    library = torch.library.Library("aten", "IMPL")
+    for op, rules in _KERNEL_RULES.items():
+        if _seen_in_dispatch(op):
+            library.impl(op, _judging_kernel(op, rules), _KEY_NAME, with_keyset=True)
+    return fallback, library
+
+
+@functools.cache
+def _observed_functions() -> dict[str, sync_ops.FunctionSync | None]:
+    """The Python-level calls the scopes observe, each with its rule if it can sync."""
+    factories = dict.fromkeys(_host_factories())
+    return factories | {rule.name: rule for rule in sync_ops.FUNCTION_SYNCS}
+
+
+@functools.cache
+def _observing(
+    name: str, rule: sync_ops.FunctionSync | None, original: Callable[..., Any]
+) -> Callable[..., Any]:
+    """`original`, in any context with an open scope: judged by `rule`, and its result kept as
+    host memory when the call names it (a factory or a copy to "cpu", pinned memory)."""
+    op = name.removeprefix("torch.")
+    to_host = name == "torch.Tensor.cpu"
 
     @functools.wraps(original)
-    def judged(*args: Any, **kwargs: Any) -> Any:
+    def observed(*args: Any, **kwargs: Any) -> Any:
         observer = _Observer.current()
         if observer is None or observer.quiet:
             return original(*args, **kwargs)
-        count = rule.syncs(args, kwargs, observer.host)
-        with observer.quieted() if rule.replaces_kernels else contextlib.nullcontext():
+        count = rule.syncs(args, kwargs, observer.host) if rule else 0
+        with observer.quieted() if rule and rule.replaces_kernels else contextlib.nullcontext():
             result = original(*args, **kwargs)
+        where = _CPU if to_host else sync_ops.destination(args, kwargs)
+        made = result is not (args[0] if args else None)
+        if made and _names_host_memory(where, kwargs, observer.host):
+            observer.host.add(result)
         if count:
             copy = result if rule.kind == "cpu" else None
             observer.record(rule.kind, op, count, read=args[0] if args else None, host_copy=copy)
         return result
 
-    return judged
+    return observed
+
+
+_CPU = torch.device("cpu")
 
 
 def _device_storages(value: object, host: _HostMemory, seen: set[int]) -> int:
-    """How many distinct storages of device tensors `torch.save(value)` would copy to the host."""
-    if isinstance(value, torch.Tensor):
-        storage = value.untyped_storage().data_ptr()
-        if host.holds(value) or storage in seen:
+    """How many distinct storages of device tensors `torch.save(value)` would copy to the host
+    (pickling a tensor saves its storage: torch/storage.py `__reduce__`)."""
+    if isinstance(value, torch.TypedStorage):
+        value = value._untyped_storage
+    if isinstance(value, torch.Tensor | torch.UntypedStorage):
+        storage = value.untyped_storage() if isinstance(value, torch.Tensor) else value
+        if host.holds(value) or storage.data_ptr() in seen:
             return 0
-        seen.add(storage)
+        seen.add(storage.data_ptr())
         return 1
     if isinstance(value, torch.nn.Module):
         value = value.state_dict()
@@ -632,19 +712,25 @@ class _ProcessWide:
                     self._restore.close()
 
     def _install(self) -> ExitStack:
+        _kernels()
         restore = ExitStack()
-        for rule in sync_ops.FUNCTION_SYNCS:
-            owner_name, _, name = rule.name.rpartition(".")
+        replacements = []
+        for qualified, rule in _observed_functions().items():
+            owner_name, _, name = qualified.rpartition(".")
             owner = sync_ops.resolve(owner_name)
-            restore.enter_context(_replaced(owner, name, _judging(rule, getattr(owner, name))))
+            replacements.append((owner, name, _observing(qualified, rule, getattr(owner, name))))
         save = torch.serialization.save
-        restore.enter_context(_replaced(torch, "save", _saving(save)))
-        restore.enter_context(_replaced(torch.serialization, "save", _saving(save)))
+        replacements += [
+            (torch.Tensor, "__setitem__", _writing(torch.Tensor.__setitem__)),
+            (torch, "save", _saving(save)),
+            (torch.serialization, "save", _saving(save)),
+        ]
+        restore.enter_context(_replaced(replacements))
         self._guarded = "torch._dynamo.eval_frame" in sys.modules
         if self._guarded:
             restore.enter_context(_guarding_compiled_calls())
         else:  # no compiled function exists yet; one made while scopes are open gets the guard
-            restore.enter_context(_replaced(torch, "compile", self._guarding(torch.compile)))
+            restore.enter_context(_replaced([(torch, "compile", self._guarding(torch.compile))]))
         return restore
 
     def _guarding(self, compile_: Callable[..., Any]) -> Callable[..., Any]:
@@ -667,19 +753,57 @@ _INHERITED = object()
 
 
 @contextmanager
-def _replaced(owner: object, name: str, value: object) -> Iterator[None]:
-    """`owner.name` is `value` until exit; then what it was, inherited again if it was."""
-    saved = owner.__dict__.get(name, _INHERITED)
-    setattr(owner, name, value)
+def _replaced(replacements: Sequence[tuple[object, str, object]]) -> Iterator[None]:
+    """Each `owner.name` is its `value` until exit; then what it was, inherited again if it was."""
+    saved = [(owner, name, owner.__dict__.get(name, _INHERITED)) for owner, name, _ in replacements]
+    for owner, name, value in replacements:
+        setattr(owner, name, value)
     try:
         yield
     finally:
-        if saved is _INHERITED:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, saved)
+        for owner, name, value in reversed(saved):
+            if value is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
 
 
+@functools.cache
+def _writing(setitem: Callable[..., Any]) -> Callable[..., Any]:
+    """`t[index] = value`, as torch/csrc/autograd/python_variable_indexing.cpp THPVariable_setitem
+    does it on CUDA. A Python number becomes a CPU tensor of t's dtype, also for a CUDA `t`: made
+    here the same way, as host memory, so that the write is judged with it. A device tensor
+    written into host memory through basic indexing (no tensor in the index) is one blocking
+    copy (`copy_to`: copy_, or fill_ for a 0-d CPU value); tensor indices reach index_put_."""
+
+    @functools.wraps(setitem)
+    def setting(self: torch.Tensor, index: object, value: object) -> None:
+        observer = _Observer.current()
+        if observer is None or observer.quiet:
+            setitem(self, index, value)
+            return
+        if type(value) in _WRAPPED_DTYPES and not self.is_quantized:
+            value = torch.scalar_tensor(value, dtype=self.dtype)
+            observer.host.add(value, propagate=False)
+        copies = (
+            isinstance(value, torch.Tensor)
+            and observer.host.holds(self)
+            and not observer.host.holds(value)
+            and not any(isinstance(part, torch.Tensor | list) for part in _index_parts(index))
+        )
+        with observer.quieted() if copies else contextlib.nullcontext():
+            setitem(self, index, value)
+        if copies:
+            observer.record("host_copy", "Tensor.__setitem__", read=value)
+
+    return setting
+
+
+def _index_parts(index: object) -> tuple:
+    return index if isinstance(index, tuple) else (index,)
+
+
+@functools.cache
 def _saving(save: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(save)
     def saving(obj: object, *args: Any, **kwargs: Any) -> Any:
@@ -707,7 +831,7 @@ def _guarding_compiled_calls() -> Iterator[None]:
             raise SyncScopeError(_COMPILED_IN_SCOPE)
         return resolved
 
-    with _replaced(eval_frame, "_callback_from_stance", refusing_in_scope):
+    with _replaced([(eval_frame, "_callback_from_stance", refusing_in_scope)]):
         yield
 
 

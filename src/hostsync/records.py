@@ -715,8 +715,18 @@ class HuntResult(Result):
 
 
 @dataclass(frozen=True)
+class FamilyTruth(Record):
+    """One family of the labelled suite (scalar reads, formatting, ...): its cases and syncs."""
+
+    cases: int
+    syncs: int
+    found: int
+
+
+@dataclass(frozen=True)
 class DetectorTruth(Record):
-    """The detector on its labelled suite: syncs found at their line, false and missed."""
+    """The detector on its labelled suite: syncs found at their line, false and missed, by
+    family; the undecided cases are left out of the score."""
 
     cases: int
     syncs_found: int
@@ -726,6 +736,8 @@ class DetectorTruth(Record):
     recall: float
     wrong_lines: tuple[str, ...]
     misses: tuple[str, ...]
+    families: dict[str, FamilyTruth]
+    undecided: int
 
 
 @dataclass(frozen=True)
@@ -734,7 +746,7 @@ class BenchResult(Result):
 
     KIND: ClassVar[str] = "bench"
     detector: DetectorTruth
-    op_us: dict[str, float]
+    op_us: dict[str, dict[str, float]]
     environment: Environment | None = field(default=None, metadata=OPTIONAL)
     runs: dict[str, Json] = field(default_factory=dict, metadata=OPTIONAL)
 

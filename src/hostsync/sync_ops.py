@@ -117,12 +117,26 @@ def _put_through_mask(args: tuple, kwargs: dict, host: HostMemory) -> int:
     fills_masked = (
         not accumulate
         and values.numel() == 1
-        and values.device.type == "cpu"
+        and host.holds(values)
         and len(masks) == 1
         and masks[0].dtype in _MASK_DTYPES
         and masks[0].device == target.device
     )
     return 0 if fills_masked else 1
+
+
+def _never(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    return 0
+
+
+def _device_value(position: int, name: str) -> Syncs:
+    """A 0-d tensor argument used as a Scalar: read with .item() unless it is in host memory."""
+
+    def syncs(args: tuple, kwargs: dict, host: HostMemory) -> int:
+        value = argument(args, kwargs, position, name)
+        return int(isinstance(value, torch.Tensor) and not host.holds(value))
+
+    return syncs
 
 
 def _bincount(args: tuple, kwargs: dict, host: HostMemory) -> int:
@@ -230,7 +244,31 @@ KERNEL_SYNCS: tuple[OpSync, ...] = (
         ("index_put", "index_put_", "_index_put_impl_"),
         _put_through_mask,
         f"{_NATIVE}TensorAdvancedIndexing.cpp index_put_: masks go through nonzero, except"
-        " the canDispatchToMaskedFill case (one mask, one host scalar value)",
+        " the canDispatchToMaskedFill case (one mask, one value on the CPU:"
+        " torch/csrc/autograd/python_variable_indexing.cpp THPVariable_setitem puts a Python"
+        " number there for a CUDA self; a 0-d CUDA tensor value does not qualify)",
+    ),
+    OpSync(
+        "scalar_read",
+        ("masked_fill.Tensor", "masked_fill_.Tensor"),
+        _device_value(2, "value"),
+        f"{_NATIVE}cuda/Indexing.cu masked_fill__cuda(Tensor value):"
+        " masked_fill__cuda(self, mask, value.item()) (masked_fill clones, then masked_fill_)",
+    ),
+    OpSync(
+        "scalar_read",
+        ("index_fill.int_Tensor", "index_fill_.int_Tensor"),
+        _device_value(3, "value"),
+        f"{_NATIVE}TensorAdvancedIndexing.cpp index_fill_(..., const Tensor& source), all"
+        " devices: self.index_fill_(dim, index, source.item())",
+    ),
+    OpSync(
+        "scalar_read",
+        ("_assert_async",),
+        _never,
+        f"{_NATIVE}cuda/TensorCompare.cu _assert_async_cuda: a device-side assert, no read."
+        " The CPU kernel reads its argument (is_nonzero); judged here so that CPU read passes"
+        " also where nothing else marks it as an operator's own (inference mode)",
     ),
     OpSync(
         "bincount",
@@ -279,7 +317,7 @@ KERNEL_SYNCS: tuple[OpSync, ...] = (
     ),
     OpSync(
         "linalg_check",
-        ("_linalg_eigh", "_linalg_svd", "linalg_eig", "linalg_pinv"),
+        ("_linalg_eigh", "_linalg_svd", "linalg_eig", "_linalg_eigvals", "linalg_pinv"),
         _if_device(1),
         "torch.linalg docs of eigh, eigvalsh, svdvals, matrix_rank, eig, eigvals, pinv:"
         " 'synchronizes that device with the CPU' (the kernels call _linalg_check_errors; svd"
@@ -291,13 +329,6 @@ KERNEL_SYNCS: tuple[OpSync, ...] = (
         _if_device(2),
         f"{_NATIVE}LossCTC.cpp ctc_loss_tensor / cudnn/LossCTC.cpp: input_lengths and"
         " target_lengths .to(kCPU) (decided from sources)",
-    ),
-    OpSync(
-        "host_copy",
-        ("copy_",),
-        _copy_to_host,
-        f"{_NATIVE}cuda/Copy.cu copy_kernel_cuda: a blocking device-to-host copy ends in"
-        " stream synchronize (warned by set_sync_debug_mode)",
     ),
     OpSync(
         "scalar_read",
@@ -326,7 +357,6 @@ NOT_SYNCING: dict[str, str] = {
     "gather": f"{_NATIVE}cuda/ScatterGatherKernel.cu: CUDA_KERNEL_ASSERT bounds check",
     "embedding": f"{_NATIVE}Embedding.cpp: index_select; bounds by device assert",
     "nll_loss_forward": f"{_NATIVE}cuda/Loss.cu: target range by CUDA_KERNEL_ASSERT",
-    "_assert_async": f"{_NATIVE}cuda/TensorCompare.cu _assert_async_cuda: device-side assert",
     "embedding_renorm_": f"{_NATIVE}cuda/Embedding.cu embedding_renorm_cuda_: cub::unique"
     " keeps the count on the device (torch >= 2.3)",
     "randperm": f"{_NATIVE}cuda/Randperm.cu: no host read",
@@ -357,15 +387,22 @@ def _tensor_elements(args: tuple, kwargs: dict, host: HostMemory) -> int:
     )
 
 
-def _to_host(args: tuple, kwargs: dict, host: HostMemory) -> int:
-    """`t.to("cpu")`, `t.to(torch.device("cpu"))`: a blocking copy, unless non_blocking."""
+def destination(args: tuple, kwargs: dict) -> torch.device | None:
+    """Where a factory or `t.to(...)` puts its result: `device=`, or a device or a tensor
+    argument after the first."""
     device = kwargs.get("device")
     for value in args[1:]:
         if isinstance(value, str | torch.device):
             device = value
         elif isinstance(value, torch.Tensor):
             device = value.device
-    if device is None or torch.device(device).type != "cpu" or kwargs.get("non_blocking"):
+    return None if device is None else torch.device(device)
+
+
+def _to_host(args: tuple, kwargs: dict, host: HostMemory) -> int:
+    """`t.to("cpu")`, `t.to(torch.device("cpu"))`: a blocking copy, unless non_blocking."""
+    device = destination(args, kwargs)
+    if device is None or device.type != "cpu" or kwargs.get("non_blocking"):
         return 0
     return int(host.named() and not host.holds(args[0]))
 
@@ -383,6 +420,14 @@ FUNCTION_SYNCS: tuple[FunctionSync, ...] = (
         "torch/csrc/utils/tensor_list.cpp tensor_to_list: copies the tensor to the host first",
     ),
     FunctionSync("cpu", "torch.Tensor.cpu", _one, f"{_NATIVE}cuda/Copy.cu: blocking D2H copy"),
+    FunctionSync(
+        "host_copy",
+        "torch.Tensor.copy_",
+        _copy_to_host,
+        f"{_NATIVE}cuda/Copy.cu copy_kernel_cuda: a blocking device-to-host copy ends in"
+        " stream synchronize (warned by set_sync_debug_mode); judged where Python calls it, as"
+        " the copies aten makes inside other operators are theirs",
+    ),
     FunctionSync("cpu", "torch.Tensor.to", _to_host, f"{_NATIVE}cuda/Copy.cu: blocking D2H copy"),
     FunctionSync(
         "numpy",

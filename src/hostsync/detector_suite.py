@@ -5,13 +5,23 @@ the host would wait on with CUDA tensors ends in `# sync`, or `# sync N` for N w
 else may be recorded. `source` says where the truth comes from: PyTorch's CUDA sources and docs
 (paths under aten/src/ATen/native/ unless said otherwise), or, where a case was decided from the
 sources without a GPU at hand, says so. `score()` runs them all under a scope.
+
+The suite grows by family, not case by case: each Python protocol of Tensor (truth, numbers,
+index, formatting, hashing, iteration, containment, comparisons, numpy and buffer interop,
+pickling and copying), the torch functions that return Python numbers, outputs sized by device
+data, writes and fills with tensor values, indexing with tensors, host copies, and the library
+code that reads (distributions, nn utilities, linalg). Cases whose CUDA truth is not settled are
+kept apart in `UNDECIDED`, with the reason, and not scored.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import io
+import logging
 import math
+import pickle
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -49,11 +59,21 @@ class Case:
 
 
 CASES: list[Case] = []
+# Cases whose CUDA truth is ambiguous or not decided from the sources: kept, not scored.
+UNDECIDED: list[Case] = []
 
 
 def case(family: str, source: str) -> Callable[[Callable[[], object]], Callable[[], object]]:
     def register(function: Callable[[], object]) -> Callable[[], object]:
         CASES.append(Case(function, family, source))
+        return function
+
+    return register
+
+
+def undecided(family: str, reason: str) -> Callable[[Callable[[], object]], Callable[[], object]]:
+    def register(function: Callable[[], object]) -> Callable[[], object]:
+        UNDECIDED.append(Case(function, family, reason))
         return function
 
     return register
@@ -744,6 +764,401 @@ def bernoulli():
     return torch.bernoulli(values().abs() / 4)
 
 
+# --- Python protocols of Tensor, one by one (torch/_tensor.py) -------------------------------
+
+
+@case("scalar_read", SCALAR + " (not calls __bool__)")
+def not_of_tensor():
+    t = values()
+    return not (t > 5).any()  # sync
+
+
+@case("scalar_read", SCALAR + ": `a or b` tests a only and returns b, a tensor")
+def or_of_tensors():
+    t = values()
+    return (t > 5).any() or (t < 0).any()  # sync
+
+
+@case("scalar_read", SCALAR + ": `0 < t < 10` tests the first comparison, returns the second")
+def chained_comparison():
+    t = values().sum()
+    return 0 < t < 10  # sync
+
+
+@case("scalar_read", SCALAR + " (__complex__)")
+def complex_of():
+    return complex(values().sum())  # sync
+
+
+@case("scalar_read", SCALAR + " (Tensor has no __floor__: math.floor takes __float__)")
+def math_floor():
+    return math.floor(values().sum())  # sync
+
+
+@case("scalar_read", SCALAR + " (range() takes __index__)")
+def range_of_tensor():
+    return list(range(counts()[1]))  # sync
+
+
+@case("scalar_read", INDEXING + ": each tensor bound of a slice is read (__index__)")
+def slice_by_tensor_bounds():
+    t, bounds = values(), counts()
+    return t[bounds[0] : bounds[1]]  # sync 2
+
+
+@case("scalar_read", "torch/_tensor.py __contains__: (element == self).any().item()")
+def contains():
+    return 3.0 in values()  # sync
+
+
+@case("scalar_read", SCALAR + ": list.__contains__ tests == with __bool__ per item until found")
+def tensor_in_list():
+    t = values()
+    return t[2] in [t[0], t[1], t[2]]  # sync 3
+
+
+@case("scalar_read", SCALAR + ": CPython's sort makes 3 comparisons (__lt__) for these values")
+def sorted_scalars():
+    t = values()
+    return sorted([t[0], t[1], t[2]])  # sync 3
+
+
+@case("scalar_read", SCALAR + ": builtin max() iterates and compares, one read per later item")
+def builtin_max_over_tensor():
+    return max(values())  # sync 3
+
+
+@case("scalar_read", SCALAR + ": math.fsum takes __float__ of each element")
+def math_fsum():
+    return math.fsum(values())  # sync 4
+
+
+@case("scalar_read", SCALAR + ": any() tests each element until one is true (the third)")
+def builtin_any_over_tensor():
+    return any(values() > 2)  # sync 3
+
+
+@case("none", "builtin sum() adds device tensors: 0 + t[0] + ..., no read")
+def builtin_sum_over_tensor():
+    return sum(values())
+
+
+@case("none", "torch/_tensor.py __hash__: id(self), no read")
+def tensor_as_dict_key():
+    return {values(): "loss"}
+
+
+@case("none", "torch/_tensor.py __iter__: unbind(0), no read")
+def iterate_over_tensor():
+    return [value * 2 for value in values()]
+
+
+@case("none", "== is elementwise: a device tensor, no read")
+def equality_is_a_tensor():
+    t = values()
+    return t == t.flip(0)
+
+
+@case("none", "torch/_tensor.py __deepcopy__: the storage is cloned on the device")
+def deepcopy_tensor():
+    return copy.deepcopy(values())
+
+
+@case("none", "copy.copy rebuilds from __reduce_ex__ with the same storage: nothing is copied")
+def shallow_copy_tensor():
+    return copy.copy(values())
+
+
+PICKLE = "torch/storage.py __reduce__: torch.save of the storage, one device-to-host copy"
+
+
+@case("host_copy", PICKLE)
+def pickle_tensor():
+    return pickle.dumps(values())  # sync
+
+
+@case("host_copy", PICKLE + " per tensor: each pickles its storage on its own")
+def pickle_two_views():
+    t = values()
+    return pickle.dumps([t, t[1:]])  # sync 2
+
+
+@case("numpy", "torch/_tensor.py numpy(force=True): detach().cpu() before numpy")
+def numpy_forced():
+    return values().numpy(force=True)  # sync
+
+
+# --- formatting: torch/_tensor_str.py runs the same Python on CUDA ----------------------------
+
+FLOATS = (
+    "torch/_tensor_str.py _Formatter: masked_select of the finite non-zero values (1);"
+    " `value != torch.ceil(value)` until a fraction (1); sci_mode = `a or b or c` reads a and b"
+    " (2) and keeps c, a tensor, read by `if self.sci_mode` (1); `format(value)` per value (2);"
+    " _vector_str: tolist (1); format() tests `if self.sci_mode` per value (2)"
+)
+
+
+@case("format", FLOATS)
+def str_of_floats():
+    return str(torch.tensor([1.5, -2.0]))  # sync 10
+
+
+@case("format", "Tensor.__repr__ is torch._tensor_str._str, as str(); " + FLOATS)
+def repr_of_floats():
+    return repr(torch.tensor([1.5, -2.0]))  # sync 10
+
+
+@case("format", "print() calls str(); " + FLOATS)
+def print_floats():
+    print(torch.tensor([1.5, -2.0]), file=io.StringIO())  # sync 10
+
+
+@case("format", "f-string without a spec: Tensor.__format__ -> str() for a 1-D tensor; " + FLOATS)
+def fstring_of_floats():
+    return f"{torch.tensor([1.5, -2.0])}"  # sync 10
+
+
+@case("format", "%-formatting calls str(); " + FLOATS)
+def percent_format_of_floats():
+    return "loss %s" % (torch.tensor([1.5, -2.0]),)  # noqa: UP031  # sync 10
+
+
+@case("format", "torch/_tensor_str.py _Formatter: integers, f'{value}' per element (2); tolist (1)")
+def str_of_integers():
+    return str(torch.tensor([3, 1]))  # sync 3
+
+
+@case(
+    "format",
+    "torch/_tensor_str.py, a 0-d float: masked_select (1), ceil test (1), sci_mode a, b (2),"
+    " `if self.sci_mode` (1), f'{value:.0f}' (1); _scalar_str: item (1), format() `if"
+    " self.sci_mode` (1)",
+)
+def str_of_zero_dim():
+    return str(torch.tensor(5.0))  # sync 8
+
+
+@case("none", "logging formats lazily: a record below the logger's level is never formatted")
+def logging_below_level():
+    log = logging.getLogger("hostsync.detector_suite")
+    log.setLevel(logging.WARNING)
+    log.debug("loss %s", values())
+
+
+# --- torch calls that take a device tensor for a Python number --------------------------------
+
+ARG_PARSER = "torch/csrc/utils/python_arg_parser.cpp: a Tensor given for "
+
+
+@case("scalar_read", ARG_PARSER + "an int size is read (__index__)")
+def zeros_of_tensor_size():
+    return torch.zeros(counts()[1])  # sync
+
+
+@case("scalar_read", ARG_PARSER + "a SymInt size is read")
+def view_by_tensor_size():
+    return values().view(counts()[1], -1)  # sync
+
+
+@case("scalar_read", ARG_PARSER + "topk's k is read")
+def topk_by_tensor():
+    return values().topk(counts()[1])  # sync
+
+
+@case("scalar_read", ARG_PARSER + "repeat's sizes is read")
+def repeat_by_tensor():
+    return values().repeat(counts()[1])  # sync
+
+
+@case("scalar_read", ARG_PARSER + "randperm's n is read")
+def randperm_of_tensor():
+    return torch.randperm(counts()[1])  # sync
+
+
+@case("scalar_read", ARG_PARSER + "randint's high is read")
+def randint_below_tensor():
+    return torch.randint(0, counts()[1] + 1, (3,))  # sync
+
+
+@case("scalar_read", ARG_PARSER + "full_like's fill_value (a Scalar) is read")
+def full_like_device_scalar():
+    t = values()
+    return torch.full_like(t, t.max())  # sync
+
+
+@case("scalar_read", ARG_PARSER + "new_full's fill_value (a Scalar) is read")
+def new_full_device_scalar():
+    t = values()
+    return t.new_full((2,), t.max())  # sync
+
+
+@case("scalar_read", ARG_PARSER + "addcmul's value (a Scalar) is read")
+def addcmul_device_value():
+    t = values()
+    return torch.addcmul(t, t, t, value=t.max())  # sync
+
+
+@case("scalar_read", "torch/__init__.py _check_tensor_all: cond._is_all_true().item()")
+def check_tensor_all():
+    torch._check_tensor_all(values() > -10)  # sync
+
+
+@case("scalar_read", SCALAR + ": a norm read as a Python number")
+def norm_item():
+    return values().norm().item()  # sync
+
+
+@case("tolist", "split sizes made on the device are listed to the host first")
+def split_by_device_sizes():
+    t = values()
+    return t.split((counts()[:2] + 1).tolist())  # sync
+
+
+@case("none", "count_nonzero returns a device tensor")
+def count_nonzero():
+    return torch.count_nonzero(values())
+
+
+# --- writes and fills with a tensor value -----------------------------------------------------
+
+MASKED_FILL = (
+    "cuda/Indexing.cu masked_fill__cuda(Tensor value): masked_fill__cuda(..., value.item())"
+)
+
+
+@case("scalar_read", MASKED_FILL)
+def masked_fill_device_scalar():
+    t = values()
+    return t.masked_fill_(t > 0, t.min())  # sync
+
+
+@case("scalar_read", MASKED_FILL + "; masked_fill clones, then masked_fill_")
+def masked_fill_out_of_place_device_scalar():
+    t = values()
+    return t.masked_fill(t > 0, t.min())  # sync
+
+
+@case("none", MASKED_FILL + ": a value in host memory is read on the host")
+def masked_fill_host_scalar():
+    t = values()
+    fill = torch.tensor(0.5, device="cpu")
+    return t.masked_fill(t > 0, fill)
+
+
+@case("scalar_read", "TensorAdvancedIndexing.cpp index_fill_(Tensor source): source.item()")
+def index_fill_device_scalar():
+    t = values()
+    return t.index_fill_(0, counts()[:2], t.max())  # sync
+
+
+@case(
+    "bool_index",
+    "TensorAdvancedIndexing.cpp canDispatchToMaskedFill needs a CPU value: a 0-d CUDA value"
+    " goes through nonzero of the mask",
+)
+def assign_device_scalar_through_mask():
+    t = values()
+    t[t > 0] = t.min()  # sync
+    return t
+
+
+@case("none", "Fill.cpp fill_(Tensor value) on the same device: copy_, no read")
+def fill_device_scalar():
+    t = values()
+    return t.fill_(t.max())
+
+
+@case("none", "TensorIndexing.h copy_to: a basic-index write is a copy on the device")
+def assign_slice_device_scalar():
+    t = values()
+    t[1:3] = t.min()
+    return t
+
+
+@case("none", "index_put_ with integer indices broadcasts a 0-d value on the device")
+def index_put_device_scalar():
+    t = values()
+    return t.index_put_((counts()[:2],), t.min())
+
+
+@case("none", "clamp has Tensor overloads: the bounds stay on the device")
+def clamp_device_bounds():
+    t = values()
+    return t.clamp(min=t.min(), max=t.max())
+
+
+@case("none", "in-place arithmetic with a 0-d tensor is elementwise")
+def add_device_scalar_in_place():
+    t = values()
+    return t.add_(t.min())
+
+
+# --- writes into host memory -----------------------------------------------------------------
+
+
+@case("host_copy", "TensorIndexing.h copy_to: a slice of host memory gets a device-to-host copy_")
+def assign_slice_into_host():
+    t = values()
+    host = torch.zeros(4, device="cpu")
+    host[0:2] = t[:2]  # sync
+    return host
+
+
+@case("host_copy", "copy_to: a 0-d CUDA value into a host slice is expanded and copied")
+def assign_scalar_into_host_slice():
+    t = values()
+    host = torch.zeros(4, device="cpu")
+    host[1:3] = t.sum()  # sync
+    return host
+
+
+# --- library code that validates on the host ------------------------------------------------
+
+VALIDATE = "torch/distributions/distribution.py __init__: `if not torch._is_all_true(valid)` per"
+
+
+@case("scalar_read", VALIDATE + " given parameter (probs; logits is lazy)")
+def categorical_validation():
+    return torch.distributions.Categorical(probs=values().abs(), validate_args=True)  # sync
+
+
+@case("scalar_read", VALIDATE + " given parameter (probs)")
+def bernoulli_validation():
+    return torch.distributions.Bernoulli(probs=values().abs() / 4, validate_args=True)  # sync
+
+
+# --- undecided: not scored ------------------------------------------------------------------
+
+
+@undecided(
+    "numpy",
+    "Tensor.__array__ calls numpy(), which raises for a CUDA tensor: on the GPU an error, not a"
+    " wait; on the CPU stand-in it converts and the detector counts a numpy read",
+)
+def numpy_protocol_of_device_tensor():
+    return np.asarray(values())
+
+
+@undecided(
+    "scalar_read",
+    "torch/optim/adam.py keeps `step` in a CPU tensor unless capturable or fused: its .item()"
+    " is free on the GPU, but nothing in the user's statement names that host memory",
+)
+def adam_step():
+    weight = torch.nn.Parameter(values())
+    weight.grad = values()
+    torch.optim.Adam([weight]).step()
+
+
+@undecided(
+    "scalar_read",
+    "torch.testing.assert_close: the number of reads depends on its comparison path (dtype,"
+    " tolerances, the mismatch report), not decided from the sources",
+)
+def assert_close():
+    torch.testing.assert_close(values(), values())
+
+
 @dataclass
 class Score:
     """Syncs matched line by line: true positives, false ones (wrong line included), misses."""
@@ -796,3 +1211,11 @@ def score(cases: list[Case] = CASES) -> Score:
             if expected[line] > found[line]:
                 result.misses.append(f"{one.name}: {expected[line] - found[line]} at {line}")
     return result
+
+
+def score_by_family(cases: list[Case] = CASES) -> dict[str, Score]:
+    """The score of each family's cases."""
+    families: dict[str, list[Case]] = {}
+    for one in cases:
+        families.setdefault(one.family, []).append(one)
+    return {family: score(members) for family, members in families.items()}
