@@ -39,6 +39,8 @@ from hostsync.records import Device, Launcher, Tree
 
 log = logging.getLogger(__name__)
 
+# How long one launched run (a torchrun, a pytest, a training) may take before it counts as hung.
+DEFAULT_TIMEOUT_S = 900.0
 # How long a process group has to end on SIGTERM before SIGKILL: a Ctrl-C must end every rank
 # within seconds, and nox waits for this process only so long.
 _KILL_GRACE_S = 3.0

@@ -7,12 +7,11 @@ import math
 
 from hostsync import cases
 from hostsync.errors import WorkspaceError
+from hostsync.launchers import DEFAULT_TIMEOUT_S
 from hostsync.layout import Layout
 from hostsync.pin import load as load_pin
 
 ALL_CASES = "all"
-# How long one launched run (a torchrun, a pytest, a training) may take before it counts as hung.
-DEFAULT_TIMEOUT_S = 900.0
 
 
 def comma_list(text: str, option: str) -> list[str]:

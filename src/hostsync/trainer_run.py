@@ -14,9 +14,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hostsync import devices, launchers
-from hostsync.launchers import DEFAULT_SETUP, DeepSpeedSetup, Run, RunFailed, Start, World
+from hostsync.launchers import (
+    DEFAULT_SETUP,
+    DEFAULT_TIMEOUT_S,
+    DeepSpeedSetup,
+    Run,
+    RunFailed,
+    Start,
+    World,
+)
 from hostsync.layout import Layout
-from hostsync.options import DEFAULT_TIMEOUT_S
 from hostsync.records import Launcher, TrainerComparison, Tree
 
 SP_SIZE = 2

@@ -18,9 +18,8 @@ from collections import Counter, defaultdict
 from hostsync import trainer_run
 from hostsync.errors import WorkspaceError
 from hostsync.hunt.allowlist import reason
-from hostsync.launchers import DEFAULT_SETUP, DeepSpeedSetup, RunFailed
+from hostsync.launchers import DEFAULT_SETUP, DEFAULT_TIMEOUT_S, DeepSpeedSetup, RunFailed
 from hostsync.layout import Layout
-from hostsync.options import DEFAULT_TIMEOUT_S
 from hostsync.projects import PACKAGES
 from hostsync.records import CrossCheck, HuntPlan, HuntSite, HuntTree, ProfilerOnly, Tree
 from hostsync.sites import AllowRule, Site
