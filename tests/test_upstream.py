@@ -80,6 +80,15 @@ def add_to_series(layout: Layout, patch: Path) -> None:
         out.write(f"{patch.name}\n")
 
 
+def conflicting_series(layout: Layout, remote: Path) -> tuple[Path, dict[str, bytes]]:
+    """A series whose second patch edits a line the release does not have; its bytes."""
+    good = make_patches(layout, remote, {"Keep the count on the device": "return x.clamp(1)"})
+    bad = layout.patches / "0002-Edit-a-line-the-release-does-not-have.patch"
+    bad.write_text(good[0].read_text().replace("max(x, 1)", "x.clamp(min=1)  # after the release"))
+    add_to_series(layout, bad)
+    return bad, {p.name: p.read_bytes() for p in layout.patches.iterdir()}
+
+
 def test_git_path_clones_the_tag_and_applies_the_series(workspace: Layout, remote: Path) -> None:
     make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
 
@@ -105,11 +114,7 @@ def test_second_clone_does_nothing(workspace: Layout, remote: Path) -> None:
 def test_patch_that_does_not_apply_names_itself_and_leaves_the_base(
     workspace: Layout, remote: Path
 ) -> None:
-    good = make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(1)"})
-    bad = workspace.patches / "0002-Edit-a-line-the-release-does-not-have.patch"
-    bad.write_text(good[0].read_text().replace("max(x, 1)", "x.clamp(min=1)  # after the release"))
-    add_to_series(workspace, bad)
-    before = {p.name: p.read_bytes() for p in workspace.patches.iterdir()}
+    bad, before = conflicting_series(workspace, remote)
 
     for _ in range(2):  # a failed apply is not remembered as done
         with pytest.raises(patchqueue.PatchDoesNotApply) as failure:
@@ -286,11 +291,7 @@ def test_a_hand_edit_of_a_patch_not_in_the_clone_stops_the_export(
 def test_after_a_conflict_the_export_does_not_empty_the_series(
     workspace: Layout, remote: Path
 ) -> None:
-    good = make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(1)"})
-    bad = workspace.patches / "0002-Edit-a-line-the-release-does-not-have.patch"
-    bad.write_text(good[0].read_text().replace("max(x, 1)", "x.clamp(min=1)  # after the release"))
-    add_to_series(workspace, bad)
-    before = {p.name: p.read_bytes() for p in workspace.patches.iterdir()}
+    bad, before = conflicting_series(workspace, remote)
     with pytest.raises(patchqueue.PatchDoesNotApply, match="apply the series there by hand"):
         patchqueue.clone(workspace, remote=str(remote))
 
