@@ -97,6 +97,12 @@ def bench(session: nox.Session) -> None:
     hostsync(session, "bench", *session.posargs)
 
 
+@nox.session(python=False, tags=["expensive"])
+def bisect(session: nox.Session) -> None:
+    """Since which release a case's sites are upstream (and with --remote, which commit)."""
+    hostsync(session, "bisect", *session.posargs)
+
+
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
     """The workspace's tests (fast lane: `-- -m "not distributed and not network"`)."""

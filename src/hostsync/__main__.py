@@ -35,6 +35,7 @@ COMMANDS = {
         "before/after profiles of a case's measured code",
     ),
     "review": ("hostsync.review:main", "a case's upstream drafts, from its result files"),
+    "bisect": ("hostsync.bisect:main", "since which release a site is there (and which commit)"),
 }
 
 

@@ -49,6 +49,11 @@ class Layout:
         return self.root / "profiles" / self.case
 
     @property
+    def sites(self) -> Path:
+        """Results about a site named on the command line, which belongs to no case."""
+        return self.root / "profiles" / "sites"
+
+    @property
     def issue_drafts(self) -> Path:
         return self.root / "issue_drafts" / self.case
 
