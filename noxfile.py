@@ -103,6 +103,12 @@ def bisect(session: nox.Session) -> None:
     hostsync(session, "bisect", *session.posargs)
 
 
+@nox.session(python=False, tags=["expensive"])
+def watch(session: nox.Session) -> None:
+    """The newest releases against the pins: each case's sites, series and tests there."""
+    hostsync(session, "watch", *session.posargs)
+
+
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
     """The workspace's tests (fast lane: `-- -m "not distributed and not network"`)."""

@@ -36,6 +36,7 @@ COMMANDS = {
     ),
     "review": ("hostsync.review:main", "a case's upstream drafts, from its result files"),
     "bisect": ("hostsync.bisect:main", "since which release a site is there (and which commit)"),
+    "watch": ("hostsync.watch:main", "the newest releases against the pins and every case"),
 }
 
 

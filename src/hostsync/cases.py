@@ -26,7 +26,7 @@ from hostsync.sites import AllowRule
 # A case's name is a folder name in four places: plain words only, and none that profiles/
 # keeps for results of no one case.
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
-RESERVED = ("sites",)
+RESERVED = ("sites", "watch")
 
 
 class Strict(Record):

@@ -54,6 +54,11 @@ class Layout:
         return self.root / "profiles" / "sites"
 
     @property
+    def watch(self) -> Path:
+        """Results about every project and case at once."""
+        return self.root / "profiles" / "watch"
+
+    @property
     def issue_drafts(self) -> Path:
         return self.root / "issue_drafts" / self.case
 

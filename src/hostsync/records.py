@@ -1,8 +1,8 @@
 """The records that cross the engine's modules, and the result files made of them.
 
 Each result kind (`ReproResult`, `TestPatchResult`, `ProfileResult`, `HuntResult`,
-`BenchResult`, `BisectResult`) is a frozen dataclass, so its producer, its readers and its file
-agree on one shape. `to_json()` gives the document; `from_json(data)` checks the
+`BenchResult`, `BisectResult`, `WatchResult`) is a frozen dataclass, so its producer, its readers
+and its file agree on one shape. `to_json()` gives the document; `from_json(data)` checks the
 type of every field on the way in and raises `RecordError` naming the field (`runs[3].ranks:
 ...`), to which `results.read` adds the file. The schema version is written into every result
 file.
@@ -755,7 +755,7 @@ class BenchResult(Result):
     runs: dict[str, Json] = field(default_factory=dict, metadata=OPTIONAL)
 
 
-# --- bisect ---------------------------------------------------------------------------------------
+# --- bisect and watch ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -851,9 +851,56 @@ class BisectResult(Result):
     sites: tuple[SiteHistory, ...]
 
 
+@dataclass(frozen=True)
+class ProjectWatch(Record):
+    """A project's newest release on the index against the release pin.toml installs, and
+    (asked for) the sites the hunt finds in the newest that it does not find in the pinned."""
+
+    project: str
+    pinned: str
+    newest: str
+    uploaded: str
+    newer: tuple[str, ...]
+    hunt: str = field(default="", metadata=OPTIONAL)
+    new_sites: tuple[HuntSite, ...] = field(default=(), metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class SiteWatch(Record):
+    project: str
+    version: str
+    site: AllowRule
+    finding: Finding = field(metadata=FLAT)
+
+
+@dataclass(frozen=True)
+class CaseWatch(Record):
+    """One case against the newest releases: each of its sites in the newest release of its
+    project, whether its series applies there, and (asked for) how its tests go there."""
+
+    case: str
+    project: str
+    pinned: str
+    newest: str
+    provenance: Provenance
+    fixed: str | None
+    sites: tuple[SiteWatch, ...]
+    series: str
+    tests: tuple[CheckRecord, ...] = field(default=(), metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class WatchResult(Result):
+    KIND: ClassVar[str] = "watch"
+    index: str
+    projects: tuple[ProjectWatch, ...]
+    cases: tuple[CaseWatch, ...]
+
+
 KINDS: dict[str, type[Result]] = {
     kind.KIND: kind
     for kind in (
         ReproResult, TestPatchResult, ProfileResult, HuntResult, BenchResult, BisectResult,
+        WatchResult,
     )
 }  # fmt: skip
