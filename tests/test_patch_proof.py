@@ -308,9 +308,9 @@ def test_a_release_lacking_the_code_under_test_is_not_comparable_and_says_where(
         " transformers.integrations.deepspeed, which transformers 5.0.0 lacks"
     ) in reason
     assert (
-        "the site lives in src/transformers/trainer.py:6 (Trainer._deepspeed_sp_compute_loss)"
-        in reason
-    )
+        "in transformers 5.0.0 the case's sites live in src/transformers/trainer.py:6"
+        " (Trainer._deepspeed_sp_compute_loss), src/transformers/trainer.py:9"
+    ) in reason
     assert not layout.releases.exists()
 
 

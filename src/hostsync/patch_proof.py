@@ -309,16 +309,16 @@ def release_expectation(layout: Layout, case: cases.Case, version: str,
                for name in presence.undefined_imports(texts, sources, case.project)]  # fmt: skip
     own = [rule for rule in case.carries if presence.project_of(rule, case.project) == case.project]
     findings = [presence.locate(rule, sources, case.project) for rule in own]
-    moved = []
-    for rule, finding in zip(own, findings, strict=True):
-        if finding.presence == Presence.MISSING:
-            lacking.append(f"{where} has no {presence.described(rule)}, nor the code it lies in")
-        elif finding.presence == Presence.ELSEWHERE:
-            moved.append(f"in {where} the site lives in {', '.join(map(str, finding.found))}")
+    lacking += [f"{where} has no {presence.described(rule)}, nor the code it lies in"
+                for rule, finding in zip(own, findings, strict=True)
+                if finding.presence == Presence.MISSING]  # fmt: skip
+    elsewhere = [str(at) for finding in findings if finding.presence == Presence.ELSEWHERE
+                 for at in finding.found]  # fmt: skip
+    moved = [f"in {where} the case's sites live in {', '.join(dict.fromkeys(elsewhere))}"]
+    said = "; ".join(lacking + (moved if elsewhere else []))
     if lacking:
-        return None, "; ".join(lacking + moved)
-    carried = any(finding.presence.carried for finding in findings)
-    return (red(case) if carried else GREEN), "; ".join(moved)
+        return None, said
+    return (red(case) if any(f.presence.carried for f in findings) else GREEN), said
 
 
 def other_release_checks(
