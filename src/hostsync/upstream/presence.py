@@ -111,8 +111,12 @@ class _Parsed:
                             self.lines[line - 1].strip())  # fmt: skip
 
 
+def _import_path(path: str, project: Project) -> str:
+    """A path from the tree's top as the detector names a site's file: from the import root."""
+    return str(PurePosixPath(path).relative_to(PurePosixPath(project.import_root)))
+
+
 def _parse(path: str, text: str, project: Project) -> _Parsed:
-    file = str(PurePosixPath(path).relative_to(PurePosixPath(project.import_root)))
     scopes, calls = [], []
     try:
         tree = ast.parse(text)
@@ -134,7 +138,7 @@ def _parse(path: str, text: str, project: Project) -> _Parsed:
             visit(child, inner)
 
     visit(tree, "")
-    return _Parsed(path, file, text.splitlines(), scopes, calls)
+    return _Parsed(path, _import_path(path, project), text.splitlines(), scopes, calls)
 
 
 def _candidates(rule: AllowRule, parsed: _Parsed) -> Iterator[int]:
@@ -169,10 +173,9 @@ class _Tree:
 
     def files(self, holding: str = "", suffix: str = "") -> list[_Parsed]:
         """The files whose text holds `holding` and whose import path ends with `suffix`."""
-        root = PurePosixPath(self.project.import_root)
         paths = [path for path, text in sorted(self.sources.items()) if holding in text
-                 and (not suffix or suffix_matches(str(PurePosixPath(path).relative_to(root)),
-                                                   suffix))]  # fmt: skip
+                 and (not suffix or suffix_matches(_import_path(path, self.project), suffix))
+                 ]  # fmt: skip
         for path in paths:
             if path not in self._parsed:
                 self._parsed[path] = _parse(path, self.sources[path], self.project)
