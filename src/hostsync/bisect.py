@@ -494,7 +494,8 @@ def _sentence(history: SiteHistory) -> str:
 def _narrowed(narrowed: GitNarrowing) -> str:
     span = f"{narrowed.commits} first-parent commits from {narrowed.older} to {narrowed.newer}"
     if narrowed.first is None:
-        return f"Git ({narrowed.remote}): {span}; {narrowed.note}"
+        read = f"{span}; " if narrowed.commits else ""
+        return f"Git ({narrowed.remote}): {read}{narrowed.note}"
     pr = f", pull request #{narrowed.pull_request}" if narrowed.pull_request else ""
     return (
         f"Git ({narrowed.remote}): of {span}, the site was {narrowed.change} by"
