@@ -103,6 +103,18 @@ def bench(session: nox.Session) -> None:
     hostsync(session, "bench", *session.posargs)
 
 
+@nox.session(python=False, tags=["expensive"])
+def bisect(session: nox.Session) -> None:
+    """Since which release a case's sites are upstream (and with --remote, which commit)."""
+    hostsync(session, "bisect", *session.posargs)
+
+
+@nox.session(python=False, tags=["expensive"])
+def watch(session: nox.Session) -> None:
+    """The newest releases against the pins: each case's sites, series and tests there."""
+    hostsync(session, "watch", *session.posargs)
+
+
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
     """The workspace's tests (fast lane: `-- -m "not distributed and not network"`)."""

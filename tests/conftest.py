@@ -3,7 +3,10 @@ one, sharing only the download cache and the environments. An empty selection fa
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,31 @@ def make_workspace(root: Path) -> Layout:
         (ROOT / "work" / name).mkdir(parents=True, exist_ok=True)
         (root / "work" / name).symlink_to(ROOT / "work" / name)
     return Layout(root, CASE)
+
+
+def own_downloads(layout: Layout) -> Layout:
+    """`layout` with a download cache of its own: the sdists a test builds carry the names of
+    real releases, which the shared cache holds as published."""
+    layout.cache.unlink()
+    layout.cache.mkdir()
+    return layout
+
+
+def hostsync(
+    layout: Layout, *args: str, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m hostsync ARGS` on the workspace `layout`, as a user runs it."""
+    env = os.environ | {"PYTHONPATH": str(ROOT / "src"), "HOSTSYNC_ROOT": str(layout.root)}
+    return subprocess.run([sys.executable, "-m", "hostsync", *args], capture_output=True,
+                          text=True, env=env | (env_extra or {}), timeout=600)  # fmt: skip
+
+
+def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    """The one `error:` line a refused command printed, with no traceback."""
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    return line
 
 
 @pytest.fixture

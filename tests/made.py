@@ -7,18 +7,23 @@ from hostsync import provenance
 from hostsync.files import sha256
 from hostsync.layout import Layout
 from hostsync.records import (
+    BisectResult,
     Capture,
     CheckRecord,
     Environment,
+    Finding,
     HuntResult,
     HuntSetup,
     HuntTree,
     Outcome,
+    Presence,
     ProfileResult,
     ProfileSetting,
     RegionLabels,
+    ReleaseEvidence,
     ReproResult,
     RunRow,
+    SiteHistory,
     SnippetRuns,
     StepFigures,
     TestOutcome,
@@ -27,6 +32,7 @@ from hostsync.records import (
     TreeInfo,
     Verdict,
 )
+from hostsync.sites import AllowRule
 
 ENVIRONMENT = Environment(
     python="3.11.7", packages={"torch": "2.13.0"}, platform="Linux", device="cpu", device_count=0
@@ -96,3 +102,15 @@ def hunt(layout: Layout, *trees: HuntTree) -> HuntResult:
     setup = HuntSetup(world_size=2, sp_size=2, model="m", device="cpu", backend="gloo",
                       versions={"python": "3.11.7"})  # fmt: skip
     return HuntResult(stamp=stamp(layout), setup=setup, allowlist=(), trees=trees)
+
+
+def bisect(layout: Layout, first: str) -> BisectResult:
+    """A bisect of one sp-loss site, there from `first` on, absent in 4.57.6 before it."""
+    site = AllowRule("transformers/integrations/deepspeed.py", "sp-loss", code="max(")
+    releases = (
+        ReleaseEvidence("4.57.6", "2026-01-16", "0" * 64, Finding(Presence.ABSENT)),
+        ReleaseEvidence(first, "2026-01-26", "1" * 64, Finding(Presence.PRESENT)),
+    )
+    history = SiteHistory("transformers", site, ("4.57.6", first), first, first, first, "4.57.6",
+                          None, True, (), releases)  # fmt: skip
+    return BisectResult(stamp(layout), "https://pypi.org/simple", (history,))

@@ -28,24 +28,7 @@ from hostsync.records import Device, Launcher, Tree, TreeRole, Verdict
 from hostsync.upstream import sdists
 
 import made
-from conftest import make_workspace
-
-
-def hostsync(
-    layout: Layout, *args: str, env_extra: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """`python -m hostsync ARGS` on the workspace `layout`, as a user runs it."""
-    env = os.environ | {"PYTHONPATH": str(ROOT / "src"), "HOSTSYNC_ROOT": str(layout.root)}
-    return subprocess.run([sys.executable, "-m", "hostsync", *args], capture_output=True,
-                          text=True, env=env | (env_extra or {}), timeout=600)  # fmt: skip
-
-
-def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
-    (line,) = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-    return line
-
+from conftest import hostsync, make_workspace, one_line_error
 
 # --- the case option and the card ----------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""The red/green proof of the series: its verdicts, then the real thing on the real trees."""
+"""The red/green proof of the series: its verdicts, another release judged from its source, then
+the real thing on the real trees."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from local_index import make_sdist, serving
 
 from hostsync import cases, linters, patch_proof, projects
 from hostsync.errors import WorkspaceError
@@ -25,9 +27,10 @@ from hostsync.patch_proof import (
     judge,
 )
 from hostsync.records import TestOutcome as Case
-from hostsync.records import Tree, TreeRole
+from hostsync.records import Tree, TreeRole, Verdict
+from hostsync.upstream import sdists
 
-from conftest import make_workspace
+from conftest import make_workspace, own_downloads
 
 CASE = cases.load(ROOT, "sp-loss")
 PATCHED = TreeRole.PATCHED.value
@@ -232,6 +235,96 @@ def test_a_release_number_is_required() -> None:
         patch_proof.main(["--release", "5.12"])
 
 
+# --- another release, judged from its source ----------------------------------------------------
+
+SP_LOSS = """
+    def deepspeed_sp_compute_loss(good_tokens_per_rank, losses_per_rank, sp_world_size):
+        total_loss, total_good_tokens = 0, 0
+        for rank in range(sp_world_size):
+            if good_tokens_per_rank[rank] > 0:
+                total_loss += losses_per_rank[rank] * good_tokens_per_rank[rank]
+        total_good_tokens = sum(good_tokens_per_rank)
+        loss = total_loss / max(total_good_tokens, 1)
+        return loss
+"""
+IN_TRAINER = "class Trainer:\n" + textwrap.indent(
+    textwrap.dedent(SP_LOSS).replace("def deepspeed_sp", "def _deepspeed_sp")
+    .replace("(good_tokens", "(self, good_tokens"), "    "
+)  # fmt: skip
+WITHOUT_READS = SP_LOSS.replace("if good_tokens_per_rank[rank] > 0", "if True").replace(
+    "max(total_good_tokens, 1)", "total_good_tokens.clamp(min=1)"
+)
+
+
+# What the series' tests import from transformers' test helpers, as every release has it.
+TESTING_UTILS = "".join(
+    f"def {name}(*args):\n    pass\n\n\n"
+    for name in ("require_torch", "require_accelerate", "require_deepspeed", "backend_device_count",
+                 "execute_subprocess_async", "get_torch_dist_unique_port")
+) + "class TestCasePlus:\n    pass\n\n\ntorch_device = 'cpu'\n"  # fmt: skip
+
+
+def transformers_files(version: str, deepspeed: str, trainer: str = "") -> dict[str, str]:
+    return {
+        "src/transformers/__init__.py": f'__version__ = "{version}"\n',
+        "src/transformers/trainer.py": trainer or "class Trainer:\n    pass\n",
+        "src/transformers/integrations/__init__.py": "",
+        "src/transformers/integrations/deepspeed.py": "import torch\n" + textwrap.dedent(deepspeed),
+        "src/transformers/testing_utils.py": TESTING_UTILS,
+    }
+
+
+@pytest.fixture
+def sp_loss_releases(tmp_path: Path):
+    """transformers 5.0.0 with the reads in the Trainer, 5.13.0 with them where the card says,
+    5.15.0 without them; the sp-loss case in a workspace of its own downloads."""
+    folder = tmp_path / "index" / "files" / "transformers"
+    for version, deepspeed, trainer in (
+        ("5.0.0", "class HfDeepSpeedConfig:\n    pass\n", IN_TRAINER),
+        ("5.13.0", SP_LOSS, ""),
+        ("5.15.0", WITHOUT_READS, ""),
+    ):
+        make_sdist(folder, "transformers", version, transformers_files(version, deepspeed, trainer))
+    layout = own_downloads(make_workspace(tmp_path / "workspace"))
+    with serving(tmp_path / "index") as url:
+        yield layout, url
+
+
+def test_a_release_lacking_the_code_under_test_is_not_comparable_and_says_where(
+    sp_loss_releases, monkeypatch, tmp_path: Path
+) -> None:
+    layout, url = sp_loss_releases
+    monkeypatch.setenv(sdists.INDEX_ENV, url)
+    case = cases.load(layout.root, "sp-loss")
+
+    checks = patch_proof.other_release_checks(layout, case, tmp_path / "run", "5.0.0", 60)
+
+    assert [c.verdict for c in checks] == [Verdict.NOT_COMPARABLE] * 2
+    assert [c.label for c in checks] == ["5.0.0+series", "5.0.0+tests"]
+    assert all(c.tree is None and not c.tests for c in checks), "nothing was built or run"
+    reason = checks[0].reason
+    assert (
+        "the series' tests import deepspeed_sp_compute_loss from"
+        " transformers.integrations.deepspeed, which transformers 5.0.0 lacks"
+    ) in reason
+    assert (
+        "in transformers 5.0.0 the case's sites live in src/transformers/trainer.py:6"
+        " (Trainer._deepspeed_sp_compute_loss), src/transformers/trainer.py:9"
+    ) in reason
+    assert not layout.releases.exists()
+
+
+def test_another_release_is_expected_red_where_it_carries_the_site_and_green_where_not(
+    sp_loss_releases, monkeypatch
+) -> None:
+    layout, url = sp_loss_releases
+    monkeypatch.setenv(sdists.INDEX_ENV, url)
+    case = cases.load(layout.root, "sp-loss")
+
+    assert patch_proof.release_expectation(layout, case, "5.13.0") == (patch_proof.red(case), "")
+    assert patch_proof.release_expectation(layout, case, "5.15.0") == (patch_proof.GREEN, "")
+
+
 # --- the proof itself ----------------------------------------------------------------------------
 
 
@@ -285,7 +378,7 @@ def test_the_live_trainer_case_is_red_on_its_release_and_green_patched(tmp_path:
 def test_the_deepspeed_case_is_red_on_its_release_green_patched_and_formatted(
     tmp_path: Path,
 ) -> None:
-    """DeepSpeed 0.19.8 from its sdist: the unit test on the harness stand-in, as its CPU CI."""
+    """DeepSpeed 0.19.8 from its sdist: the unit tests upstream keeps, run as its CPU CI does."""
     layout = make_workspace(tmp_path / "workspace").for_case("ds-clip-norm")
     said: list[str] = []
 
@@ -295,7 +388,9 @@ def test_the_deepspeed_case_is_red_on_its_release_green_patched_and_formatted(
     assert status == 0, "\n".join(said)
     (red,) = [check for check in checks if check["label"] == "pinned+tests"]
     assert red["tree"]["version"] == "0.19.8"
-    assert all(t["message"].endswith("read 1 device value(s) on the host") for t in red["tests"])
+    failed = [t for t in red["tests"] if t["outcome"] == FAILED]
+    assert {t["test"] for t in failed} == cases.load(layout.root, layout.case).red_on_pinned
+    assert all(t["message"].endswith("read the norm on the host") for t in failed)
     (lint,) = [check for check in checks if check["expected"] == "clean"]
     assert lint["check"] == "yapf 0.43.0, flake8 5.0.4, codespell 2.1.0"
     assert (lint["verdict"], [t["outcome"] for t in lint["tests"]]) == (OK, [PASSED] * 3)

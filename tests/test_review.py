@@ -13,7 +13,7 @@ from hostsync import cases, results, review
 from hostsync.cases import load as load_case
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
-from hostsync.records import ProfileResult, Verdict
+from hostsync.records import BisectResult, ProfileResult, Verdict
 
 import made
 
@@ -170,3 +170,18 @@ def test_running_review_twice_leaves_git_status_clean(drafted: Layout) -> None:
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
     new = set(after.splitlines()) - set(before.splitlines())
     assert all("issue_drafts/" in line for line in new), new
+
+
+def test_a_bisect_is_cited_where_the_case_has_one(workspace: Layout) -> None:
+    """Optional: a case without one still drafts, its figures not measured."""
+    write_results(workspace)
+    case = load_case(workspace.root, workspace.case)
+    template = "Since {{bisect:sites[project=transformers].first}}."
+
+    before = review.documents(workspace, case, review.latest_sources(workspace, case))
+    results.write(workspace.profiles, made.bisect(workspace, first="5.0.0"), workspace.unsaved)
+    sources = review.latest_sources(workspace, case)
+
+    assert review.fill(template, before) == "Since not measured."
+    assert isinstance(sources["bisect"].result, BisectResult)
+    assert review.fill(template, review.documents(workspace, case, sources)) == "Since 5.0.0."

@@ -36,6 +36,8 @@ COMMANDS = {
     ),
     "review": ("hostsync.review:main", "a case's upstream drafts, from its result files"),
     "outbox": ("hostsync.outbox:main", "what would be sent upstream, as the contributor's"),
+    "bisect": ("hostsync.bisect:main", "since which release a site is there (and which commit)"),
+    "watch": ("hostsync.watch:main", "the newest releases against the pins and every case"),
 }
 
 

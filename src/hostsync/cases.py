@@ -23,8 +23,10 @@ from hostsync.errors import WorkspaceError
 from hostsync.records import Json, Launcher, Record, RecordError, TreeRole, UpstreamState
 from hostsync.sites import AllowRule
 
-# A case's name is a folder name in four places: plain words only.
+# A case's name is a folder name in four places: plain words only, and none that profiles/
+# keeps for results of no one case.
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+RESERVED = ("sites", "watch")
 
 
 class Strict(Record):
@@ -246,7 +248,7 @@ def names(root: Path) -> list[str]:
 
 def load(root: Path, name: str) -> Case:
     """The card of case `name`; a missing or malformed one is refused in one line."""
-    if not NAME.fullmatch(name):
+    if not NAME.fullmatch(name) or name in RESERVED:
         raise WorkspaceError(
             f"{name!r} is no case name: name one of {', '.join(names(root)) or 'none'}"
             " (a name, not a path)"

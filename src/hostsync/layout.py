@@ -49,6 +49,16 @@ class Layout:
         return self.root / "profiles" / self.case
 
     @property
+    def sites(self) -> Path:
+        """Results about a site named on the command line, which belongs to no case."""
+        return self.root / "profiles" / "sites"
+
+    @property
+    def watch(self) -> Path:
+        """Results about every project and case at once."""
+        return self.root / "profiles" / "watch"
+
+    @property
     def issue_drafts(self) -> Path:
         return self.root / "issue_drafts" / self.case
 

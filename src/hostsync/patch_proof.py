@@ -7,7 +7,9 @@ trees: the pinned release with only the test patches, where the tests the case c
 tree; and upstream's own fixed release with the test patches, when one exists, where all must
 pass. Beside them: upstream's tests near the change, when the tree has them (a git clone does, a
 PyPI sdist may not), and the project's own linters, at the versions the tree pins, on the files
-the series touches.
+the series touches. Another release (`--release`) is judged from its source: red where it
+carries the case's sites, green where not; where the code the tests import or exercise is not in
+it, its checks are "not comparable", which fails nothing.
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packaging.version import Version
-
 from hostsync import cases, linters, locks, provenance, results, table
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.launchers import Run, run_group
@@ -34,6 +34,7 @@ from hostsync.options import add_case, add_timeout, case_layouts
 from hostsync.records import (
     CheckRecord,
     Outcome,
+    Presence,
     TestOutcome,
     TestPatchResult,
     Tree,
@@ -41,7 +42,7 @@ from hostsync.records import (
     TreeRole,
     Verdict,
 )
-from hostsync.upstream import patchqueue
+from hostsync.upstream import patchqueue, presence
 from hostsync.upstream.releases import release_for
 from hostsync.upstream.trees import prepare_tree
 
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 PASSED, FAILED, ERROR, SKIPPED = Outcome.PASSED, Outcome.FAILED, Outcome.ERROR, Outcome.SKIPPED
 _JUNIT_OUTCOMES = {"failure": FAILED, "error": ERROR, "skipped": SKIPPED}
 OK, WRONG, NOT_APPLICABLE = Verdict.OK, Verdict.WRONG, Verdict.NOT_APPLICABLE
+NOT_COMPARABLE = Verdict.NOT_COMPARABLE
 HEADERS = ("check", "tree", "passed", "failed", "skipped", "expected", "verdict", "reason")
 
 
@@ -284,27 +286,55 @@ def check_lint(layout: Layout, workdir: Path, tree: Tree) -> Check:
     return check
 
 
-def release_expectation(case: cases.Case, version: str) -> Expectation:
-    """The series' tests on another release: green from upstream's fix on, red before it."""
-    fixed = case.fixed and Version(version) >= Version(case.fixed.version)
-    return GREEN if fixed else red(case)
+def release_expectation(layout: Layout, case: cases.Case, version: str,
+                        ) -> tuple[Expectation | None, str]:  # fmt: skip
+    """What the series' tests must show on another release, read from its source: red where it
+    carries the case's sites, green where the code they lie in is there without them; and where
+    a site lives when not where the card names it. None, and why, where the tests cannot judge
+    the release: the code they import or exercise is not in it."""
+    sources = presence.sdist_sources(layout, release_for(case, version).sdist, case.project)
+    where = f"{case.project.name} {version}"
+    texts = [
+        text
+        for patch in series_tests(layout)
+        for path, text in patchqueue.added_files(patch).items()
+        if path.endswith(".py")
+    ]
+    lacking = [f"the series' tests import {name}, which {where} lacks"
+               for name in presence.undefined_imports(texts, sources, case.project)]  # fmt: skip
+    own = [rule for rule in case.carries if presence.project_of(rule, case.project) == case.project]
+    findings = [presence.locate(rule, sources, case.project) for rule in own]
+    lacking += [f"{where} has no {presence.described(rule)}, nor the code it lies in"
+                for rule, finding in zip(own, findings, strict=True)
+                if finding.presence == Presence.MISSING]  # fmt: skip
+    elsewhere = [str(at) for finding in findings if finding.presence == Presence.ELSEWHERE
+                 for at in finding.found]  # fmt: skip
+    moved = [f"in {where} the case's sites live in {', '.join(dict.fromkeys(elsewhere))}"]
+    said = "; ".join(lacking + (moved if elsewhere else []))
+    if lacking:
+        return None, said
+    return (red(case) if any(f.presence.carried for f in findings) else GREEN), said
 
 
 def other_release_checks(
     layout: Layout, case: cases.Case, workdir: Path, version: str, timeout: float
 ) -> list[Check]:
-    """Whether the series applies to another release, and how its tests go there."""
-    return [
+    """Whether the series applies to another release, and how its tests go there; neither is
+    run where its tests cannot judge that release (not comparable, which is no failure)."""
+    expect, said = release_expectation(layout, case, version)
+    if expect is None:
+        return [
+            Check("series tests", f"{version}{extra}", "comparable", verdict=NOT_COMPARABLE,
+                  reason=said)
+            for extra in ("+series", "+tests")
+        ]  # fmt: skip
+    checks = [
         check_tests(layout, workdir, f"{version}+series", GREEN, timeout, optional=True),
-        check_tests(
-            layout,
-            workdir,
-            f"{version}+tests",
-            release_expectation(case, version),
-            timeout,
-            optional=True,
-        ),
+        check_tests(layout, workdir, f"{version}+tests", expect, timeout, optional=True),
     ]
+    for check in checks:
+        check.reason = "; ".join(part for part in (check.reason, said) if part)
+    return checks
 
 
 def all_checks(

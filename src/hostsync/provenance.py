@@ -27,6 +27,12 @@ def inputs(layout: Layout) -> Provenance:
     )
 
 
+def workspace_inputs(layout: Layout) -> Provenance:
+    """What a result that belongs to no one case depends on: pin.toml (each case it judges
+    records its own inputs beside)."""
+    return Provenance(pin_sha256=sha256(layout.pin_file), case_sha256="", patches={}, scripts={})
+
+
 def stamp(layout: Layout, measured: Provenance) -> Stamp:
     """The stamp of a result finished now, measured against `measured`."""
     command = shlex.join(["python", "-m", "hostsync", *sys.argv[1:]])

@@ -1,10 +1,11 @@
 """The records that cross the engine's modules, and the result files made of them.
 
 Each result kind (`ReproResult`, `TestPatchResult`, `ProfileResult`, `HuntResult`,
-`BenchResult`, ...) is a frozen dataclass, so its producer, its readers and its file agree on
-one shape. `to_json()` gives the document; `from_json(data)` checks the type of every field on
-the way in and raises `RecordError` naming the field (`runs[3].ranks: ...`), to which
-`results.read` adds the file. The schema version is written into every result file.
+`BenchResult`, `BisectResult`, `WatchResult`) is a frozen dataclass, so its producer, its readers
+and its file agree on one shape. `to_json()` gives the document; `from_json(data)` checks the
+type of every field on the way in and raises `RecordError` naming the field (`runs[3].ranks:
+...`), to which `results.read` adds the file. The schema version is written into every result
+file.
 
 What a case decides the shape of (the figures a rank script reports, a card's columns) stays
 JSON (`Json`); everything the engine itself reads is typed. Standard library only: this module
@@ -85,6 +86,21 @@ class TreeRole(StrEnum):
     PATCHED = "patched"
     FIXED = "fixed"
     RELEASE = "release"
+
+
+class Presence(StrEnum):
+    """Whether a release's source carries a site (see `hostsync.upstream.presence`): at the
+    place its rule names, only elsewhere in the package, not there though the code it lies in
+    is (absent), or not there because that code is not (missing: nothing a test could judge)."""
+
+    PRESENT = "present"
+    ELSEWHERE = "elsewhere"
+    ABSENT = "absent"
+    MISSING = "missing"
+
+    @property
+    def carried(self) -> bool:
+        return self in (Presence.PRESENT, Presence.ELSEWHERE)
 
 
 class UpstreamState(StrEnum):
@@ -751,7 +767,152 @@ class BenchResult(Result):
     runs: dict[str, Json] = field(default_factory=dict, metadata=OPTIONAL)
 
 
+# --- bisect and watch ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SiteLocation(Record):
+    """Where a release's source has a site: the file from the tree's top, the line, the
+    function it lies in (`Class.method`) and that line's code."""
+
+    file: str
+    line: int
+    function: str
+    code: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}" + (f" ({self.function})" if self.function else "")
+
+
+@dataclass(frozen=True)
+class Finding(Record):
+    """One site in one source tree: whether it is there, and where."""
+
+    presence: Presence
+    found: tuple[SiteLocation, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReleaseEvidence(Record):
+    """One release a bisect read: its sdist, the site's finding in it, and, where the case's
+    tests could be run on it (`--judge`), their checks."""
+
+    version: str
+    uploaded: str
+    sdist_sha256: str
+    finding: Finding = field(metadata=FLAT)
+    judged: tuple[CheckRecord, ...] = field(default=(), metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class CommitEvidence(Record):
+    commit: str
+    date: str
+    subject: str
+    presence: Presence
+
+
+class Change(StrEnum):
+    """What happened to a site between two releases."""
+
+    ADDED = "added"
+    REMOVED = "removed"
+
+
+@dataclass(frozen=True)
+class GitNarrowing(Record):
+    """The commits between two releases, the site's state changing between them (the
+    first-parent path of `older..newer`), bisected on presence down to the first commit in the
+    newer state, and the pull request that commit names."""
+
+    remote: str
+    older: str
+    newer: str
+    change: Change
+    commits: int
+    probed: tuple[CommitEvidence, ...]
+    first: CommitEvidence | None
+    pull_request: int | None
+    note: str = field(default="", metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class SiteHistory(Record):
+    """Since which release a site is there, and until which: the releases searched (final
+    ones with an sdist, oldest first), the one the search started from, the boundaries with
+    their neighbours, and every release read."""
+
+    project: str
+    site: AllowRule
+    searched: tuple[str, ...]
+    anchor: str
+    first: str
+    last: str
+    before_first: str | None
+    after_last: str | None
+    contiguous: bool
+    notes: tuple[str, ...]
+    releases: tuple[ReleaseEvidence, ...]
+    narrowed: tuple[GitNarrowing, ...] = field(default=(), metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class BisectResult(Result):
+    KIND: ClassVar[str] = "bisect"
+    index: str
+    sites: tuple[SiteHistory, ...]
+
+
+@dataclass(frozen=True)
+class ProjectWatch(Record):
+    """A project's newest release on the index against the release pin.toml installs, and
+    (asked for) the sites the hunt finds in the newest that it does not find in the pinned."""
+
+    project: str
+    pinned: str
+    newest: str
+    uploaded: str
+    newer: tuple[str, ...]
+    hunt: str = field(default="", metadata=OPTIONAL)
+    new_sites: tuple[HuntSite, ...] = field(default=(), metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class SiteWatch(Record):
+    project: str
+    version: str
+    site: AllowRule
+    finding: Finding = field(metadata=FLAT)
+
+
+@dataclass(frozen=True)
+class CaseWatch(Record):
+    """One case against the newest releases: each of its sites in the newest release of its
+    project, whether its series applies there, and (asked for) how its tests go there."""
+
+    case: str
+    project: str
+    pinned: str
+    newest: str
+    provenance: Provenance
+    fixed: str | None
+    sites: tuple[SiteWatch, ...]
+    series: str
+    tests: tuple[CheckRecord, ...] = field(default=(), metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class WatchResult(Result):
+    KIND: ClassVar[str] = "watch"
+    index: str
+    projects: tuple[ProjectWatch, ...]
+    cases: tuple[CaseWatch, ...]
+
+
 KINDS: dict[str, type[Result]] = {
     kind.KIND: kind
-    for kind in (ReproResult, TestPatchResult, ProfileResult, HuntResult, BenchResult)
-}
+    for kind in (
+        ReproResult, TestPatchResult, ProfileResult, HuntResult, BenchResult, BisectResult,
+        WatchResult,
+    )
+}  # fmt: skip

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -101,6 +102,18 @@ def latest(folder: Path, kind: type[Result]) -> Path | None:
     """The newest result of `kind` in `folder`, or None when none was written yet."""
     found = sorted(folder.glob(f"{kind.KIND}-[0-9]*.json"), key=_sort_key)
     return found[-1] if found else None
+
+
+def write_markdown(json_path: Path, kind: type[R], render: Callable[[R, Path], str]) -> list[Path]:
+    """A result's Markdown beside it (never overwritten), and `<kind>.md` in its folder from
+    the newest result of its kind, the report a reader opens first."""
+    beside = json_path.with_suffix(".md")
+    with beside.open("x") as out:
+        out.write(render(read(json_path, kind), json_path))
+    newest = latest(json_path.parent, kind)
+    stable = json_path.parent / f"{kind.KIND}.md"
+    stable.write_text(render(read(newest, kind), newest))
+    return [beside, stable]
 
 
 def attachments(path: Path) -> Path:

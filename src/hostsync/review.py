@@ -9,6 +9,7 @@ template), with every figure a query over the latest results:
     {{case:upstream.pull_request}}                          the case card
     {{series:added[path=tests/test_x.py].text}}             a file the series adds, whole
     {{snippet:code}}                                        the case's one-process snippet
+    {{bisect:sites[project=deepspeed].first}}              the first release with the site
 
 A path walks dicts by key and maps over lists; `[key=value,...]` keeps the list items that
 match. Reducers: first (the default), last, max, min, sum, count, join. Results measured against
@@ -40,12 +41,21 @@ from hostsync.cases import Case
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.options import add_case, case_layouts
-from hostsync.records import ProfileResult, ReproResult, Result, TestPatchResult, Verdict
+from hostsync.records import (
+    BisectResult,
+    ProfileResult,
+    ReproResult,
+    Result,
+    TestPatchResult,
+    Verdict,
+)
 from hostsync.upstream import patchqueue
 
 log = logging.getLogger(__name__)
 
 KINDS: tuple[type[Result], ...] = (ReproResult, TestPatchResult, ProfileResult)
+# Cited when the case has one; a draft that cites a figure none holds fails its self-check.
+OPTIONAL_KINDS: tuple[type[Result], ...] = (BisectResult,)
 REFERENCE = "reference"
 PLACEHOLDER = re.compile(r"\{\{\s*(?P<source>\w+):(?P<path>[^|}]+?)(?:\|(?P<reduce>\w+))?\s*\}\}")
 SEGMENT = re.compile(r"(?:'(?P<quoted>[^']*)'|(?P<name>[^.\[\]']+))(?:\[(?P<filters>[^\]]*)\])?\.?")
@@ -78,7 +88,8 @@ class Source:
 
 
 def latest_sources(layout: Layout, case: Case) -> dict[str, Source]:
-    """The newest result of each kind the drafts cite (a profile only where the card has one)."""
+    """The newest result of each kind the drafts cite (a profile only where the card has one,
+    a bisect where one was made)."""
     found = {}
     for kind in KINDS if case.profile else tuple(k for k in KINDS if k is not ProfileResult):
         path = results.latest(layout.profiles, kind)
@@ -87,15 +98,23 @@ def latest_sources(layout: Layout, case: Case) -> dict[str, Source]:
                 f"no {kind.KIND} result in profiles/{layout.case}/: run"
                 f" `nox -s {kind.KIND} -- --case {layout.case}` first"
             )
-        source = Source(kind.KIND, path, results.read(path, kind))
-        if source.result.stamp.case != layout.case:  # and its command is that case's: no rerun
-            raise WorkspaceError(
-                f"profiles/{layout.case}/{path.name} is a result of case"
-                f" {source.result.stamp.case}, not {layout.case}: move it to"
-                f" profiles/{source.result.stamp.case}/"
-            )
-        found[kind.KIND] = source
+        found[kind.KIND] = _source(layout, kind, path)
+    for kind in OPTIONAL_KINDS:
+        path = results.latest(layout.profiles, kind)
+        if path is not None:
+            found[kind.KIND] = _source(layout, kind, path)
     return found
+
+
+def _source(layout: Layout, kind: type[Result], path: Path) -> Source:
+    source = Source(kind.KIND, path, results.read(path, kind))
+    if source.result.stamp.case != layout.case:  # and its command is that case's: no rerun
+        raise WorkspaceError(
+            f"profiles/{layout.case}/{path.name} is a result of case"
+            f" {source.result.stamp.case}, not {layout.case}: move it to"
+            f" profiles/{source.result.stamp.case}/"
+        )
+    return source
 
 
 def refuse_unusable(layout: Layout, source: Source) -> None:
@@ -236,11 +255,15 @@ def documents(layout: Layout, case: Case, sources: dict[str, Source]) -> dict[st
         if patch.name not in case.card.tests.workspace_only
         for path, text in patchqueue.added_files(patch).items()
     ]
-    return {kind: source.data for kind, source in sources.items()} | {
-        "case": case.card.to_json(),
-        "snippet": {"code": snippet.read_text().rstrip() if snippet else None},
-        "series": {"added": added},
-    }
+    return (
+        {kind: source.data for kind, source in sources.items()}
+        | {kind.KIND: None for kind in OPTIONAL_KINDS if kind.KIND not in sources}
+        | {
+            "case": case.card.to_json(),
+            "snippet": {"code": snippet.read_text().rstrip() if snippet else None},
+            "series": {"added": added},
+        }
+    )
 
 
 # --- writing -------------------------------------------------------------------------------------
@@ -297,7 +320,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hostsync review",
         description="Write a case's upstream drafts into issue_drafts/<case>/, from the latest"
-        " repro, test_patch and profile results only.",
+        " repro, test_patch and profile results (and bisect, where there is one) only.",
     )
     add_case(parser)
     parser.add_argument(

@@ -41,11 +41,11 @@ class AllowRule:
 
     def matches(self, site: Site, caller: str = "") -> bool:
         return (
-            _suffix(site.file, self.file)
+            suffix_matches(site.file, self.file)
             and self.function in (None, site.function)
             and self.line in (None, site.line)
             and (self.code is None or self.code in site.code)
-            and (self.caller is None or _called_from(caller, self.caller))
+            and (self.caller is None or called_from(caller, self.caller))
         )
 
 
@@ -60,12 +60,13 @@ def require_reason(reason: str) -> None:
         raise ValueError("an allowed sync needs a reason: say why this sync is accepted")
 
 
-def _suffix(file: str, suffix: str) -> bool:
+def suffix_matches(file: str, suffix: str) -> bool:
+    """`file` is `suffix`, or ends with it after a `/`."""
     return file == suffix or file.endswith("/" + suffix)
 
 
-def _called_from(caller: str, wanted: str) -> bool:
+def called_from(caller: str, wanted: str) -> bool:
     """`wanted` is a function name, or a file suffix and a function: `a/b.py:step`."""
     file, _, function = caller.rpartition(":")
     wanted_file, _, wanted_function = wanted.rpartition(":")
-    return function == wanted_function and (not wanted_file or _suffix(file, wanted_file))
+    return function == wanted_function and (not wanted_file or suffix_matches(file, wanted_file))

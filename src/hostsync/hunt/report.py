@@ -278,17 +278,11 @@ def _tree_section(tree: HuntTree) -> list[str]:
 
 def write_reports(layout: Layout, json_path: Path) -> list[Path]:
     """The Markdown beside the result (never overwritten), and hunt.md from the newest result."""
-    beside = json_path.with_suffix(".md")
-    with beside.open("x") as out:
-        out.write(render_file(layout, json_path))
-    stable = layout.profiles / f"{HuntResult.KIND}.md"
-    stable.write_text(render_file(layout, results.latest(layout.profiles, HuntResult)))
-    return [beside, stable]
-
-
-def render_file(layout: Layout, json_path: Path) -> str:
-    result = results.read(json_path, HuntResult)
-    return render(result, str(json_path.relative_to(layout.root)))
+    return results.write_markdown(
+        json_path,
+        HuntResult,
+        lambda result, path: render(result, str(path.relative_to(layout.root))),
+    )
 
 
 def console_summary(trees: Sequence[HuntTree]) -> str:

@@ -101,6 +101,8 @@ def _failing_files(output: str) -> list[str]:
         r"^CONFLICT \([^)]*\): Merge conflict in (\S+)$",
         r"^error: (\S+): does not exist in index$",
         r"^error: (\S+): already exists in (?:index|working directory)$",
+        # A tree imported from an sdist holds no blob the patch was made against.
+        r"^error: invalid object \S+ \S+ for '(\S+)'$",
     )
     found = [m for p in patterns for m in re.findall(p, output, re.MULTILINE)]
     return sorted(set(found))

@@ -30,8 +30,13 @@ def release_for(case: Case, version: str) -> Release:
     for known in (case.pin, case.fixed):
         if known is not None and known.version == version:
             return known
-    tag = case.pin.tag.replace(case.pin.version, version)
+    tag = tag_format(case.pin).format(version=version)
     return Release(version=version, tag=tag, sdist=pypi_sdist(case.project, version))
+
+
+def tag_format(release: Release) -> str:
+    """How the project names its release tags, from one it names: `v{version}`."""
+    return release.tag.replace(release.version, "{version}")
 
 
 def materialise(layout: Layout, project: Project, release: Release, dest: Path,

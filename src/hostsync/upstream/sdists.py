@@ -17,8 +17,11 @@ import logging
 import os
 import tarfile
 import urllib.request
+from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
+
+from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
 
 from hostsync.cases import Sdist
 from hostsync.errors import WorkspaceError
@@ -115,8 +118,40 @@ def pypi_sdist(project: Project, version: str) -> Sdist:
     wanted = f"{project.name}-{version}.tar.gz"
     for entry in pypi_files(project):
         if entry["filename"] == wanted:
-            return Sdist(entry["url"], entry["size"], entry["hashes"]["sha256"])
+            return _sdist(entry)
     raise WorkspaceError(f"{index_url()} has no sdist {wanted}: check the version number")
+
+
+def _sdist(entry: dict) -> Sdist:
+    return Sdist(entry["url"], entry["size"], entry["hashes"]["sha256"])
+
+
+@dataclass(frozen=True)
+class Published:
+    """A final release on the index, with its sdist and the day it was uploaded ("" when the
+    index does not say)."""
+
+    version: str
+    sdist: Sdist
+    uploaded: str
+
+
+def published(project: Project) -> list[Published]:
+    """The project's final releases with a `.tar.gz` sdist, oldest first: pre-, dev- and
+    yanked releases are left out, as pip leaves them out of a plain install."""
+    found = {}
+    for entry in pypi_files(project):
+        if not entry["filename"].endswith(".tar.gz") or entry.get("yanked"):
+            continue
+        try:
+            name, version = parse_sdist_filename(entry["filename"])
+        except InvalidSdistFilename:
+            continue
+        if name == canonicalize_name(project.name) and not version.is_prerelease:
+            found[version] = Published(
+                str(version), _sdist(entry), entry.get("upload-time", "")[:10]
+            )
+    return [found[version] for version in sorted(found)]
 
 
 # The package index's simple API: PyPI, or a mirror or local index that serves its JSON form.

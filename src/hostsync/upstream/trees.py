@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from hostsync import cases, envs
+from hostsync.cases import Release
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.layout import Layout
@@ -50,6 +51,18 @@ def prepare_tree(layout: Layout, name: str) -> Tree:
     is upstream's fixed release and a version like `5.14.0` that release, as published.
     `+tests` applies only the test patches of the series on top, `+series` the whole series.
     """
+    tree, release = _checkout(layout, name)
+    python = envs.python_for(layout, tree.project, release, tree.root)
+    return dataclasses.replace(tree, python=python)
+
+
+def checkout_tree(layout: Layout, name: str) -> Tree:
+    """The tree `name` as `prepare_tree` makes it, without an environment: enough to read it,
+    or to learn whether the series applies (`PatchDoesNotApply` when it does not)."""
+    return _checkout(layout, name)[0]
+
+
+def _checkout(layout: Layout, name: str) -> tuple[Tree, Release]:
     case = cases.load(layout.root, layout.case)
     name = case.tree_name(name)
     base_name, _, extra = name.partition("+")
@@ -79,9 +92,7 @@ def prepare_tree(layout: Layout, name: str) -> Tree:
         origin += " + the case's patch series"
     if extra:
         origin += f" + {extra} patches: {', '.join(p.name for p in patches) or 'none'}"
-    made = Tree(name, role, root, release.version, rev(root, "HEAD"), origin, case.project)
-    python = envs.python_for(layout, case.project, release, root)
-    return dataclasses.replace(made, python=python)
+    return Tree(name, role, root, release.version, rev(root, "HEAD"), origin, case.project), release
 
 
 def prepare_trees(layout: Layout, names: list[str]) -> list[Tree]:

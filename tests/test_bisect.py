@@ -1,0 +1,292 @@
+"""Since when: releases built in the test and served on loopback, a git history with a planted
+regression, and the real command on them."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from local_index import make_sdist, serving
+
+from hostsync import bisect, cases
+from hostsync.bisect import Reader, Target, bisect_run, pull_request
+from hostsync.files import sha256
+from hostsync.layout import Layout
+from hostsync.projects import get
+from hostsync.records import Presence
+from hostsync.sites import AllowRule
+from hostsync.upstream import presence, sdists
+from hostsync.upstream.git import git
+
+from conftest import hostsync, make_workspace, one_line_error, own_downloads
+
+STAGE = "deepspeed/runtime/zero/stage_1_and_2.py"
+READ = "is_invalid_grad_norm(clip_norm)"
+
+UTILS = """
+    def is_invalid_grad_norm(norm):
+        return norm.isinf() or norm.isnan()
+"""
+# unscale_and_clip_grads before the guard (the clamp of DeepSpeed #5632), with it, and fixed.
+CLAMPED = """
+    import torch
+
+    from deepspeed.runtime.utils import is_invalid_grad_norm
+
+
+    class DeepSpeedZeroOptimizer:
+        def unscale_and_clip_grads(self, total_norm):
+            clip = (total_norm / self.loss_scale + 1e-6) / self.clip_grad
+            return torch.clamp(clip, min=1.0) * self.loss_scale
+"""
+GUARDED = CLAMPED.replace(
+    "            clip = (total_norm",
+    """            clip_norm = total_norm / self.loss_scale
+            if is_invalid_grad_norm(clip_norm):
+                clip_norm = torch.full_like(clip_norm, float("inf"))
+            clip = (total_norm""",
+)
+FIXED = CLAMPED.replace(
+    "            clip = (total_norm",
+    """            clip_norm = total_norm / self.loss_scale
+            clip_norm = torch.where(clip_norm.isfinite(), clip_norm, float("inf"))
+            clip = (total_norm""",
+)
+# A test that quotes the read in every release: the package alone is searched.
+QUOTING_TEST = f"def test_clip():\n    assert '{READ}'\n"
+
+
+def deepspeed_files(version: str, stage: str) -> dict[str, str]:
+    return {
+        "version.txt": f"{version}\n",
+        "deepspeed/__init__.py": "",
+        "deepspeed/runtime/utils.py": textwrap.dedent(UTILS),
+        STAGE: textwrap.dedent(stage),
+        "tests/unit/test_clip.py": QUOTING_TEST,
+    }
+
+
+def deepspeed_index(root: Path, stages: dict[str, str]) -> Path:
+    """A package index folder holding a DeepSpeed sdist per version, with `stages[version]`."""
+    for version, stage in stages.items():
+        make_sdist(root / "files" / "deepspeed", "deepspeed", version,
+                   deepspeed_files(version, stage))  # fmt: skip
+    return root
+
+
+# DeepSpeed's history as the test plants it: the guard comes in #42, between v0.2.0 and v0.3.0,
+# and leaves again in #50, in v0.5.0.
+HISTORY = (
+    ("Initial import", CLAMPED, "0.1.0"),
+    ("Tidy the optimizer (#10)", CLAMPED.replace("clip =", "clip  ="), "0.2.0"),
+    ("Document clipping (#11)", CLAMPED.replace("clip  =", "clip ="), None),
+    ("Guard the clip norm (#42)", GUARDED, None),
+    ("Log the loss scale (#43)", GUARDED + "\n\n# the loss scale is logged\n", "0.3.0"),
+    ("Merge pull request #44 from someone/loader", GUARDED, "0.4.0"),
+    ("Choose the clip on the device (#50)", FIXED, "0.5.0"),
+)
+
+
+@pytest.fixture
+def planted(tmp_path: Path) -> tuple[Path, Path]:
+    """The git repository of HISTORY with its release tags, and an index of its releases."""
+    repo = tmp_path / "deepspeed.git"
+    repo.mkdir()
+    git(repo, "init", "--quiet", "--initial-branch=master")
+    index = tmp_path / "index"
+    for number, (subject, stage, version) in enumerate(HISTORY):
+        files = deepspeed_files(version or "0.0.0", stage)
+        for path, text in files.items():
+            (repo / path).parent.mkdir(parents=True, exist_ok=True)
+            (repo / path).write_text(text)
+        date = f"@{1_700_000_000 + 86400 * number} +0000"
+        git(repo, "add", "--all")
+        git(repo, "commit", "--quiet", "--allow-empty", "-m", subject,
+            env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
+        if version:
+            git(repo, "tag", f"v{version}")
+            make_sdist(index / "files" / "deepspeed", "deepspeed", version, files)
+    return repo, index
+
+
+def history_of(result_path: Path) -> dict:
+    (site,) = json.loads(result_path.read_text())["sites"]
+    return site
+
+
+# --- the search ----------------------------------------------------------------------------------
+
+
+def run_between(first: int, last: int, read: list[int]):
+    def carried(index: int) -> bool:
+        read.append(index)
+        return first <= index <= last
+
+    return carried
+
+
+def test_bisecting_finds_both_ends_of_every_run_in_few_reads() -> None:
+    for count in range(1, 13):
+        for first, last in itertools.combinations_with_replacement(range(count), 2):
+            for anchor in range(first, last + 1):
+                read: list[int] = []
+
+                assert bisect_run(count, anchor, run_between(first, last, read)) == (first, last)
+                assert len(read) <= 2 * count.bit_length()
+
+
+@pytest.mark.parametrize(
+    ("subject", "number"),
+    [
+        ("Guard the clip norm (#42)", 42),
+        ("Merge pull request #7816 from deepspeedai/fix", 7816),
+        ("Fix #12 in the docs", None),
+        ("Guard the clip norm", None),
+    ],
+)
+def test_the_pull_request_is_read_from_the_subject(subject: str, number: int | None) -> None:
+    assert pull_request(subject) == number
+
+
+def test_the_package_alone_is_searched_and_code_that_moved_is_found(tmp_path: Path) -> None:
+    deepspeed = get("deepspeed")
+    moved = deepspeed_files("0.6.0", CLAMPED) | {"deepspeed/runtime/zero/clip.py":
+                                                  textwrap.dedent(GUARDED)}  # fmt: skip
+    deepspeed_index(tmp_path / "index", {"0.1.0": CLAMPED})
+    make_sdist(tmp_path / "index" / "files" / "deepspeed", "deepspeed", "0.6.0", moved)
+    layout = Layout(tmp_path / "workspace")
+    site = AllowRule(STAGE, "asked", code=READ)
+    sources = {}
+    for version in ("0.1.0", "0.6.0"):
+        archive = tmp_path / "index" / "files" / "deepspeed" / f"deepspeed-{version}.tar.gz"
+        sdist = cases.Sdist(archive.as_uri(), archive.stat().st_size, sha256(archive))
+        sources[version] = presence.sdist_sources(layout, sdist, deepspeed)
+
+    assert all("tests/unit/test_clip.py" not in found for found in sources.values())
+    assert presence.locate(site, sources["0.1.0"], deepspeed).presence == Presence.ABSENT
+    found = presence.locate(site, sources["0.6.0"], deepspeed)
+    assert found.presence == Presence.ELSEWHERE
+    (where,) = found.found
+    assert (where.file, where.function) == (
+        "deepspeed/runtime/zero/clip.py",
+        "DeepSpeedZeroOptimizer.unscale_and_clip_grads",
+    )
+    assert where.code == f"if {READ}:"
+    # Named in its function, which is still in place without it: the site is gone from there.
+    in_place = AllowRule(STAGE, "asked", function="unscale_and_clip_grads", code=READ)
+    assert presence.locate(in_place, sources["0.6.0"], deepspeed).presence == Presence.ABSENT
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+def test_a_cases_site_is_found_since_the_release_that_added_it(tmp_path: Path) -> None:
+    """ds-clip-norm's own card: a read in a shared helper, counted where the clip calls it."""
+    layout = own_downloads(make_workspace(tmp_path / "workspace")).for_case("ds-clip-norm")
+    stages = {"0.19.5": CLAMPED, "0.19.6": CLAMPED, "0.19.7": CLAMPED, "0.19.8": GUARDED}
+    with serving(deepspeed_index(tmp_path / "index", stages)) as url:
+        done = hostsync(layout, "bisect", "--case", "ds-clip-norm", "--since", "0.19.6",
+                        env_extra={sdists.INDEX_ENV: url})  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    (path,) = layout.profiles.glob("bisect-*.json")
+    site = history_of(path)
+    assert (site["first"], site["last"], site["before_first"], site["after_last"]) == (
+        "0.19.8", "0.19.8", "0.19.7", None,
+    )  # fmt: skip
+    assert site["searched"] == ["0.19.6", "0.19.7", "0.19.8"]
+    assert site["contiguous"] is True
+    evidence = {release["version"]: release for release in site["releases"]}
+    assert evidence["0.19.7"]["presence"] == "absent"
+    (where,) = evidence["0.19.8"]["found"]
+    assert (where["file"], where["line"], where["code"]) == (STAGE, 10, f"if {READ}:")
+    assert where["function"] == "DeepSpeedZeroOptimizer.unscale_and_clip_grads"
+    assert (layout.cache / "sdists" / "deepspeed-0.19.8.tar.gz.verified").exists()
+    report = (layout.profiles / "bisect.md").read_text()
+    assert "There since deepspeed 0.19.8" in report and "0.19.7 does not have it" in report
+
+
+def test_a_site_named_on_the_command_line_is_narrowed_to_the_commits_and_pull_requests(
+    tmp_path: Path, planted: tuple[Path, Path]
+) -> None:
+    repo, index = planted
+    layout = own_downloads(make_workspace(tmp_path / "workspace"))
+    with serving(index) as url:
+        done = hostsync(layout, "bisect", "--project", "deepspeed", "--file", STAGE, "--code",
+                        READ, "--anchor", "0.4.0", "--remote", str(repo),
+                        env_extra={sdists.INDEX_ENV: url})  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    (path,) = layout.sites.glob("bisect-*.json")
+    site = history_of(path)
+    assert (site["first"], site["last"], site["before_first"], site["after_last"]) == (
+        "0.3.0", "0.4.0", "0.2.0", "0.5.0",
+    )  # fmt: skip
+    added, removed = site["narrowed"]
+    assert (added["older"], added["newer"], added["change"], added["commits"]) == (
+        "v0.2.0", "v0.3.0", "added", 3,
+    )  # fmt: skip
+    assert added["first"]["subject"] == "Guard the clip norm (#42)"
+    assert added["first"]["commit"] == git(repo, "rev-parse", "v0.3.0~1").stdout.strip()
+    assert added["pull_request"] == 42
+    assert (removed["older"], removed["newer"], removed["change"]) == (
+        "v0.4.0", "v0.5.0", "removed",
+    )  # fmt: skip
+    assert (removed["first"]["subject"], removed["pull_request"]) == (
+        "Choose the clip on the device (#50)", 50,
+    )  # fmt: skip
+    report = (layout.sites / "bisect.md").read_text()
+    assert "the site was added by" in report and "pull request #42" in report
+    assert "the site was removed by" in report and "pull request #50" in report
+    assert "(#42)" in done.stdout
+
+
+def test_a_site_that_came_and_went_is_noticed(tmp_path: Path, monkeypatch) -> None:
+    stages = {"0.1.0": CLAMPED, "0.2.0": GUARDED, "0.3.0": CLAMPED, "0.4.0": GUARDED,
+              "0.5.0": GUARDED}  # fmt: skip
+    site = AllowRule(STAGE, "asked", code=READ)
+    target = Target(site, get("deepspeed"), None)
+    with serving(deepspeed_index(tmp_path / "index", stages)) as url:
+        monkeypatch.setenv(sdists.INDEX_ENV, url)
+        reader = Reader(Layout(tmp_path / "workspace"), [target], get("deepspeed"))
+        found = bisect.history(reader, target)
+
+    assert (found.first, found.last, found.contiguous) == ("0.2.0", "0.5.0", False)
+    assert any(
+        note.startswith("0.3.0 lacks the site though it lies inside") for note in found.notes
+    )
+
+
+def test_a_start_without_the_site_is_refused_in_one_line(tmp_path: Path) -> None:
+    layout = own_downloads(make_workspace(tmp_path / "workspace"))
+    with serving(deepspeed_index(tmp_path / "index", {"0.1.0": CLAMPED, "0.2.0": FIXED})) as url:
+        done = hostsync(layout, "bisect", "--project", "deepspeed", "--file", STAGE, "--code",
+                        READ, env_extra={sdists.INDEX_ENV: url})  # fmt: skip
+
+    line = one_line_error(done)
+    assert "deepspeed 0.2.0 does not carry" in line and "with --anchor" in line
+    assert not layout.sites.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        (["--project", "deepspeed", "--file", STAGE], "--project needs --file and --code"),
+        (["--code", READ], "name a site of --project: add it"),
+        (["--case", "sp-loss", "--project", "deepspeed"], "give one of them"),
+        (["--case", "sp-loss", "--since", "five"], "--since 'five' is no version"),
+        (["--case", "sp-loss", "--tag-format", "release"], "has no {version}"),
+        (["--case", "sp-loss", "--remote", "/"], "--remote / is no git repository"),
+        (["--case", "sp-loss", "--remote", "/nowhere"], "--remote /nowhere is no git repository"),
+    ],
+)
+def test_a_bisect_asked_wrongly_is_refused_before_any_download(
+    workspace: Layout, argv: list[str], complaint: str
+) -> None:
+    line = one_line_error(hostsync(workspace, "bisect", *argv))
+
+    assert complaint in line
+    assert not (workspace.root / "profiles" / "sites").exists()
