@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, results, review
+from hostsync import cases, drafts, results, review
 from hostsync.cases import load as load_case
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
@@ -22,6 +22,7 @@ Host reads per step on transformers {{repro:trees.pinned.version}}: \
 {{repro:runs[tree=pinned,ranks=2].host_syncs}} at {{repro:runs[tree=pinned,ranks=2].ranks}} ranks, \
 {{repro:runs[tree=pinned,ranks=4].host_syncs}} at {{repro:runs[tree=pinned,ranks=4].ranks}}; \
 with the fix {{repro:runs[tree=patched].host_syncs|max}}.
+
 Red on the release: {{test_patch:checks[label=pinned+tests].tests[outcome=failed].message}}
 ```
 {{repro:snippet.output.pinned}}
@@ -67,7 +68,7 @@ def test_drafts_are_filled_from_the_results(drafted: Layout) -> None:
 
     assert path == drafted.root / "issue_drafts" / "sp-loss" / "issue.md"
     assert path.read_text() == (
-        "Host reads per step on transformers 5.13.1: 3 at 2 ranks, 5 at 4; with the fix 0.\n"
+        "Host reads per step on transformers 5.13.1: 3 at 2 ranks, 5 at 4; with the fix 0.\n\n"
         "Red on the release: AssertionError: 3 != 0\n"
         "```\ntransformers 5.13.1: 2 host syncs\n```\n"
     )
@@ -80,8 +81,8 @@ def test_drafts_are_filled_from_the_results(drafted: Layout) -> None:
          "would say 'not measured'"),
         ("With the fix, 3 fewer reads.\n", "issue.md", r"types the figure\(s\) 3 by hand"),
         ("Run `nox -s repro` to see it.\n", "issue.md", "a word of this workspace"),
-        ("{{repro:trees.pinned.version}}\n" * 31, "comment.md", "over the 30 of a comment"),
-        ("word " * 30 + "\n", "issue.md", "prose lines over 100 characters"),
+        ("{{repro:trees.pinned.version}}\n\n" * 16, "comment.md", "over the 30 of a comment"),
+        ("```python\n" + "pass\n" * 31 + "```\n", "issue.md", "code block of 31 lines"),
         ("Fine.\n", "notes.md", "name a draft template after what it drafts"),
     ],
 )  # fmt: skip
@@ -94,6 +95,29 @@ def test_a_draft_upstream_should_not_get_is_refused_before_anything_is_written(
         review.review(drafted)
 
     assert not drafted.issue_drafts.exists()
+
+
+def test_filled_paragraphs_are_rewrapped_and_nothing_else_is() -> None:
+    verbatim = "```\nkeep\nthis\n```\n| a | b |\n| - | - |\n<!-- note\nkept -->\n"
+    text = (
+        "---\nname: Bug\nabout: a\n---\n\nA line\nthat was short.\n\n- an item\n  continued\n"
+        + verbatim
+        + "word " * 30
+        + "\n"
+        + drafts.TEMPLATE_MARK
+        + "\nthe\nproject's\n"
+    )
+
+    assert drafts.reflow(text) == (
+        "---\nname: Bug\nabout: a\n---\n\nA line that was short.\n\n- an item continued\n"
+        + verbatim
+        + ("word " * 20).strip()
+        + "\n"
+        + ("word " * 10).strip()
+        + "\n"
+        + drafts.TEMPLATE_MARK
+        + "\nthe\nproject's\n"
+    )
 
 
 def test_the_same_results_give_byte_identical_drafts(drafted: Layout) -> None:
@@ -147,12 +171,11 @@ def test_the_reference_set_changes_only_when_asked(drafted: Layout) -> None:
 def test_the_committed_templates_use_only_known_sources_and_reducers(case: str) -> None:
     """Every placeholder of every committed template parses and names a known source."""
     layout = Layout(ROOT, case)
-    sources = {"repro", "test_patch", "profile", "case", "snippet", "series"}
     for template in review.templates(layout):
         found = list(review.PLACEHOLDER.finditer(template.read_text()))
         assert found, f"{template.name} cites no result"
         for match in found:
-            assert match["source"] in sources, (template.name, match[0])
+            assert match["source"] in review.SOURCES, (template.name, match[0])
             assert (match["reduce"] or "first") in review.REDUCERS, (template.name, match[0])
             review.segments(match["path"].strip())
 

@@ -1,10 +1,11 @@
 """What a draft sent upstream must be: short, in the project's form, about what was measured.
 
-Busy maintainers close what reads machine-written, so `review` checks every draft before it
-writes it, and refuses in one line:
-- over its length: an issue or a PR description at most 40 lines (a PR's own text: the project's
-  template, after the `TEMPLATE_MARK` comment, does not count), a comment at most 30;
-- prose lines over `MAX_PROSE` characters (tables and code blocks are what they are);
+Busy maintainers close what reads machine-written, so `review` rewraps the paragraphs filled
+placeholders left ragged (`reflow`, at `MAX_PROSE` columns), checks every draft before it writes
+it, and refuses in one line:
+- over its length: an issue or a PR description at most 40 lines of text (a PR's own text: the
+  project's template, after the `TEMPLATE_MARK` comment, does not count), a comment at most 30;
+  a code block, the reproducer a maintainer runs, at most `MAX_CODE_LINES` lines;
 - a word of this workspace: its commands, folders and paths mean nothing upstream;
 - a figure typed into the template instead of taken from a result, or one no result holds.
 The identity a patch is sent with is checked by `outbox`, with `placeholder_identity`.
@@ -13,6 +14,7 @@ The identity a patch is sent with is checked by `outbox`, with `placeholder_iden
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 from hostsync.errors import WorkspaceError
@@ -21,6 +23,7 @@ from hostsync.errors import WorkspaceError
 TEMPLATE_MARK = "<!-- the project's template -->"
 LIMITS = {"issue": 40, "pr": 40, "comment": 30, "review-comment": 30}
 MAX_PROSE = 100
+MAX_CODE_LINES = 30
 NOT_MEASURED = "not measured"
 WORKSPACE = re.compile(
     r"hostsync|\bnox\b|issue_drafts|\bprofiles/|\bwork/|\brepro/|\bpatches/|/tmp/|/root/"
@@ -33,6 +36,8 @@ HAND_TYPED = re.compile(r"(?<![\w.#/+\-:])\d+(?:\.\d+)?(?![\w./%+\-:])")
 _NOT_PROSE = re.compile(
     r"\{\{.*?\}\}|```.*?```|`[^`\n]*`|\]\([^)]*\)|<!--.*?-->|\bZeRO[ -]\d", re.DOTALL
 )
+_CODE = re.compile(r"```.*?```", re.DOTALL)
+_LIST_ITEM = re.compile(r"\s*(?:[-*]|\d+\.) ")
 _PLACEHOLDER_IDENTITY = re.compile(
     r"@example\.(?:com|org|net)\b|@localhost\b|^hostsync\b|\bcontributor@", re.IGNORECASE
 )
@@ -62,11 +67,17 @@ def check_template(template: Path, text: str) -> None:
 def check_draft(name: str, draft_kind: str, text: str) -> None:
     """Refuse a filled draft that upstream should not get: see the module's docstring."""
     own = text.split(TEMPLATE_MARK, 1)[0]
-    lines = own.rstrip("\n").splitlines()
+    lines = _without_code(own).rstrip("\n").splitlines()
     if len(lines) > LIMITS[draft_kind]:
         raise WorkspaceError(
-            f"{name} has {len(lines)} lines, over the {LIMITS[draft_kind]} of a {draft_kind}:"
-            " cut it to what a maintainer needs to act"
+            f"{name} has {len(lines)} lines besides its code, over the {LIMITS[draft_kind]} of a"
+            f" {draft_kind}: cut it to what a maintainer needs to act"
+        )
+    longest = max((block.count("\n") - 1 for block in _CODE.findall(own)), default=0)
+    if longest > MAX_CODE_LINES:
+        raise WorkspaceError(
+            f"{name} has a code block of {longest} lines, over {MAX_CODE_LINES}: cut the"
+            " reproducer to what shows the read"
         )
     if NOT_MEASURED in text:
         raise WorkspaceError(
@@ -79,12 +90,47 @@ def check_draft(name: str, draft_kind: str, text: str) -> None:
             f"{name} says {found[0]!r}, a word of this workspace: upstream reads the project's"
             " words only"
         )
-    long = [n for n, line in enumerate(_prose_lines(own), start=1) if len(line) > MAX_PROSE]
-    if long:
-        raise WorkspaceError(
-            f"{name} has prose lines over {MAX_PROSE} characters (line {long[0]} of its prose):"
-            " wrap the template's paragraphs"
-        )
+
+
+def reflow(text: str) -> str:
+    """Rewrap the paragraphs and list items that filled placeholders left ragged, at
+    `MAX_PROSE` columns. Front matter, headings, code, tables, comments and the project's own
+    template (after `TEMPLATE_MARK`) stay as written."""
+    own, mark, rest = text.partition(TEMPLATE_MARK)
+    out: list[str] = []
+    block: list[str] = []
+    verbatim_until = "---" if own.startswith("---\n") else None
+
+    def flush() -> None:
+        if block:
+            item = _LIST_ITEM.match(block[0])
+            indent = " " * (item.end() if item else 0)
+            words = " ".join(line.strip() for line in block)
+            out.extend(textwrap.wrap(words, MAX_PROSE, subsequent_indent=indent,
+                                     break_long_words=False, break_on_hyphens=False))  # fmt: skip
+            block.clear()
+
+    for n, line in enumerate(own.splitlines()):
+        stripped = line.strip()
+        if verbatim_until is not None:
+            out.append(line)
+            if n > 0 and stripped.endswith(verbatim_until):
+                verbatim_until = None
+            continue
+        if stripped.startswith("```") or (stripped.startswith("<!--") and "-->" not in stripped):
+            flush()
+            out.append(line)
+            verbatim_until = "```" if stripped.startswith("```") else "-->"
+            continue
+        if not stripped or stripped.startswith(("#", "|", ">", "<!--")):
+            flush()
+            out.append(line)
+            continue
+        if _LIST_ITEM.match(line):
+            flush()
+        block.append(line)
+    flush()
+    return "\n".join(out) + "\n" + mark + rest if mark else "\n".join(out) + "\n"
 
 
 def placeholder_identity(identity: str) -> bool:
@@ -93,12 +139,4 @@ def placeholder_identity(identity: str) -> bool:
 
 
 def _without_code(text: str) -> str:
-    return re.sub(r"```.*?```", " ", text, flags=re.DOTALL)
-
-
-def _prose_lines(text: str) -> list[str]:
-    """The lines of `text` outside code blocks, tables and HTML comments, inline code counted
-    as one word (a quoted message or name is as long as it is)."""
-    text = re.sub(r"```.*?```|<!--.*?-->", "", text, flags=re.DOTALL)
-    text = re.sub(r"`[^`\n]*`", "`code`", text)
-    return [line for line in text.splitlines() if not line.lstrip().startswith("|")]
+    return _CODE.sub(" ", text)

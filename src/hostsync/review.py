@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 KINDS: tuple[type[Result], ...] = (ReproResult, TestPatchResult, ProfileResult)
 # Cited when the case has one; a draft that cites a figure none holds fails its self-check.
 OPTIONAL_KINDS: tuple[type[Result], ...] = (BisectResult,)
+# What a placeholder can cite: the results above, the card, the snippet, the series' new files.
+SOURCES = (*(kind.KIND for kind in KINDS + OPTIONAL_KINDS), "case", "snippet", "series")
 REFERENCE = "reference"
 PLACEHOLDER = re.compile(r"\{\{\s*(?P<source>\w+):(?P<path>[^|}]+?)(?:\|(?P<reduce>\w+))?\s*\}\}")
 SEGMENT = re.compile(r"(?:'(?P<quoted>[^']*)'|(?P<name>[^.\[\]']+))(?:\[(?P<filters>[^\]]*)\])?\.?")
@@ -305,7 +307,7 @@ def review(layout: Layout, rerun: bool = False, refresh: bool = False) -> list[P
     for template in templates(layout):
         text = template.read_text()
         drafts.check_template(template, text)
-        filled[template.name] = fill(text, found)
+        filled[template.name] = drafts.reflow(fill(text, found))
         drafts.check_draft(template.name, drafts.kind(template), filled[template.name])
     layout.issue_drafts.mkdir(parents=True, exist_ok=True)
     written = []
