@@ -367,6 +367,17 @@ class Environment(Record):
         return {"python": self.python, **self.packages}
 
 
+@dataclass(frozen=True)
+class NodeShare(Record):
+    """Per-node provenance of a world run across nodes: which node, on which host, ran which of
+    its ranks (global RANKs: torchrun's c10d rendezvous orders the nodes itself)."""
+
+    world: str
+    node_rank: int
+    host: str
+    ranks: tuple[int, ...]
+
+
 # --- repro ---------------------------------------------------------------------------------------
 
 
@@ -474,6 +485,7 @@ class ReproResult(Result):
     runs: tuple[RunRow, ...]
     comparisons: tuple[Comparison, ...]
     trainer: tuple[TrainerComparison, ...] = field(default=(), metadata=OPTIONAL)
+    nodes: tuple[NodeShare, ...] = field(default=(), metadata=OPTIONAL)
 
 
 # --- test_patch ----------------------------------------------------------------------------------
@@ -683,6 +695,7 @@ class HuntTree(Record):
     profiler_only: tuple[ProfilerOnly, ...] = ()
     cross_check: tuple[CrossCheck, ...] = ()
     ranks: tuple[Json, ...] = ()
+    nodes: tuple[NodeShare, ...] = field(default=(), metadata=OPTIONAL)
 
     @property
     def measured(self) -> bool:
