@@ -556,12 +556,16 @@ class StepFigures(Record):
 
 @dataclass(frozen=True)
 class NsysFigures(Record):
-    """What `nsys stats` reports of the measured ranges, per step over all ranks."""
+    """What `nsys stats` reports inside the measured ranges, per step (the largest over ranks of
+    each rank's mean, as `StepFigures`); `ranges`: the measured ranges it saw over all ranks,
+    `steps`: the most of one rank."""
 
     cuda_calls: dict[str, float]
     dtoh_copies: float
-    dtoh_mb_total: float
-    range_ms: float = 0.0
+    dtoh_bytes: float
+    range_ms: float
+    ranges: int
+    steps: int
 
 
 @dataclass(frozen=True)
@@ -580,6 +584,8 @@ class Capture(Record):
     artifacts: tuple[str, ...]
     per_step: StepFigures | None = field(default=None, metadata=OPTIONAL)
     nsys: NsysFigures | None = field(default=None, metadata=OPTIONAL)
+    nsys_version: str | None = field(default=None, metadata=OPTIONAL)
+    nodes: tuple[NodeShare, ...] = field(default=(), metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)

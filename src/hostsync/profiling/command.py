@@ -12,7 +12,17 @@ from hostsync import cases, devices, locks, provenance, table
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.layout import Layout
-from hostsync.options import ALL_CASES, add_case, add_device, add_timeout, case_layouts, comma_list
+from hostsync.nodes import SINGLE, NodeLayout, clear_stale
+from hostsync.options import (
+    ALL_CASES,
+    add_case,
+    add_device,
+    add_nodes,
+    add_timeout,
+    case_layouts,
+    comma_list,
+    node_layout,
+)
 from hostsync.profiling.capture import (
     ProfileSettings,
     capture_with_fallback,
@@ -46,10 +56,12 @@ def parser() -> argparse.ArgumentParser:
         help="auto: nsys when it is on the PATH and the ranks have GPUs",
     )
     add_timeout(parser, "one profiled launch")
+    add_nodes(parser)
     return parser
 
 
-def settings_for(layout: Layout, args: argparse.Namespace) -> ProfileSettings | None:
+def settings_for(layout: Layout, args: argparse.Namespace,
+                 nodes: NodeLayout = SINGLE) -> ProfileSettings | None:  # fmt: skip
     """The case's settings, checked before anything runs; None for a case without a profile
     under `--case all`."""
     case = cases.load(layout.root, layout.case)
@@ -62,15 +74,18 @@ def settings_for(layout: Layout, args: argparse.Namespace) -> ProfileSettings | 
     if scenario not in case.scenarios:
         raise WorkspaceError(f"--scenario {scenario}: choose one of {', '.join(case.scenarios)}")
     names = tuple(comma_list(args.trees, "--trees") if args.trees else case.trees)
+    nodes.per_node(case.profile.ranks, f"{case.name}'s profile")
     return ProfileSettings(case, names, scenario, args.warmup, args.steps, args.device,
-                           args.profiler, args.timeout)  # fmt: skip
+                           args.profiler, args.timeout, nodes)  # fmt: skip
 
 
 def profile_case(layout: Layout, settings: ProfileSettings) -> None:
     case = settings.case
     measured_against = provenance.inputs(layout)
     trees = prepare_trees(layout, list(settings.trees))
-    device = devices.resolve_device(settings.device, settings.ranks, trees[0].python)
+    device = devices.resolve_device(
+        settings.device, settings.nodes.ranks_here(settings.ranks), trees[0].python
+    )
     # What `auto` resolved to on this machine, for the captures.
     settings = replace(settings, device=device, profiler=choose_profiler(settings.profiler, device))
     notes = [
@@ -81,6 +96,10 @@ def profile_case(layout: Layout, settings: ProfileSettings) -> None:
     staging = layout.new_run_dir("profile")
     (staging / "artifacts").mkdir()
     captures = [capture_with_fallback(layout, tree, staging, settings, notes) for tree in trees]
+    if not settings.nodes.writes_results:
+        shutil.rmtree(staging)
+        print(f"node {settings.nodes.rank}: node 0 writes the profile", file=sys.stderr)
+        return
     snippet = layout.repro / case.profile.snippet if case.profile.snippet else None
     outputs = {
         tree.label: run_snippet(layout, case, tree, staging / f"snippet-{tree.label}", device)
@@ -114,7 +133,9 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.warmup < 1 or args.steps < 1:
         raise WorkspaceError("--warmup and --steps must be at least 1: the first step is slow")
-    chosen = [(layout, settings_for(layout, args)) for layout in case_layouts(args.case)]
+    nodes = node_layout(args)
+    chosen = [(layout, settings_for(layout, args, nodes)) for layout in case_layouts(args.case)]
+    clear_stale(nodes)
     for layout, settings in chosen:
         if settings is not None:
             with locks.case(layout):
