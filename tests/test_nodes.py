@@ -3,13 +3,16 @@ pooled results, and the loss case on two nodes (both agents on this machine) aga
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from hostsync import cases, nodes, repro
+from hostsync import cases, locks, nodes, repro
 from hostsync.errors import WorkspaceError
 from hostsync.launchers import Run, Start, World, torchrun_command
 from hostsync.layout import Layout
@@ -162,6 +165,39 @@ def test_a_node_that_failed_ran_something_else_or_never_came_is_named(tmp_path: 
     nodes.leave_share(alone, 0, tmp_path)
     with pytest.raises(WorkspaceError, match="node 1 of 2 left no results"):
         nodes.gather(alone, layout, tmp_path)
+
+
+def test_node_0_prepares_first_and_the_others_wait_for_it(tmp_path: Path) -> None:
+    """On a shared filesystem two nodes preparing the same trees at once would collide."""
+    node_0 = NodeLayout(2, 0, "h:1", tmp_path, "job")
+    node_1 = dataclasses.replace(node_0, rank=1, shares=tmp_path)
+    with pytest.raises(WorkspaceError, match="node 0 did not finish trees within 0 s"):
+        nodes.node_0_first(node_1, "trees", 0.3, lambda: "prepared")
+
+    assert nodes.node_0_first(node_0, "trees", 1, lambda: "prepared by 0") == "prepared by 0"
+    assert nodes.node_0_first(node_1, "trees", 1, lambda: "found by 1") == "found by 1"
+
+
+LOCK = """
+import sys
+from pathlib import Path
+from hostsync import locks
+from hostsync.layout import Layout
+with locks.case(Layout(Path(sys.argv[1]), "sp-loss"), node=int(sys.argv[2])):
+    pass
+"""
+
+
+def test_each_nodes_command_holds_a_lock_of_its_own(workspace: Layout) -> None:
+    """Node 1's command on a shared workspace beside node 0's; a second node 0 is refused."""
+
+    def lock_elsewhere(node: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", LOCK, str(workspace.root), str(node)],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    with locks.case(workspace):
+        assert lock_elsewhere(1).returncode == 0
+        assert "case sp-loss is in use by" in lock_elsewhere(0).stderr
 
 
 # --- the loss case on two nodes ------------------------------------------------------------------

@@ -25,9 +25,10 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from hostsync.errors import WorkspaceError
 from hostsync.records import NodeShare
@@ -180,6 +181,31 @@ def clear_stale(nodes: NodeLayout) -> None:
     anything of this one yet, since its first world needs node 0's agent to start."""
     if nodes.spans_nodes and nodes.rank == 0 and nodes.shares:
         shutil.rmtree(nodes.shares / nodes.run_id, ignore_errors=True)
+
+
+T = TypeVar("T")
+
+
+def node_0_first(nodes: NodeLayout, what: str, timeout: float, work: Callable[[], T]) -> T:
+    """`work` (preparing the trees, say) on node 0 first, then on the others: on a shared
+    filesystem they find it done rather than doing it at the same time in the same folders."""
+    if not nodes.spans_nodes or nodes.on_this_machine:
+        return work()
+    done = nodes.shares / nodes.run_id / f"{what}.done"
+    if nodes.rank == 0:
+        found = work()
+        done.parent.mkdir(parents=True, exist_ok=True)
+        done.touch()
+        return found
+    deadline = time.monotonic() + timeout
+    while not done.exists():
+        if time.monotonic() > deadline:
+            raise WorkspaceError(
+                f"node 0 did not finish {what} within {timeout:.0f} s (no {done}): start it"
+                " with the same command, --node-results on a filesystem every node shares"
+            )
+        time.sleep(_POLL_S)
+    return work()
 
 
 def leave_share(pool: Pool, node: int, folder: Path, failure: str | None = None) -> None:

@@ -34,7 +34,7 @@ from hostsync.cases import Case, Launch
 from hostsync.errors import WorkspaceError
 from hostsync.launchers import Run, RunFailed, Start, World
 from hostsync.layout import Layout
-from hostsync.nodes import SINGLE, NodeLayout, clear_stale, shares_of
+from hostsync.nodes import SINGLE, NodeLayout, clear_stale, node_0_first, shares_of
 from hostsync.options import (
     add_case,
     add_device,
@@ -354,7 +354,9 @@ def repro_case(layout: Layout, settings: ReproSettings) -> ReproResult:
     only_ranks = parse_ranks(case, settings.ranks)
     check_nodes(case, settings, scenarios, only_ranks)
     measured_against = provenance.inputs(layout)
-    trees = prepare_trees(layout, list(settings.trees or case.trees))
+    names = list(settings.trees or case.trees)
+    trees = node_0_first(settings.nodes, f"trees of {case.name}", settings.timeout,
+                         lambda: prepare_trees(layout, names))  # fmt: skip
     measured = measure(
         layout, case, trees, scenarios, device=settings.device, timeout=settings.timeout,
         only_ranks=only_ranks, nodes=settings.nodes,
@@ -449,7 +451,7 @@ def main(argv: list[str]) -> int:
     )
     clear_stale(settings.nodes)
     for layout in case_layouts(args.case):
-        with locks.case(layout):
+        with locks.case(layout, settings.nodes.rank):
             result = repro_case(layout, settings)
             case = cases.load(layout.root, layout.case)
             print(f"case {case.name}: {case.title}")

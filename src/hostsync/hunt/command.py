@@ -15,7 +15,7 @@ from hostsync.hunt.measure import LOGGING_STEPS, hunt_plan, hunt_tree
 from hostsync.hunt.report import console_summary, write_reports
 from hostsync.launchers import DeepSpeedSetup
 from hostsync.layout import Layout
-from hostsync.nodes import SINGLE, NodeLayout, clear_stale
+from hostsync.nodes import SINGLE, NodeLayout, clear_stale, node_0_first
 from hostsync.options import add_case, add_nodes, add_timeout, case_layouts, comma_list, node_layout
 from hostsync.records import HuntResult, HuntSetup, Tree, TreeRole
 from hostsync.upstream.trees import prepare_tree, prepare_trees
@@ -107,7 +107,7 @@ def stacked(layout: Layout, tree: Tree, names: tuple[str, ...]) -> Tree:
 def hunt_case(layout: Layout, settings: HuntSettings) -> int:
     with contextlib.ExitStack() as held:
         for name in (layout.case, *settings.stack):
-            held.enter_context(locks.case(layout.for_case(name)))
+            held.enter_context(locks.case(layout.for_case(name), settings.nodes.rank))
         return _hunt(layout, settings)
 
 
@@ -115,10 +115,12 @@ def _hunt(layout: Layout, settings: HuntSettings) -> int:
     rules = load_allowlist(layout.allowlist)
     carried = carried_rules(layout.root)
     measured_against = provenance.inputs(layout)
-    trees = [
-        stacked(layout, tree, settings.stack)
-        for tree in prepare_trees(layout, list(settings.trees))
-    ]
+
+    def prepared() -> list[Tree]:
+        found = prepare_trees(layout, list(settings.trees))
+        return [stacked(layout, tree, settings.stack) for tree in found]
+
+    trees = node_0_first(settings.nodes, f"trees of {layout.case}", settings.timeout, prepared)
     hunted = [
         hunt_tree(
             layout, tree, settings.steps, rules, settings.timeout, setup, carried, settings.nodes

@@ -12,7 +12,7 @@ from hostsync import cases, devices, locks, provenance, table
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.layout import Layout
-from hostsync.nodes import SINGLE, NodeLayout, clear_stale
+from hostsync.nodes import SINGLE, NodeLayout, clear_stale, node_0_first
 from hostsync.options import (
     ALL_CASES,
     add_case,
@@ -82,7 +82,8 @@ def settings_for(layout: Layout, args: argparse.Namespace,
 def profile_case(layout: Layout, settings: ProfileSettings) -> None:
     case = settings.case
     measured_against = provenance.inputs(layout)
-    trees = prepare_trees(layout, list(settings.trees))
+    trees = node_0_first(settings.nodes, f"trees of {case.name}", settings.timeout,
+                         lambda: prepare_trees(layout, list(settings.trees)))  # fmt: skip
     device = devices.resolve_device(
         settings.device, settings.nodes.ranks_here(settings.ranks), trees[0].python
     )
@@ -138,6 +139,6 @@ def main(argv: list[str]) -> int:
     clear_stale(nodes)
     for layout, settings in chosen:
         if settings is not None:
-            with locks.case(layout):
+            with locks.case(layout, nodes.rank):
                 profile_case(layout, settings)
     return 0
