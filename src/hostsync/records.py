@@ -629,6 +629,40 @@ class ProfileResult(Result):
         return any(c.device.startswith("cuda") for c in self.captures)
 
 
+# --- GPU evidence --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuTreeFigures(Record):
+    """One tree's measured call on a GPU, per step: the host reads (PyTorch profiler), the
+    device-to-host copies and synchronising CUDA calls it launched (CUDA profiler), the warnings
+    of `torch.cuda.set_sync_debug_mode("warn")`, and Nsight Systems' count where it ran. The
+    GPU's figures are None from a dry run on a CPU."""
+
+    tree: str
+    version: str
+    host_reads: float
+    dtoh_copies: float | None
+    dtoh_bytes: float | None
+    cuda_calls: dict[str, float] | None
+    sync_warnings: float | None
+    nsys: NsysFigures | None = field(default=None, metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class GpuResult(Result):
+    """A case's call measured on one GPU (`gpu/`'s scripts), for the drafts' GPU evidence."""
+
+    KIND: ClassVar[str] = "gpu"
+    device: str
+    torch: str
+    dry_run: bool
+    warmup_steps: int
+    steps: int
+    trees: dict[str, TreeInfo]
+    figures: tuple[GpuTreeFigures, ...]
+
+
 # --- hunt ----------------------------------------------------------------------------------------
 
 
@@ -760,5 +794,5 @@ class BenchResult(Result):
 
 KINDS: dict[str, type[Result]] = {
     kind.KIND: kind
-    for kind in (ReproResult, TestPatchResult, ProfileResult, HuntResult, BenchResult)
+    for kind in (ReproResult, TestPatchResult, ProfileResult, HuntResult, BenchResult, GpuResult)
 }

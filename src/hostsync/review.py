@@ -7,12 +7,15 @@ for, in the project's own template), with every figure a query over the latest r
     {{profile:snippet.output.'5.14.0'}}                     a value by its path (quote odd keys)
     {{case:upstream.pull_request}}                          the case card
     {{series:added[path=tests/test_x.py].text}}             a file the series adds, whole
+    {{gpu:figures[tree=pinned].dtoh_copies}}                GPU evidence, where there is some
 
 A path walks dicts by key and maps over lists; `[key=value,...]` keeps the list items that
 match. Reducers: first (the default), last, max, min, sum, count, join. A figure no result holds is
 written "not measured", never guessed. Results measured against another pin.toml, card, patch
 series or case script (the snippet an issue quotes among them) are stale: `review` names them and
-refuses, or reruns their commands with `--rerun`. The same results give
+refuses, or reruns their commands with `--rerun`. GPU evidence (`gpu` results, made by `gpu/`'s
+scripts on a GPU machine and copied into profiles/<case>/) is optional: cited when fresh, left
+out with a warning when stale, "not measured" when absent. The same results give
 byte-identical drafts. `--refresh-reference` also makes `profiles/<case>/reference/` hold exactly
 the results the drafts cite, for committing together; without it nothing tracked is touched.
 """
@@ -36,12 +39,21 @@ from hostsync.cases import Case
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.options import add_case, case_layouts
-from hostsync.records import ProfileResult, ReproResult, Result, TestPatchResult, Verdict
+from hostsync.records import (
+    GpuResult,
+    ProfileResult,
+    ReproResult,
+    Result,
+    TestPatchResult,
+    Verdict,
+)
 from hostsync.upstream import patchqueue
 
 log = logging.getLogger(__name__)
 
 KINDS: tuple[type[Result], ...] = (ReproResult, TestPatchResult, ProfileResult)
+# Cited when there is a fresh one: no CPU session can make them.
+OPTIONAL_KINDS: tuple[type[Result], ...] = (GpuResult,)
 REFERENCE = "reference"
 NOT_MEASURED = "not measured"
 PLACEHOLDER = re.compile(r"\{\{\s*(?P<source>\w+):(?P<path>[^|}]+?)(?:\|(?P<reduce>\w+))?\s*\}\}")
@@ -75,10 +87,14 @@ class Source:
 
 
 def latest_sources(layout: Layout, case: Case) -> dict[str, Source]:
-    """The newest result of each kind the drafts cite (a profile only where the card has one)."""
+    """The newest result of each kind the drafts cite (a profile only where the card has one,
+    an optional kind where there is one)."""
     found = {}
-    for kind in KINDS if case.profile else tuple(k for k in KINDS if k is not ProfileResult):
+    required = KINDS if case.profile else tuple(k for k in KINDS if k is not ProfileResult)
+    for kind in required + OPTIONAL_KINDS:
         path = results.latest(layout.profiles, kind)
+        if path is None and kind in OPTIONAL_KINDS:
+            continue
         if path is None:
             raise WorkspaceError(
                 f"no {kind.KIND} result in profiles/{layout.case}/: run"
@@ -123,14 +139,26 @@ def stale(layout: Layout, sources: dict[str, Source]) -> dict[str, list[str]]:
     return found
 
 
+def without_stale_optional(layout: Layout, sources: dict[str, Source]) -> dict[str, Source]:
+    """The sources less the optional ones gone stale (no session here can rerun them)."""
+    kept = dict(sources)
+    for kind in OPTIONAL_KINDS:
+        source = kept.get(kind.KIND)
+        reasons = source and provenance.stale_reasons(layout, source.result)
+        if reasons:
+            log.warning("not citing stale %s (%s)", source.path.name, ", ".join(reasons))
+            del kept[kind.KIND]
+    return kept
+
+
 def fresh_sources(layout: Layout, case: Case, rerun: bool) -> dict[str, Source]:
     """The latest results, refused when stale, or first rerun with the commands that made them."""
-    sources = latest_sources(layout, case)
+    sources = without_stale_optional(layout, latest_sources(layout, case))
     outdated = stale(layout, sources)
     if outdated and rerun:
         for kind in outdated:
             rerun_command(sources[kind])
-        sources = latest_sources(layout, case)
+        sources = without_stale_optional(layout, latest_sources(layout, case))
         outdated = stale(layout, sources)
     if outdated:
         said = "; ".join(
@@ -233,11 +261,16 @@ def documents(layout: Layout, case: Case, sources: dict[str, Source]) -> dict[st
         if patch.name not in case.card.tests.workspace_only
         for path, text in patchqueue.added_files(patch).items()
     ]
-    return {kind: source.data for kind, source in sources.items()} | {
-        "case": case.card.to_json(),
-        "snippet": {"code": snippet.read_text().rstrip() if snippet else None},
-        "series": {"added": added},
-    }
+    absent = {kind.KIND: {} for kind in OPTIONAL_KINDS}
+    return (
+        absent
+        | {kind: source.data for kind, source in sources.items()}
+        | {
+            "case": case.card.to_json(),
+            "snippet": {"code": snippet.read_text().rstrip() if snippet else None},
+            "series": {"added": added},
+        }
+    )
 
 
 # --- writing -------------------------------------------------------------------------------------
