@@ -175,9 +175,9 @@ def test_nsys_tables_of_2022_become_per_step_counts_inside_the_measured_ranges(
         "2001000,100,6,,,,,,,,,,8,,Device,Pageable,GPU (0),1,7,[CUDA memcpy DtoH]\n"
         "2002000,100,4,,,,,,,,,,64,,Pageable,Device,GPU (0),1,7,[CUDA memcpy HtoD]\n"
     )
-    prefix = write_tables(tmp_path, API, gpu, NVTX_2022, nsys.BEFORE_2023)
+    prefix = write_tables(tmp_path, API, gpu, NVTX_2022, nsys.NAMES_2022)
 
-    figures = nsys.figures([prefix], nsys.BEFORE_2023)
+    figures = nsys.figures([prefix], nsys.NAMES_2022)
 
     assert figures.cuda_calls == {"cudaStreamSynchronize": 1, "cudaDeviceSynchronize": 0,
                                   "cudaMemcpyAsync": 0.5, "cudaMemcpy": 0}  # fmt: skip
@@ -185,7 +185,7 @@ def test_nsys_tables_of_2022_become_per_step_counts_inside_the_measured_ranges(
     assert (figures.ranges, figures.steps, figures.range_ms) == (2, 2, 10.0)
 
 
-def test_nsys_tables_of_2023_on_spell_copies_and_columns_their_way(tmp_path: Path) -> None:
+def test_newer_nsys_tables_spell_copies_and_columns_their_way(tmp_path: Path) -> None:
     gpu = (
         "Start (ns),Duration (ns),CorrId,GrdX,GrdY,GrdZ,BlkX,BlkY,BlkZ,Reg/Trd,StcSMem (MB),"
         "DymSMem (MB),Bytes (MB),Throughput (MBps),SrcMemKd,DstMemKd,Device,Ctx,GreenCtx,Strm,"
@@ -195,18 +195,18 @@ def test_nsys_tables_of_2023_on_spell_copies_and_columns_their_way(tmp_path: Pat
         "2001000,100,6,,,,,,,,,,0.000008,,Device,Pinned,GPU (0),1,,7,8,"
         "[CUDA memcpy Device-to-Host]\n"
     )
-    prefix = write_tables(tmp_path, API, gpu, NVTX_2022, nsys.SINCE_2023)
+    prefix = write_tables(tmp_path, API, gpu, NVTX_2022, nsys.NAMES_NEWER)
 
-    figures = nsys.figures([prefix], nsys.SINCE_2023)
+    figures = nsys.figures([prefix], nsys.NAMES_NEWER)
 
     assert (figures.dtoh_copies, figures.dtoh_bytes) == (0.5, 4), "pid 8's copy is not rank 7's"
 
 
 def test_a_cpu_report_has_the_ranges_and_zero_cuda(tmp_path: Path) -> None:
     """On a CPU nsys skips its CUDA tables: empty files, every CUDA count 0."""
-    prefix = write_tables(tmp_path, "", "", NVTX_2022, nsys.BEFORE_2023)
+    prefix = write_tables(tmp_path, "", "", NVTX_2022, nsys.NAMES_2022)
 
-    figures = nsys.figures([prefix], nsys.BEFORE_2023)
+    figures = nsys.figures([prefix], nsys.NAMES_2022)
 
     assert set(figures.cuda_calls.values()) == {0} and figures.dtoh_copies == 0
     assert figures.ranges == 2
@@ -216,10 +216,10 @@ def test_a_report_without_its_tables_or_ranges_is_refused_naming_what_is_missing
     tmp_path: Path,
 ) -> None:
     with pytest.raises(nsys.NsysFailed, match=r"stats-capture-node0_nvtxpptrace\.csv"):
-        nsys.figures([tmp_path / "stats-capture-node0"], nsys.BEFORE_2023)
-    prefix = write_tables(tmp_path, "", "", "", nsys.BEFORE_2023)
+        nsys.figures([tmp_path / "stats-capture-node0"], nsys.NAMES_2022)
+    prefix = write_tables(tmp_path, "", "", "", nsys.NAMES_2022)
     with pytest.raises(nsys.NsysFailed, match=r"no 'hostsync\.measured' range"):
-        nsys.figures([prefix], nsys.BEFORE_2023)
+        nsys.figures([prefix], nsys.NAMES_2022)
 
 
 def test_nsys_needs_libnvtoolsext_on_a_cpu_and_auto_keeps_to_gpus(monkeypatch) -> None:

@@ -244,6 +244,7 @@ def _across_nodes(command: Command, run: Run, world: World, what: Start) -> Rank
         agent.run_dir.mkdir(parents=True, exist_ok=True)
         env = what.environment() | _visible_gpus(what.device, layout, node, per_node)
         agents.append((agent, its.wrapped(agent, command(agent, world, its)), env))
+    failed: type[RunFailed] = RunFailed
     try:
         statuses = run_groups(agents, timeout=what.timeout)
         failures = [
@@ -251,13 +252,13 @@ def _across_nodes(command: Command, run: Run, world: World, what: Start) -> Rank
             for node, (agent, _, _), status in zip(here, agents, statuses, strict=True)
             if status
         ]
-    except RunFailed as error:
-        failures = [f"node {', '.join(map(str, here))}: {error}"]
+    except RunFailed as error:  # a hang: the other nodes must not wait for this one's share
+        failed, failures = type(error), [f"node {', '.join(map(str, here))}: {error}"]
     failure = failures[0] if failures else None
     for node, (agent, _, _) in zip(here, agents, strict=True):
         nodes.leave_share(pool, node, agent.run_dir, failure=failure)
     if failure:
-        raise RunFailed(failure)
+        raise failed(failure)
     try:
         where = nodes.gather(pool, layout, run.run_dir)
     except WorkspaceError as error:

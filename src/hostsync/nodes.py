@@ -197,14 +197,7 @@ def node_0_first(nodes: NodeLayout, what: str, timeout: float, work: Callable[[]
         done.parent.mkdir(parents=True, exist_ok=True)
         done.touch()
         return found
-    deadline = time.monotonic() + timeout
-    while not done.exists():
-        if time.monotonic() > deadline:
-            raise WorkspaceError(
-                f"node 0 did not finish {what} within {timeout:.0f} s (no {done}): start it"
-                " with the same command, --node-results on a filesystem every node shares"
-            )
-        time.sleep(_POLL_S)
+    _wait_for(done, timeout, f"node 0 did not finish {what} within {timeout:.0f} s (no {done})")
     return work()
 
 
@@ -250,16 +243,21 @@ def gather(pool: Pool, nodes: NodeLayout, folder: Path) -> dict[int, dict[str, o
 
 def _wait_for_note(pool: Pool, node: int, count: int) -> dict:
     note = pool.share(node) / SHARE_NOTE
-    deadline = time.monotonic() + pool.timeout
-    while not note.exists():
+    said = f"node {node} of {count} left no results for {pool.world!r} in {pool.folder}"
+    _wait_for(note, pool.timeout, f"{said} within {pool.timeout:.0f} s")
+    return json.loads(note.read_text())
+
+
+def _wait_for(path: Path, timeout: float, failure: str) -> None:
+    """Until another node writes `path`; `failure` and how to mend it when none does in time."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
         if time.monotonic() > deadline:
             raise WorkspaceError(
-                f"node {node} of {count} left no results for {pool.world!r} in {pool.folder}"
-                f" within {pool.timeout:.0f} s: start the same command on every node, with"
-                " --node-results on a filesystem they all share"
+                f"{failure}: start the same command on every node, with --node-results on a"
+                " filesystem they all share"
             )
         time.sleep(_POLL_S)
-    return json.loads(note.read_text())
 
 
 def shares_of(world: str, rank_results: Sequence[dict]) -> tuple[NodeShare, ...]:

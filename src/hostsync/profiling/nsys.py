@@ -7,11 +7,11 @@ where cudaProfilerStart never comes). `--cpuctxsw=none` and `--sample=none`: the
 context-switch tracing hangs nsys's agent on some machines, and neither shows a sync.
 
 `nsys stats` then writes three trace tables: the CUDA API calls, the GPU's work and the NVTX
-push/pop ranges, under the names the installed nsys knows them by (2023 renamed them:
+push/pop ranges, under the names the installed nsys knows them by (later versions renamed 2022's:
 `cudaapitrace` became `cuda_api_trace`). Their rows become the events `traces` reads from a
 PyTorch trace, so the same code counts, inside each `MEASURED_RANGE` on its own thread, the
 synchronising CUDA calls and the device-to-host copies those calls launched. That works alike in
-both generations and for every step (`--filter-nvtx`, only in the newer one, picks one range).
+both generations, for every step of every rank, without `--filter-nvtx` (2022.4 refuses it).
 
 On a CPU nsys records the ranges and no CUDA at all: its CUDA tables are empty files, and every
 CUDA count is 0. nsys's agent runs in a session of its own, outliving a killed launcher: it is
@@ -62,8 +62,8 @@ class Tables:
         return (self.cuda_api, self.gpu, self.nvtx)
 
 
-BEFORE_2023 = Tables("cudaapitrace", "gputrace", "nvtxpptrace")
-SINCE_2023 = Tables("cuda_api_trace", "cuda_gpu_trace", "nvtx_pushpop_trace")
+NAMES_2022 = Tables("cudaapitrace", "gputrace", "nvtxpptrace")
+NAMES_NEWER = Tables("cuda_api_trace", "cuda_gpu_trace", "nvtx_pushpop_trace")
 
 
 def version() -> str:
@@ -79,10 +79,10 @@ def tables() -> Tables:
     """The report names this nsys knows: the newer generation's, or the older one's."""
     done = subprocess.run(["nsys", "stats", "--help-reports"], capture_output=True, text=True,
                           timeout=60)  # fmt: skip
-    for generation in (SINCE_2023, BEFORE_2023):
+    for generation in (NAMES_NEWER, NAMES_2022):
         if all(re.search(rf"^\s*{name}\b", done.stdout, re.MULTILINE) for name in generation.names):
             return generation
-    raise NsysFailed(f"nsys {version()} knows neither {SINCE_2023.names} nor {BEFORE_2023.names}")
+    raise NsysFailed(f"nsys {version()} knows neither {NAMES_NEWER.names} nor {NAMES_2022.names}")
 
 
 def new_session() -> str:
@@ -217,7 +217,7 @@ def figures(prefixes: Sequence[Path], names: Tables) -> NsysFigures:
         found = events(prefix, names)
         ranges = [e for e in found if e["cat"] == "user_annotation"]
         for pid in sorted({e["pid"] for e in ranges if e["name"] == MEASURED_RANGE}):
-            # A GPU table without pids (before 2023): its copies are matched by correlation id.
+            # A GPU table without pids (2022's): its copies are matched by correlation id.
             own = [e for e in found if e["pid"] == pid or (e["cat"] not in ("user_annotation",
                    "cuda_runtime") and not e["pid"])]  # fmt: skip
             per_rank.append(analyse_events(own, cuda=True))
