@@ -136,9 +136,9 @@ def capture(layout: Layout, tree: Tree, run_dir: Path, artifacts: Path,
 
 def rerun_command(layout: Layout, run: Run, what: Start, launcher: Launcher) -> str:
     """How to rerun the capture's world by hand, where its launcher starts one command (the
-    fork launcher has none: then the profile command itself)."""
+    fork launcher has none, nor a world across nodes: then the profile command itself)."""
     command = launchers.COMMANDS.get(launcher)
-    if command is None:
+    if command is None or what.nodes.spans_nodes:
         return f"python -m hostsync profile --case {layout.case} --trees {run.tree.label}"
     world = what.worlds[0]
     inner = replace(run, run_dir=world_dir(run.run_dir, 0, world))

@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hostsync profile",
         description="Profile a case's measured code before and after, tree by tree: Nsight"
-        " Systems where nsys and GPUs exist, the PyTorch profiler everywhere.",
+        " Systems where nsys and GPUs exist (or when asked for), the PyTorch profiler everywhere.",
     )
     add_case(parser)
     parser.add_argument("--trees", help="trees to profile, before first (default: the card's)")
@@ -53,7 +53,8 @@ def parser() -> argparse.ArgumentParser:
         "--profiler",
         choices=("auto", "torch", "nsys"),
         default="auto",
-        help="auto: nsys when it is on the PATH and the ranks have GPUs",
+        help="auto: nsys when it is on the PATH and the ranks have GPUs; nsys on a CPU records"
+        " the measured ranges and no CUDA (needs libnvToolsExt)",
     )
     add_timeout(parser, "one profiled launch")
     add_nodes(parser)
