@@ -72,7 +72,7 @@ def test_logging_syncs_are_told_apart_from_every_step_ones(hunted: HuntTree) -> 
 
 
 @pytest.mark.distributed
-def test_the_profiler_and_the_detector_agree_on_python_level_reads(hunted: HuntTree) -> None:
+def test_the_profiler_and_the_detector_agree_on_every_read(hunted: HuntTree) -> None:
     assert hunted.cross_check, "every rank is cross-checked"
     for check in hunted.cross_check:
         assert check.profiler == check.detector > 0, check

@@ -3,19 +3,24 @@ analysis, the combining of ranks and the summary on small hand-made traces (test
 
 from __future__ import annotations
 
+import ctypes.util
 import dataclasses
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from hostsync import cases, results
 from hostsync.errors import WorkspaceError
+from hostsync.launchers import Run, RunHung, run_group
 from hostsync.layout import ROOT, Layout
 from hostsync.profiling import capture as capturing
-from hostsync.profiling import report, traces
+from hostsync.profiling import command, nsys, report, traces
 from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, SYNC_OP
-from hostsync.records import Capture, NsysFigures, ProfileResult
+from hostsync.records import Capture, Device, NsysFigures, ProfileResult
 from hostsync.upstream.trees import prepare_tree
 
 import made
@@ -115,7 +120,8 @@ def test_on_cuda_only_copies_launched_in_the_range_count_and_idle_time_is_the_ga
     ]
     (step,) = traces.analyse_trace(trace)
 
-    assert step["cuda_calls"] == {"cudaStreamSynchronize": 1, "cudaMemcpyAsync": 1}
+    assert step["cuda_calls"] == {"cudaStreamSynchronize": 1, "cudaDeviceSynchronize": 0,
+                                  "cudaMemcpyAsync": 1, "cudaMemcpy": 0}  # fmt: skip
     assert (step["dtoh_copies"], step["dtoh_bytes"]) == (1, 8)
     # Busy: 1.0-6.0 ms, 9.4-9.402 ms, 9.9-10.0 ms of the 10 ms range.
     assert step["gpu_idle_ms"] == pytest.approx(10 - 5 - 0.002 - 0.1)
@@ -136,34 +142,157 @@ def test_ranks_combine_to_the_slowest_rank_count_and_the_median_time() -> None:
     assert combined.timeline.range_ms == 10.0
 
 
-def test_nsys_stats_tables_become_per_step_figures(tmp_path: Path) -> None:
-    (tmp_path / "stats_cuda_api_sum.csv").write_text(
-        "Time (%),Total Time (ns),Num Calls,Avg (ns),Med (ns),Min (ns),Max (ns),StdDev (ns),Name\n"
-        "60.0,6000,6,1000,1000,900,1100,10,cudaStreamSynchronize\n"
-        "40.0,4000,6,666,666,600,700,5,cudaMemcpyAsync\n"
+def write_tables(folder: Path, api: str, gpu: str, nvtx: str, names: nsys.Tables) -> Path:
+    """`nsys stats` CSV tables (test inputs) under the names `names` gives them."""
+    for name, text in zip(names.names, (api, gpu, nvtx), strict=True):
+        (folder / f"stats-capture-node0_{name}.csv").write_text(text)
+    return folder / "stats-capture-node0"
+
+
+NVTX_2022 = (
+    "Start (ns),End (ns),Duration (ns),DurChild (ns),DurNonChild (ns),Name,PID,TID,Lvl,NumChild,"
+    "RangeId,ParentId,RangeStack,NameTree\n"
+    f"0,10000000,10000000,0,0,{MEASURED_RANGE},7,7,0,0,1,,:1,x\n"
+    f"20000000,30000000,10000000,0,0,{MEASURED_RANGE},7,7,0,0,2,,:2,x\n"
+    f"21000000,22000000,1000000,0,0,{EXCLUDED_RANGE},7,7,1,0,3,2,:2:3,x\n"
+)
+API = (
+    "Start (ns),Duration (ns),Name,Result,CorrID,Pid,Tid,T-Pri,Thread Name\n"
+    "1000000,500,cudaStreamSynchronize,0,5,7,7,0,python\n"
+    "2000000,500,cudaMemcpyAsync,0,6,7,7,0,python\n"
+    "25000000,500,cudaStreamSynchronize,0,9,7,7,0,python\n"
+    "40000000,500,cudaStreamSynchronize,0,11,7,7,0,python\n"  # after the ranges: not counted
+    "25000000,500,cudaDeviceSynchronize,0,12,7,99,0,other\n"  # another thread: not counted
+)
+
+
+def test_nsys_tables_of_2022_become_per_step_counts_inside_the_measured_ranges(
+    tmp_path: Path,
+) -> None:
+    gpu = (
+        "Start (ns),Duration (ns),CorrId,GrdX,GrdY,GrdZ,BlkX,BlkY,BlkZ,Reg/Trd,StcSMem (MB),"
+        "DymSMem (MB),Bytes (B),Throughput (MBps),SrcMemKd,DstMemKd,Device,Ctx,Strm,Name\n"
+        "2001000,100,6,,,,,,,,,,8,,Device,Pageable,GPU (0),1,7,[CUDA memcpy DtoH]\n"
+        "2002000,100,4,,,,,,,,,,64,,Pageable,Device,GPU (0),1,7,[CUDA memcpy HtoD]\n"
     )
-    (tmp_path / "stats_cuda_gpu_mem_size_sum.csv").write_text(
-        "Total (MB),Count,Avg (MB),Med (MB),Min (MB),Max (MB),StdDev (MB),Operation\n"
-        "0.000048,6,0.000008,0.000008,0.000008,0.000008,0.0,[CUDA memcpy Device-to-Host]\n"
-        "1.0,2,0.5,0.5,0.5,0.5,0.0,[CUDA memcpy Host-to-Device]\n"
+    prefix = write_tables(tmp_path, API, gpu, NVTX_2022, nsys.NAMES_2022)
+
+    figures = nsys.figures([prefix], nsys.NAMES_2022)
+
+    assert figures.cuda_calls == {"cudaStreamSynchronize": 1, "cudaDeviceSynchronize": 0,
+                                  "cudaMemcpyAsync": 0.5, "cudaMemcpy": 0}  # fmt: skip
+    assert (figures.dtoh_copies, figures.dtoh_bytes) == (0.5, 4)
+    assert (figures.ranges, figures.steps, figures.range_ms) == (2, 2, 10.0)
+
+
+def test_newer_nsys_tables_spell_copies_and_columns_their_way(tmp_path: Path) -> None:
+    gpu = (
+        "Start (ns),Duration (ns),CorrId,GrdX,GrdY,GrdZ,BlkX,BlkY,BlkZ,Reg/Trd,StcSMem (MB),"
+        "DymSMem (MB),Bytes (MB),Throughput (MBps),SrcMemKd,DstMemKd,Device,Ctx,GreenCtx,Strm,"
+        "Pid,Name\n"
+        "2001000,100,6,,,,,,,,,,0.000008,,Device,Pinned,GPU (0),1,,7,7,"
+        "[CUDA memcpy Device-to-Host]\n"
+        "2001000,100,6,,,,,,,,,,0.000008,,Device,Pinned,GPU (0),1,,7,8,"
+        "[CUDA memcpy Device-to-Host]\n"
     )
+    prefix = write_tables(tmp_path, API, gpu, NVTX_2022, nsys.NAMES_NEWER)
 
-    figures = traces.nsys_figures(tmp_path, "stats", steps=2)
+    figures = nsys.figures([prefix], nsys.NAMES_NEWER)
 
-    assert figures.cuda_calls == {"cudaStreamSynchronize": 3, "cudaMemcpyAsync": 3}
-    assert figures.dtoh_copies == 3
-    assert figures.dtoh_mb_total == pytest.approx(0.000048)
-
-
-def test_missing_nsys_tables_say_which() -> None:
-    with pytest.raises(traces.NsysFailed, match=r"stats_cuda_api_sum\.csv"):
-        traces.nsys_figures(Path("/nonexistent"), "stats", steps=1)
+    assert (figures.dtoh_copies, figures.dtoh_bytes) == (0.5, 4), "pid 8's copy is not rank 7's"
 
 
-def test_nsys_is_refused_on_cpu_before_anything_runs() -> None:
-    with pytest.raises(WorkspaceError, match="--profiler nsys records CUDA"):
-        capturing.choose_profiler("nsys", "cpu")
-    assert capturing.choose_profiler("auto", "cpu") == "torch"
+def test_a_cpu_report_has_the_ranges_and_zero_cuda(tmp_path: Path) -> None:
+    """On a CPU nsys skips its CUDA tables: empty files, every CUDA count 0."""
+    prefix = write_tables(tmp_path, "", "", NVTX_2022, nsys.NAMES_2022)
+
+    figures = nsys.figures([prefix], nsys.NAMES_2022)
+
+    assert set(figures.cuda_calls.values()) == {0} and figures.dtoh_copies == 0
+    assert figures.ranges == 2
+
+
+def test_a_report_without_its_tables_or_ranges_is_refused_naming_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(nsys.NsysFailed, match=r"stats-capture-node0_nvtxpptrace\.csv"):
+        nsys.figures([tmp_path / "stats-capture-node0"], nsys.NAMES_2022)
+    prefix = write_tables(tmp_path, "", "", "", nsys.NAMES_2022)
+    with pytest.raises(nsys.NsysFailed, match=r"no 'hostsync\.measured' range"):
+        nsys.figures([prefix], nsys.NAMES_2022)
+
+
+def test_nsys_needs_libnvtoolsext_on_a_cpu_and_auto_keeps_to_gpus(monkeypatch) -> None:
+    monkeypatch.setattr(capturing.shutil, "which", lambda name: "/usr/bin/nsys")
+    monkeypatch.setattr(capturing.ctypes.util, "find_library", lambda name: None)
+    with pytest.raises(WorkspaceError, match="--profiler nsys on a CPU needs libnvToolsExt"):
+        capturing.choose_profiler("nsys", Device.CPU)
+    assert capturing.choose_profiler("nsys", Device.CUDA) == "nsys"
+    assert capturing.choose_profiler("auto", Device.CPU) == "torch"
+    monkeypatch.setattr(capturing.shutil, "which", lambda name: None)
+    with pytest.raises(WorkspaceError, match="no nsys on the PATH"):
+        capturing.choose_profiler("nsys", Device.CUDA)
+
+
+# --- Nsight Systems for real (where it is installed) ---------------------------------------------
+
+needs_nsys = pytest.mark.skipif(
+    shutil.which("nsys") is None or ctypes.util.find_library("nvToolsExt") is None,
+    reason="needs Nsight Systems and libnvToolsExt (the README's optional install)",
+)
+
+
+class OwnEnvironment(Run):
+    """A run of a command that is no rank: this process's variables, no tree."""
+
+    def environment(self, extra=None) -> dict[str, str]:
+        return dict(os.environ)
+
+
+def agents_of(session: str) -> list[str]:
+    listing = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
+    rows = [line.strip().partition(" ") for line in listing.splitlines()]
+    named = f"--session-name={session}"
+    return [args for stat, _, args in rows if named in args and stat[0] != "Z"]
+
+
+@needs_nsys
+def test_no_nsys_agent_outlives_a_launch_killed_at_its_timeout(tmp_path: Path) -> None:
+    """With context-switch tracing (nsys's default) the agent hangs on some machines, in a
+    session of its own: killing the launcher's process group misses it, its session name not."""
+    session = nsys.new_session()
+    wrap = [word.replace("{run_dir}", str(tmp_path)).replace("{node}", "0")
+            .replace("--cpuctxsw=none", "--cpuctxsw=process-tree")
+            for word in nsys.profile_command(session)]  # fmt: skip
+    run = OwnEnvironment(tmp_path, tree=None)  # type: ignore[arg-type]
+
+    with pytest.raises(RunHung):
+        run_group(run, [*wrap, "/bin/sleep", "60"], timeout=8)
+    nsys.end_agents(session)
+
+    assert agents_of(session) == []
+
+
+@pytest.mark.distributed
+@needs_nsys
+def test_nsys_on_a_cpu_records_the_measured_ranges_and_zero_cuda(workspace: Layout) -> None:
+    """`profile --case sp-loss --profiler nsys --device cpu` on the pinned tree."""
+    args = command.parser().parse_args(
+        ["--case", "sp-loss", "--trees", "pinned", "--profiler", "nsys", "--device", "cpu",
+         "--warmup", "1", "--steps", "2"]
+    )  # fmt: skip
+
+    command.profile_case(workspace, command.settings_for(workspace, args))
+
+    path = results.latest(workspace.profiles, ProfileResult)
+    (captured,) = results.read(path, ProfileResult).captures
+    assert (captured.profiler, captured.per_step) == ("nsys", None)
+    assert captured.nsys.steps == 2 and captured.nsys.ranges >= 3, "the ranks' measured ranges"
+    assert set(captured.nsys.cuda_calls.values()) == {0} and captured.nsys.dtoh_copies == 0
+    assert captured.artifacts == ("pinned-gloo-ws2-node0.nsys-rep",)
+    assert (results.attachments(path) / captured.artifacts[0]).stat().st_size > 0
+    assert "Nsight Systems on a CPU" in (results.attachments(path) / "summary.md").read_text()
+    assert agents_of("hostsync-") == []
 
 
 # --- the summary ---------------------------------------------------------------------------------
@@ -217,8 +346,9 @@ def test_a_cuda_capture_and_an_nsys_one_fill_every_column_and_the_timeline(
     on_gpu: Capture = dataclasses.replace(
         made.capture("pinned", 3), device="cuda:0", backend="nccl", per_step=step
     )
-    nsys = NsysFigures({"cudaStreamSynchronize": 3, "cudaMemcpyAsync": 3}, 3, 2.4e-05, 9.5)
-    by_nsys = dataclasses.replace(on_gpu, tree="patched", profiler="nsys", nsys=nsys,
+    calls = dict.fromkeys(traces.CUDA_CALLS, 0) | {"cudaStreamSynchronize": 3}
+    figures = NsysFigures(calls, dtoh_copies=3, dtoh_bytes=24, range_ms=9.5, ranges=6, steps=3)
+    by_nsys = dataclasses.replace(on_gpu, tree="patched", profiler="nsys", nsys=figures,
                                   per_step=None)  # fmt: skip
     gpu = made.profile(workspace, on_gpu, by_nsys)
 
@@ -227,5 +357,6 @@ def test_a_cuda_capture_and_an_nsys_one_fill_every_column_and_the_timeline(
     assert all(len(row) == len(headers) for row in rows)
     assert dict(zip(headers, rows[0], strict=True))["DtoH bytes"] == 8
     assert dict(zip(headers, rows[1], strict=True))["range ms (median)"] == 9.5
+    assert dict(zip(headers, rows[1], strict=True))["cudaStreamSynchronize"] == 3
     report.plot_timelines(gpu, tmp_path / "timeline.png")  # the GPU lane: drawn, not checked
     assert (tmp_path / "timeline.png").stat().st_size > 0

@@ -42,17 +42,22 @@ ZERO_PACKAGE = ("deepspeed", "runtime", "zero")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def parse_args() -> argparse.Namespace:
-    parser = repro_parser(__doc__.splitlines()[0])
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """What a scenario sets of the engine: the card's launch arguments (the profile's too)."""
     parser.add_argument("--zero-stage", type=int, choices=(1, 2, 3), default=1)
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--overflow-step", type=int, default=4, help="0: none")
     parser.add_argument(
         "--no-overflow-check",
         action="store_true",
         help="bf16 check_grad_overflow off: an invalid norm then reaches the clip",
     )
+
+
+def parse_args() -> argparse.Namespace:
+    parser = repro_parser(__doc__.splitlines()[0])
+    add_engine_arguments(parser)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--overflow-step", type=int, default=4, help="0: none")
     args = parser.parse_args()
     if len(args.scenarios) != 1:
         parser.error("one scenario per run: the card gives each its own stage and precision")
@@ -120,22 +125,32 @@ def weights_checksum(engine) -> float:
 CLIP = "unscale_and_clip_grads"
 
 
-def train(args: argparse.Namespace) -> tuple[object, list[dict]]:
-    """The engine and, for each step, what it read on the host and what training did."""
+def engine_for(args: argparse.Namespace):
+    """The engine of a scenario, its process group made: the tiny model, a Trainer's parameter
+    groups, fused AdamW (the Trainer's default optimizer, adamw_torch_fused)."""
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     deepspeed.init_distributed(dist_backend="nccl" if args.device == "cuda" else "gloo")
-    rank = int(os.environ["RANK"])
     model = tiny_model()
-    # Fused, as the Trainer's default optimizer (adamw_torch_fused) is.
     optimizer = torch.optim.AdamW(trainer_param_groups(model), lr=1e-2, fused=True)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_config(args))
-    dtype = DTYPES[args.dtype]
-    data = torch.Generator().manual_seed(1234 + rank)
-    steps = []
-    for step in range(1, args.steps + 1):
-        inputs = torch.randn(1, HIDDEN, generator=data).to(engine.device, dtype)
+    return engine
+
+
+def batches(engine, dtype: str, count: int):
+    """This rank's inputs and targets, one pair per step."""
+    data = torch.Generator().manual_seed(1234 + int(os.environ["RANK"]))
+    for _ in range(count):
+        inputs = torch.randn(1, HIDDEN, generator=data).to(engine.device, DTYPES[dtype])
         target = torch.randn(1, HIDDEN, generator=data).to(engine.device, torch.float32)
+        yield inputs, target
+
+
+def train(args: argparse.Namespace) -> tuple[object, list[dict]]:
+    """The engine and, for each step, what it read on the host and what training did."""
+    engine = engine_for(args)
+    steps = []
+    for step, (inputs, target) in enumerate(batches(engine, args.dtype, args.steps), start=1):
         hook = None
         if step == args.overflow_step:
             # A real infinite gradient, entering DeepSpeed's reduction like any other.

@@ -2,30 +2,27 @@
 
 Started through torchrun like `sp_loss.py`, whose setup it reuses unchanged (the tiny Llama, the
 engine that makes the real Ulysses SP group, a scenario's sharded batch, the call of the tree's
-`deepspeed_sp_compute_loss`). Each step runs the loss call inside the measured range (a profiler
-range, and an NVTX range on CUDA), with the model forward inside it in the excluded range, so
-that the aggregation's syncs can be told apart from the forward's; then
-`engine.backward`, outside the range, as in training.
+`deepspeed_sp_compute_loss`). Each step runs the loss call inside the measured range, with the
+model forward inside it in the excluded range, so that the aggregation's syncs can be told apart
+from the forward's; then `engine.backward`, outside the range, as in training.
 
 `--profiler torch` records the steps with the PyTorch profiler and writes this rank's Chrome trace
-to the run folder. `--profiler nsys` runs under `nsys profile --capture-range=cudaProfilerApi`:
-the steps are bracketed by cudaProfilerStart/Stop, and nsys records them.
+to the run folder. `--profiler nsys` runs under `nsys profile --capture-range=nvtx`: the ranges
+are NVTX ranges too, and nsys records the profiled steps (`rankkit.recording`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import sp_loss  # torchrun puts this script's folder first on sys.path
 import torch
 
 from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, RUN_DIR_ENV, rank_entry
-from hostsync.rankkit import named_range
+from hostsync.rankkit import named_range, recording
 
 
 def parse_args() -> argparse.Namespace:
@@ -51,27 +48,6 @@ def train_step(engine, batch: dict, pc, nvtx: bool) -> float:
     return seconds
 
 
-@contextlib.contextmanager
-def recording(kind: str, cuda: bool, trace: Path | None) -> Iterator[None]:
-    """Record what runs inside: the PyTorch profiler's trace, or nsys's capture range."""
-    if kind == "nsys":
-        torch.cuda.profiler.start()
-        try:
-            yield
-        finally:
-            torch.cuda.synchronize()
-            torch.cuda.profiler.stop()
-        return
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    activities += [torch.profiler.ProfilerActivity.CUDA] if cuda else []
-    # No with_stack: on torch 2.13 long traces can then hold undecodable names (invalid JSON).
-    with torch.profiler.profile(activities=activities, record_shapes=False) as profiler:
-        yield
-        if cuda:
-            torch.cuda.synchronize()  # so that the last step's kernels are in the trace
-    profiler.export_chrome_trace(str(trace))
-
-
 @rank_entry
 def main() -> dict:
     from accelerate.parallelism_config import ParallelismConfig
@@ -86,11 +62,12 @@ def main() -> dict:
     pc = ParallelismConfig(sp_size=sp_size, sp_backend="deepspeed")
     run_dir = Path(os.environ[RUN_DIR_ENV])
     trace = run_dir / f"trace-rank{rank}.json.gz" if args.profiler == "torch" else None
-    with sp_loss.around_forward(engine, lambda: named_range(EXCLUDED_RANGE, nvtx=cuda)):
+    nvtx = args.profiler == "nsys"
+    with sp_loss.around_forward(engine, lambda: named_range(EXCLUDED_RANGE, nvtx)):
         for _ in range(args.warmup):
-            train_step(engine, batch, pc, nvtx=cuda)
+            train_step(engine, batch, pc, nvtx)
         with recording(args.profiler, cuda, trace):
-            seconds = [train_step(engine, batch, pc, nvtx=cuda) for _ in range(args.steps)]
+            seconds = [train_step(engine, batch, pc, nvtx) for _ in range(args.steps)]
     return {
         "rank": rank,
         "world_size": sp_size,

@@ -208,6 +208,10 @@ class Case:
     def scenarios(self) -> dict[str, str]:
         return {name: text for launch in self.launches for name, text in launch.scenarios.items()}
 
+    def launch_of(self, scenario: str) -> Launch:
+        """The launch that runs `scenario`: its arguments set the scenario up (a profile's too)."""
+        return next(launch for launch in self.launches if scenario in launch.scenarios)
+
     @property
     def carries(self) -> tuple[AllowRule, ...]:
         """The sites the fix removes, as rules whose reason is the case's name."""

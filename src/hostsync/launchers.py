@@ -11,6 +11,11 @@ one entry per way a case card can name (`records.Launcher`):
   and precision from `DeepSpeedSetup`) and, with several ranks, DeepSpeed Ulysses SP over all of
   them; the script also gets `--output-dir`, `--backend` and `--precision`.
 
+Across nodes (`Start.nodes`, see `hostsync.nodes`) torchrun and accelerate start this node's share
+of each world's ranks on torchrun's c10d rendezvous, and the nodes pool their ranks' results
+before the next world; `fork` is one machine, so its worlds go to torchrun then, and `python` is
+one process. Without an endpoint every node's agent starts here, each in a folder of its own.
+
 A launch is started in a session of its own, so that on a timeout, an error or Ctrl-C the whole
 process group (launcher, ranks, compilers they spawned) is killed and no rank outlives the run.
 The rank side (`protocol.rank_entry`) writes each rank's result, or its traceback, into the run
@@ -24,6 +29,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -31,9 +37,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hostsync import nodes
 from hostsync.devices import device_env
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
+from hostsync.nodes import SINGLE, NodeLayout
 from hostsync.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV, free_port
 from hostsync.records import Device, Launcher, Tree
 
@@ -44,9 +52,14 @@ DEFAULT_TIMEOUT_S = 900.0
 # How long a process group has to end on SIGTERM before SIGKILL: a Ctrl-C must end every rank
 # within seconds, and nox waits for this process only so long.
 _KILL_GRACE_S = 3.0
+# How often a running group is looked at: its end is noticed within this.
+_POLL_S = 0.2
 # Where the hostsync package is imported from: the ranks import its protocol and detector.
 ENGINE_SRC = Path(__file__).resolve().parents[1]
 RankResults = list[dict]
+# Fields of `Start.wrap`'s words, filled in for each wrapped command: the folder it runs for and
+# its node (each node's agent has its own), e.g. where nsys writes that node's report.
+RUN_DIR_FIELD, NODE_FIELD = "{run_dir}", "{node}"
 
 
 class RunFailed(WorkspaceError):
@@ -151,7 +164,8 @@ class World:
 @dataclass(frozen=True)
 class Start:
     """What to launch: a script, the worlds to run it in (in turn), on which device, how long
-    each world may take, extra variables, and a prefix around the launcher (nsys, say)."""
+    each world may take, extra variables, a prefix around the launcher (nsys, say; see
+    `RUN_DIR_FIELD`), and the nodes the ranks span."""
 
     script: Path
     worlds: tuple[World, ...]
@@ -160,9 +174,22 @@ class Start:
     env: Mapping[str, str] = field(default_factory=dict)
     wrap: tuple[str, ...] = ()
     deepspeed: DeepSpeedSetup = field(default_factory=lambda: DEFAULT_SETUP)
+    nodes: NodeLayout = SINGLE
 
     def environment(self) -> dict[str, str]:
         return device_env(self.device) | dict(self.env)
+
+    def wrapped(self, run: Run, command: Sequence[str]) -> list[str]:
+        """`command` inside the wrap, filled in for `run` on this node."""
+        fields = {RUN_DIR_FIELD: str(run.run_dir), NODE_FIELD: str(self.nodes.rank)}
+        words = list(self.wrap)
+        for name, value in fields.items():
+            words = [word.replace(name, value) for word in words]
+        return [*words, *command]
+
+    def world_name(self, run: Run, world: World) -> str:
+        """A world as every node names it: what it runs, not where (run folders differ)."""
+        return shlex.join([run.tree.label, self.script.name, f"x{world.ranks}", *world.args])
 
 
 def start(launcher: Launcher, run: Run, what: Start) -> list[RankResults]:
@@ -191,11 +218,64 @@ def _each_world(command: Command) -> Callable[[Run, Start], list[RankResults]]:
         for index, world in enumerate(what.worlds):
             inner = dataclasses.replace(run, run_dir=world_dir(run.run_dir, index, world))
             inner.run_dir.mkdir(parents=True, exist_ok=True)
-            argv = [*what.wrap, *command(inner, world, what)]
+            if what.nodes.spans_nodes:
+                found.append(_across_nodes(command, inner, world, what))
+                continue
+            argv = what.wrapped(inner, command(inner, world, what))
             found.append(launch(inner, argv, world.ranks, what.timeout, what.environment()))
         return found
 
     return launch_worlds
+
+
+def _across_nodes(command: Command, run: Run, world: World, what: Start) -> RankResults:
+    """One world over several nodes: this node's agent (on this machine, every node's), each in
+    a folder of its own, then the nodes' shares pooled into `run`'s folder. Each rank's result
+    says which node ran it (`nodes.RAN_ON`)."""
+    layout = what.nodes
+    per_node = layout.per_node(world.ranks, f"{what.script.name} x{world.ranks}")
+    pool = nodes.pool_for(layout, run.run_dir, what.world_name(run, world), what.timeout)
+    here = list(range(layout.count)) if layout.on_this_machine else [layout.rank]
+    endpoint = f"127.0.0.1:{free_port()}" if layout.on_this_machine else layout.endpoint
+    agents = []
+    for node in here:
+        agent = dataclasses.replace(run, run_dir=run.run_dir / f"node-{node}")
+        its = dataclasses.replace(
+            what, nodes=dataclasses.replace(layout, rank=node, endpoint=endpoint)
+        )
+        agent.run_dir.mkdir(parents=True, exist_ok=True)
+        env = what.environment() | _visible_gpus(what.device, layout, node, per_node)
+        agents.append((agent, its.wrapped(agent, command(agent, world, its)), env))
+    failed: type[RunFailed] = RunFailed
+    try:
+        statuses = run_groups(agents, timeout=what.timeout)
+        failures = [
+            f"node {node}: {_describe_failure(agent, status)}"
+            for node, (agent, _, _), status in zip(here, agents, statuses, strict=True)
+            if status
+        ]
+    except RunFailed as error:  # a hang: the other nodes must not wait for this one's share
+        failed, failures = type(error), [f"node {', '.join(map(str, here))}: {error}"]
+    failure = failures[0] if failures else None
+    for node, (agent, _, _) in zip(here, agents, strict=True):
+        nodes.leave_share(pool, node, agent.run_dir, failure=failure)
+    if failure:
+        raise failed(failure)
+    try:
+        where = nodes.gather(pool, layout, run.run_dir)
+    except WorkspaceError as error:
+        raise RunFailed(str(error)) from None
+    results = _read_rank_results(run, run.run_dir, world.ranks)
+    return [result | {nodes.RAN_ON: where[rank]} for rank, result in enumerate(results)]
+
+
+def _visible_gpus(device: Device, layout: NodeLayout, node: int, per_node: int) -> dict[str, str]:
+    """On this machine, each node's agent its own GPUs: every agent numbers its ranks' devices
+    from 0 (LOCAL_RANK), as on a machine of its own."""
+    if device != Device.CUDA or not layout.on_this_machine:
+        return {}
+    first = node * per_node
+    return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(first, first + per_node)))}
 
 
 def _python(run: Run, world: World, what: Start) -> list[str]:
@@ -204,16 +284,44 @@ def _python(run: Run, world: World, what: Start) -> list[str]:
     return [run.tree.python, str(what.script), *world.args]
 
 
-def torchrun_command(python: str, script: Path, nprocs: int, args: Sequence[str]) -> list[str]:
+def torchrun_command(python: str, script: Path, nprocs: int, args: Sequence[str],
+                     layout: NodeLayout = SINGLE) -> list[str]:  # fmt: skip
+    """torchrun for one machine (`--standalone`), or this node's agent on the c10d rendezvous."""
+    if not layout.spans_nodes:
+        where = ["--standalone", f"--nproc-per-node={nprocs}"]
+    else:
+        where = [
+            f"--nnodes={layout.count}", f"--node-rank={layout.rank}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={layout.endpoint}", f"--rdzv-id={layout.run_id}",
+            f"--nproc-per-node={layout.per_node(nprocs, script.name)}",
+            *(f"--rdzv-conf={conf}" for conf in _store_host(layout)),
+        ]  # fmt: skip
+    return [python, "-m", "torch.distributed.run", *where, "--max-restarts=0", str(script), *args]
+
+
+def _store_host(layout: NodeLayout) -> list[str]:
+    """The rendezvous setting for one machine, where every agent's host matches the endpoint and
+    each would try to host the rendezvous store: node 0 does, the others only connect."""
+    return [f"is_host={int(layout.rank == 0)}"] if layout.on_this_machine else []
+
+
+def _accelerate_nodes(layout: NodeLayout, ranks: int) -> list[str]:
+    """accelerate's options for one machine (a free port), or for this node on the c10d
+    rendezvous, started by DeepSpeed's "standard" multi-node launcher: torchrun, not pdsh."""
+    if not layout.spans_nodes:
+        return ["--main_process_port", str(free_port())]
+    host, port = layout.endpoint_parts()
+    layout.per_node(ranks, "accelerate launch")
     return [
-        python, "-m", "torch.distributed.run",
-        "--standalone", f"--nproc-per-node={nprocs}", "--max-restarts=0",
-        str(script), *args,
+        "--num_machines", str(layout.count), "--machine_rank", str(layout.rank),
+        "--main_process_ip", host, "--main_process_port", str(port),
+        "--rdzv_backend", "c10d", "--deepspeed_multinode_launcher", "standard",
+        *(word for conf in _store_host(layout) for word in ("--rdzv_conf", conf)),
     ]  # fmt: skip
 
 
 def _torchrun(run: Run, world: World, what: Start) -> list[str]:
-    return torchrun_command(run.tree.python, what.script, world.ranks, world.args)
+    return torchrun_command(run.tree.python, what.script, world.ranks, world.args, what.nodes)
 
 
 def accelerate_config(num_processes: int, deepspeed_file: Path) -> dict:
@@ -250,7 +358,7 @@ def _accelerate(run: Run, world: World, what: Start) -> list[str]:
     backend = "nccl" if what.device == Device.CUDA else "gloo"
     return [
         run.tree.python, "-m", "accelerate.commands.launch",
-        "--config_file", str(accelerate_file), "--main_process_port", str(free_port()),
+        "--config_file", str(accelerate_file), *_accelerate_nodes(what.nodes, world.ranks),
         str(what.script), "--output-dir", str(run.run_dir / "output"), "--backend", backend,
         "--precision", what.deepspeed.precision, *world.args,
     ]  # fmt: skip
@@ -258,7 +366,10 @@ def _accelerate(run: Run, world: World, what: Start) -> list[str]:
 
 def _fork(run: Run, what: Start) -> list[RankResults]:
     """Every world of `what` from one interpreter that imported the script once
-    (`hostsync.prefork`); `timeout` is per world."""
+    (`hostsync.prefork`); `timeout` is per world. A fork is one machine: across nodes, torchrun
+    starts the worlds."""
+    if what.nodes.spans_nodes:
+        return LAUNCHERS[Launcher.TORCHRUN](run, what)
     folders = [world_dir(run.run_dir, i, world) for i, world in enumerate(what.worlds)]
     plan = {
         "script": str(what.script),
@@ -270,7 +381,7 @@ def _fork(run: Run, what: Start) -> list[RankResults]:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     plan_file = run.run_dir / "plan.json"
     plan_file.write_text(json.dumps(plan, indent=2) + "\n")
-    command = [*what.wrap, run.tree.python, "-m", "hostsync.prefork", str(plan_file)]
+    command = what.wrapped(run, [run.tree.python, "-m", "hostsync.prefork", str(plan_file)])
     timeout = what.timeout * len(what.worlds)
     try:
         returncode = run_group(run, command, timeout=timeout, env=what.environment())
@@ -339,26 +450,41 @@ def run_group(run: Run, command: Sequence[str], *, timeout: float, cwd: Path | N
     For commands whose exit status is an answer (pytest's 1: tests failed). Raises RunFailed on
     the timeout; either way every process of the group is gone when this returns.
     """
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    log.info("running %s (log: %s)", " ".join(command[:6]), run.log_file)
-    with run.log_file.open("w") as output:
-        process = subprocess.Popen(
-            command, cwd=cwd, env=run.environment(env), stdout=output, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-        try:
-            return process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+    (status,) = run_groups([(run, command, env)], timeout=timeout, cwd=cwd)
+    return status
+
+
+def run_groups(commands: Sequence[tuple[Run, Sequence[str], Mapping[str, str] | None]], *,
+               timeout: float, cwd: Path | None = None) -> list[int]:  # fmt: skip
+    """Run each (run, command, variables) as a process group of its own, all at once, output in
+    its run's log; their exit statuses once every one has exited, or as soon as one fails (the
+    others, which would wait for it for ever, are ended). Raises RunHung on the timeout; either
+    way every process of every group is gone when this returns."""
+    processes: list[subprocess.Popen] = []
+    try:
+        for run, command, env in commands:
+            run.run_dir.mkdir(parents=True, exist_ok=True)
+            log.info("running %s (log: %s)", " ".join(command[:6]), run.log_file)
+            with run.log_file.open("w") as output:
+                processes.append(subprocess.Popen(
+                    command, cwd=cwd, env=run.environment(env), stdout=output,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                ))  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while any(process.poll() is None for process in processes):
+            if any(process.poll() not in (None, 0) for process in processes):
+                break
+            if time.monotonic() > deadline:
+                logs = ", ".join(str(run.log_file) for run, _, _ in commands)
+                raise RunHung(
+                    f"run hung: no exit after {timeout:.0f} s, killed it and every process it"
+                    f" started; see {logs} and raise the timeout if the machine is just slow"
+                )
+            time.sleep(_POLL_S)
+    finally:
+        for process in processes:
             _kill_group(process)
-            raise RunHung(
-                f"run hung: no exit after {timeout:.0f} s, killed it and every process it started;"
-                f" see {run.log_file} and raise the timeout if the machine is just slow"
-            ) from None
-        except BaseException:
-            _kill_group(process)
-            raise
-        finally:
-            _kill_group(process)
+    return [process.returncode for process in processes]
 
 
 def _kill_group(process: subprocess.Popen) -> None:

@@ -3,6 +3,8 @@
 A command that works on a case holds `work/locks/<case>.lock` (an advisory lock, released by the
 kernel when the process ends, however it ends) for as long as it works on it. A second command
 on the same case is refused at once, naming the holder; commands on other cases run side by side.
+Across nodes each node's command holds a lock of its own (`<case>.node<R>.lock` beyond node 0):
+on a shared filesystem they would otherwise refuse each other.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ _held: dict[str, int] = {}  # lock file -> how many times this process holds it
 
 
 @contextlib.contextmanager
-def case(layout: Layout) -> Iterator[None]:
-    """Hold the case's lock while the block runs (re-entrant within one process)."""
-    path = layout.work / "locks" / f"{layout.case}.lock"
+def case(layout: Layout, node: int = 0) -> Iterator[None]:
+    """Hold the case's lock (node `node`'s) while the block runs (re-entrant within one
+    process)."""
+    name = layout.case if node == 0 else f"{layout.case}.node{node}"
+    path = layout.work / "locks" / f"{name}.lock"
     key = str(path)
     if key in _held:
         _held[key] += 1

@@ -24,9 +24,11 @@ TREE_PACKAGE_ENV = "HOSTSYNC_TREE_PACKAGE"
 SYNC_OPS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
 SYNC_OP = SYNC_OPS[0]
 # The profile's ranges: each step's measured region, and the part of it measured apart (a model
-# forward, say); a case's profile script opens them, `hostsync.profiling` reads them.
+# forward, say); a case's profile script opens them, `hostsync.profiling` reads them. The
+# profiled steps together sit in the third: what Nsight Systems records (its capture range).
 MEASURED_RANGE = "hostsync.measured"
 EXCLUDED_RANGE = "hostsync.excluded"
+PROFILED_RANGE = "hostsync.profiled"
 
 
 def repro_parser(description: str, known: Collection[str] = ()) -> argparse.ArgumentParser:

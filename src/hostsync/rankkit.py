@@ -1,5 +1,6 @@
 """What rank scripts share: the tiny model and its samples, the Trainer's settings for a short
-run, the arguments `accelerate launch` passes, JSON-safe numbers, a named profiler range.
+run, the arguments `accelerate launch` passes, JSON-safe numbers, named profiler ranges and the
+recording of the profiled steps.
 
 Rank scripts import this module, `hostsync.protocol`, `hostsync.detector`, torch and the tree
 under test, nothing else of the workspace. transformers is imported inside the functions that
@@ -11,15 +12,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
+import functools
 import math
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hostsync.protocol import RUN_DIR_ENV
+from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, PROFILED_RANGE, RUN_DIR_ENV
 
 VOCAB, LAYERS, HEADS = 128, 2, 4  # four heads: Ulysses splits them over 2 or 4 ranks
 SEQ_LEN = 16
@@ -108,14 +113,105 @@ def finite_or_name(value: float) -> float | str:
     return value if math.isfinite(value) else str(value)
 
 
+@functools.cache
+def nvtx_push_pop() -> tuple[Callable[[str], object], Callable[[], object]]:
+    """NVTX's range push and pop: torch's own on a CUDA build; on a CPU build, which has none,
+    libnvToolsExt's (Debian's libnvtoolsext1), so that Nsight Systems sees the ranges there too."""
+    if torch.version.cuda:
+        return torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
+    found = ctypes.util.find_library("nvToolsExt")
+    if found is None:
+        raise RuntimeError(
+            "NVTX ranges on a CPU build of torch need libnvToolsExt: install libnvtoolsext1"
+            " (Debian non-free), or profile with --profiler torch"
+        )
+    library = ctypes.CDLL(found)
+    return (lambda name: library.nvtxRangePushA(name.encode())), library.nvtxRangePop
+
+
 @contextlib.contextmanager
 def named_range(name: str, nvtx: bool) -> Iterator[None]:
-    """A range both the PyTorch profiler and Nsight Systems show under `name`."""
+    """A range the PyTorch profiler shows under `name`, and with `nvtx` Nsight Systems too."""
+    push, pop = nvtx_push_pop() if nvtx else (None, None)
     with torch.profiler.record_function(name):
-        if nvtx:
-            torch.cuda.nvtx.range_push(name)
+        if push:
+            push(name)
         try:
             yield
         finally:
-            if nvtx:
-                torch.cuda.nvtx.range_pop()
+            if pop:
+                pop()
+
+
+@contextlib.contextmanager
+def recording(profiler: str, cuda: bool, trace: Path | None) -> Iterator[None]:
+    """Record the profiled steps run inside: with `torch`, the PyTorch profiler, its Chrome trace
+    written to `trace`; with `nsys`, the NVTX range Nsight Systems captures (its capture range)."""
+    if profiler == "nsys":
+        with named_range(PROFILED_RANGE, nvtx=True):
+            yield
+            if cuda:
+                torch.cuda.synchronize()  # so that the last step's copies are captured
+        return
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    activities += [torch.profiler.ProfilerActivity.CUDA] if cuda else []
+    # No with_stack: on torch 2.13 long traces can then hold undecodable names (invalid JSON).
+    with torch.profiler.profile(activities=activities, record_shapes=False) as profiler_:
+        yield
+        if cuda:
+            torch.cuda.synchronize()  # so that the last step's kernels are in the trace
+    profiler_.export_chrome_trace(str(trace))
+
+
+class TrainerSteps:
+    """The profile of a `Trainer.train()`: each optimizer step in the measured range, from the
+    step's begin to its end (`TrainerCallback.on_step_begin`/`on_step_end`), the steps after
+    the first `warmup` recorded (`recording`); `excluding` sets the forward and backward
+    (`Trainer.training_step`) apart. The Trainer itself runs unchanged."""
+
+    def __init__(self, warmup: int, profiler: str, cuda: bool, trace: Path | None) -> None:
+        self.warmup, self.profiler, self.cuda, self.trace = warmup, profiler, cuda, trace
+        self.nvtx = profiler == "nsys"
+        self.recorded = contextlib.ExitStack()
+        self.step: contextlib.ExitStack | None = None
+        self.seconds: list[float] = []
+        self.started = 0.0
+
+    def on_step_begin(self, args, state, control, **_) -> None:
+        if state.global_step == self.warmup:
+            self.recorded.enter_context(recording(self.profiler, self.cuda, self.trace))
+        self.step = contextlib.ExitStack()
+        self.step.enter_context(named_range(MEASURED_RANGE, self.nvtx))
+        self.started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **_) -> None:
+        self.step.close()
+        if state.global_step > self.warmup:
+            self.seconds.append(time.perf_counter() - self.started)
+
+    def on_train_end(self, args, state, control, **_) -> None:
+        self.recorded.close()
+
+    def callback(self):
+        """These methods as a `TrainerCallback`."""
+        from transformers import TrainerCallback
+
+        steps = self
+
+        class StepRanges(TrainerCallback):
+            on_step_begin = steps.on_step_begin
+            on_step_end = steps.on_step_end
+            on_train_end = steps.on_train_end
+
+        return StepRanges()
+
+    def excluding(self, trainer_class: type) -> type:
+        """`trainer_class` with its forward and backward (`training_step`) in the excluded range."""
+        nvtx = self.nvtx
+
+        class ExcludingForwardAndBackward(trainer_class):
+            def training_step(self, *inputs, **kwargs):
+                with named_range(EXCLUDED_RANGE, nvtx):
+                    return super().training_step(*inputs, **kwargs)
+
+        return ExcludingForwardAndBackward

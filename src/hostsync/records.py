@@ -383,6 +383,17 @@ class Environment(Record):
         return {"python": self.python, **self.packages}
 
 
+@dataclass(frozen=True)
+class NodeShare(Record):
+    """Per-node provenance of a world run across nodes: which node, on which host, ran which of
+    its ranks (global RANKs: torchrun's c10d rendezvous orders the nodes itself)."""
+
+    world: str
+    node_rank: int
+    host: str
+    ranks: tuple[int, ...]
+
+
 # --- repro ---------------------------------------------------------------------------------------
 
 
@@ -500,6 +511,7 @@ class ReproResult(Result):
     comparisons: tuple[Comparison, ...]
     trainer: tuple[TrainerComparison, ...] = field(default=(), metadata=OPTIONAL)
     snippet: SnippetRuns | None = field(default=None, metadata=OPTIONAL)
+    nodes: tuple[NodeShare, ...] = field(default=(), metadata=OPTIONAL)
 
 
 # --- test_patch ----------------------------------------------------------------------------------
@@ -570,12 +582,16 @@ class StepFigures(Record):
 
 @dataclass(frozen=True)
 class NsysFigures(Record):
-    """What `nsys stats` reports of the measured ranges, per step over all ranks."""
+    """What `nsys stats` reports inside the measured ranges, per step (the largest over ranks of
+    each rank's mean, as `StepFigures`); `ranges`: the measured ranges it saw over all ranks,
+    `steps`: the most of one rank."""
 
     cuda_calls: dict[str, float]
     dtoh_copies: float
-    dtoh_mb_total: float
-    range_ms: float = 0.0
+    dtoh_bytes: float
+    range_ms: float
+    ranges: int
+    steps: int
 
 
 @dataclass(frozen=True)
@@ -594,6 +610,8 @@ class Capture(Record):
     artifacts: tuple[str, ...]
     per_step: StepFigures | None = field(default=None, metadata=OPTIONAL)
     nsys: NsysFigures | None = field(default=None, metadata=OPTIONAL)
+    nsys_version: str | None = field(default=None, metadata=OPTIONAL)
+    nodes: tuple[NodeShare, ...] = field(default=(), metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -625,6 +643,40 @@ class ProfileResult(Result):
     @property
     def on_gpu(self) -> bool:
         return any(c.device.startswith("cuda") for c in self.captures)
+
+
+# --- GPU evidence --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuTreeFigures(Record):
+    """One tree's measured call on a GPU, per step: the host reads (PyTorch profiler), the
+    device-to-host copies and synchronising CUDA calls it launched (CUDA profiler), the warnings
+    of `torch.cuda.set_sync_debug_mode("warn")`, and Nsight Systems' count where it ran. The
+    GPU's figures are None from a dry run on a CPU."""
+
+    tree: str
+    version: str
+    host_reads: float
+    dtoh_copies: float | None
+    dtoh_bytes: float | None
+    cuda_calls: dict[str, float] | None
+    sync_warnings: float | None
+    nsys: NsysFigures | None = field(default=None, metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class GpuResult(Result):
+    """A case's call measured on one GPU (`gpu/`'s scripts), for the drafts' GPU evidence."""
+
+    KIND: ClassVar[str] = "gpu"
+    device: str
+    torch: str
+    dry_run: bool
+    warmup_steps: int
+    steps: int
+    trees: dict[str, TreeInfo]
+    figures: tuple[GpuTreeFigures, ...]
 
 
 # --- hunt ----------------------------------------------------------------------------------------
@@ -699,6 +751,7 @@ class HuntTree(Record):
     profiler_only: tuple[ProfilerOnly, ...] = ()
     cross_check: tuple[CrossCheck, ...] = ()
     ranks: tuple[Json, ...] = ()
+    nodes: tuple[NodeShare, ...] = field(default=(), metadata=OPTIONAL)
 
     @property
     def measured(self) -> bool:
@@ -913,6 +966,6 @@ KINDS: dict[str, type[Result]] = {
     kind.KIND: kind
     for kind in (
         ReproResult, TestPatchResult, ProfileResult, HuntResult, BenchResult, BisectResult,
-        WatchResult,
+        WatchResult, GpuResult,
     )
 }  # fmt: skip

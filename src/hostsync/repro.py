@@ -26,7 +26,7 @@ import re
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +36,22 @@ from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.launchers import Run, RunFailed, Start, World, run_group
 from hostsync.layout import Layout
-from hostsync.options import add_case, add_device, add_timeout, case_layouts, comma_list
+from hostsync.nodes import SINGLE, NodeLayout, clear_stale, node_0_first, shares_of
+from hostsync.options import (
+    add_case,
+    add_device,
+    add_nodes,
+    add_timeout,
+    case_layouts,
+    comma_list,
+    node_layout,
+)
 from hostsync.protocol import free_port
 from hostsync.records import (
     Comparison,
     Device,
     Json,
+    NodeShare,
     ReproResult,
     RunRow,
     SnippetRuns,
@@ -63,26 +73,28 @@ def run_launch(
     timeout: float,
     detector: bool = True,
     env: Mapping[str, str] | None = None,
+    nodes: NodeLayout = SINGLE,
 ) -> list[tuple[int, Device, list[dict]]]:
     """A launch on `tree` at each rank count of `counts`: (ranks, device, each rank's result).
 
-    Each rank count gets its own device (`auto` uses GPUs only where there is one per rank); the
-    rank counts that share a device go to the launcher together (`fork` runs them all from one
-    import of its script). Run folders are removed after a success and kept, with the launcher
-    log and the failing rank's traceback, after a failure.
+    Each rank count gets its own device (`auto` uses GPUs only where there is one per rank on
+    each machine); the rank counts that share a device go to the launcher together (`fork` runs
+    them all from one import of its script). Run folders are removed after a success and kept,
+    with the launcher log and the failing rank's traceback, after a failure.
     """
     script = layout.repro / spec.script
     name = f"repro-{tree.label}-{spec.script.removesuffix('.py')}"
     by_device: dict[Device, list[int]] = {}
     for ranks in counts:
-        used = devices.resolve_device(device, ranks, tree.python)
+        used = devices.resolve_device(device, nodes.ranks_here(ranks), tree.python)
         by_device.setdefault(used, []).append(ranks)
     done: dict[int, tuple[Device, list[dict]]] = {}
     for used, group in by_device.items():
         args = ("--scenarios", ",".join(scenarios), "--device", used.value, *spec.args)
         args += () if detector else ("--no-detector",)
         run = Run(layout.new_run_dir(name), tree, layout)
-        what = Start(script, tuple(World(n, args) for n in group), used, timeout, env or {})
+        worlds = tuple(World(n, args) for n in group)
+        what = Start(script, worlds, used, timeout, env or {}, nodes=nodes)
         worlds = launchers.start(spec.launcher, run, what)
         for rank_results in worlds:
             check_contract(rank_results, scenarios, run.run_dir)
@@ -283,27 +295,61 @@ class ReproSettings:
     device: str
     timeout: float
     trainer: bool
+    nodes: NodeLayout = SINGLE
+
+
+def planned(case: Case, scenarios: Sequence[str], only_ranks: Sequence[int] = ()
+            ) -> list[tuple[Launch, list[str], list[int]]]:  # fmt: skip
+    """Each launch to run: its scenarios asked for and its rank counts kept by `only_ranks`."""
+    found = []
+    for spec in case.launches:
+        wanted = [name for name in scenarios if name in spec.scenarios]
+        counts = [n for n in spec.ranks if not only_ranks or n in only_ranks]
+        if wanted and counts:
+            found.append((spec, wanted, counts))
+    return found
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Every run's merged rows, the devices they used, and which node ran which ranks."""
+
+    runs: list[RunRow] = field(default_factory=list)
+    used: set[Device] = field(default_factory=set)
+    nodes: list[NodeShare] = field(default_factory=list)
 
 
 def measure(
     layout: Layout, case: Case, trees: list[Tree], scenarios: Sequence[str], *,
-    device: str, timeout: float, only_ranks: Sequence[int] = (),
-) -> tuple[list[RunRow], set[Device]]:  # fmt: skip
-    """Every (tree, launch, rank count) as one run: the merged rows, and the devices used.
-    `only_ranks` keeps the runs at those rank counts."""
-    runs: list[RunRow] = []
-    used: set[Device] = set()
+    device: str, timeout: float, only_ranks: Sequence[int] = (), nodes: NodeLayout = SINGLE,
+) -> Measured:  # fmt: skip
+    """Every (tree, launch, rank count) as one run. `only_ranks` keeps the runs at those rank
+    counts."""
+    found = Measured()
     for tree in trees:
-        for spec in case.launches:
-            wanted = [name for name in scenarios if name in spec.scenarios]
-            counts = [n for n in spec.ranks if not only_ranks or n in only_ranks]
-            if not wanted or not counts:
-                continue
-            done = run_launch(layout, tree, spec, counts, wanted, device=device, timeout=timeout)
+        for spec, wanted, counts in planned(case, scenarios, only_ranks):
+            done = run_launch(layout, tree, spec, counts, wanted, device=device, timeout=timeout,
+                              nodes=nodes)  # fmt: skip
             for ranks, device_used, rank_results in done:
-                used.add(device_used)
-                runs += merge_ranks(rank_results, tree.label, spec.script, ranks)
-    return runs, used
+                found.used.add(device_used)
+                found.runs.extend(merge_ranks(rank_results, tree.label, spec.script, ranks))
+                found.nodes.extend(shares_of(f"{tree.label} {spec.script} x{ranks}", rank_results))
+    return found
+
+
+def check_nodes(case: Case, settings: ReproSettings, scenarios: Sequence[str],
+                only_ranks: Sequence[int]) -> None:  # fmt: skip
+    """Refuse, before anything runs, what the nodes cannot share."""
+    if not settings.nodes.spans_nodes:
+        return
+    if settings.trainer:
+        raise WorkspaceError(
+            "--trainer compares with a run of one process, which cannot span nodes: run it on"
+            " one node"
+        )
+    for spec, _, counts in planned(case, scenarios, only_ranks):
+        for ranks in counts:
+            settings.nodes.per_node(ranks, f"{case.name}'s {spec.script} x{ranks}")
 
 
 def run_snippet(layout: Layout, case: Case, tree: Tree, device: str) -> str:
@@ -335,12 +381,16 @@ def repro_case(layout: Layout, settings: ReproSettings) -> ReproResult:
     case = cases.load(layout.root, layout.case)
     scenarios = parse_scenarios(case, settings.scenarios)
     only_ranks = parse_ranks(case, settings.ranks)
+    check_nodes(case, settings, scenarios, only_ranks)
     measured_against = provenance.inputs(layout)
-    trees = prepare_trees(layout, list(settings.trees or case.trees))
-    runs, used = measure(
+    names = list(settings.trees or case.trees)
+    trees = node_0_first(settings.nodes, f"trees of {case.name}", settings.timeout,
+                         lambda: prepare_trees(layout, names))  # fmt: skip
+    measured = measure(
         layout, case, trees, scenarios, device=settings.device, timeout=settings.timeout,
-        only_ranks=only_ranks,
+        only_ranks=only_ranks, nodes=settings.nodes,
     )  # fmt: skip
+    runs, used = measured.runs, measured.used
     trainer = tuple(
         trainer_run.compare_losses(layout, tree, timeout=settings.timeout, device=settings.device)
         for tree in (trees if settings.trainer else ())
@@ -354,7 +404,11 @@ def repro_case(layout: Layout, settings: ReproSettings) -> ReproResult:
         runs=tuple(runs),
         comparisons=tuple(compare_trees(runs, case.compare)),
         trainer=trainer,
-        snippet=snippet_runs(layout, case, trees, settings.device),
+        # One process, as a user runs it: once, on the node that writes the result.
+        snippet=snippet_runs(layout, case, trees, settings.device)
+        if settings.nodes.writes_results
+        else None,
+        nodes=tuple(measured.nodes),
     )
 
 
@@ -379,6 +433,7 @@ def parser() -> argparse.ArgumentParser:
     )
     add_device(parser)
     add_timeout(parser, "one run")
+    add_nodes(parser)
     parser.add_argument(
         "--trainer",
         action="store_true",
@@ -425,13 +480,18 @@ def main(argv: list[str]) -> int:
         device=args.device,
         timeout=args.timeout,
         trainer=args.trainer,
+        nodes=node_layout(args),
     )
+    clear_stale(settings.nodes)
     for layout in case_layouts(args.case):
-        with locks.case(layout):
+        with locks.case(layout, settings.nodes.rank):
             result = repro_case(layout, settings)
             case = cases.load(layout.root, layout.case)
             print(f"case {case.name}: {case.title}")
             print(report(case, result))
+            if not settings.nodes.writes_results:
+                print(f"node {settings.nodes.rank}: node 0 writes the result", file=sys.stderr)
+                continue
             path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
         print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
     return 0

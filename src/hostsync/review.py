@@ -10,16 +10,19 @@ template), with every figure a query over the latest results:
     {{series:added[path=tests/test_x.py].text}}             a file the series adds, whole
     {{snippet:code}}                                        the case's one-process snippet
     {{bisect:sites[project=deepspeed].first}}              the first release with the site
+    {{gpu:figures[tree=pinned].dtoh_copies}}                GPU evidence, where there is some
 
 A path walks dicts by key and maps over lists; `[key=value,...]` keeps the list items that
 match. Reducers: first (the default), last, max, min, sum, count, join. Results measured against
-another pin.toml, card, patch series or case script are stale: `review` names them and refuses,
-or reruns their commands with `--rerun`; a result of another case, one that measured nothing or
-a proof that failed is refused outright. Each draft is checked before it is written
-(`hostsync.drafts`): its length, no word of this workspace, no figure typed by hand or missing
-from the results. The same results give byte-identical drafts. `--refresh-reference` also makes
-`profiles/<case>/reference/` hold exactly the results the drafts cite, for committing together;
-without it nothing tracked is touched.
+another pin.toml, card, patch series or case script (the snippet an issue quotes among them) are
+stale: `review` names them and refuses, or reruns their commands with `--rerun`; a result of
+another case, one that measured nothing or a proof that failed is refused outright. A bisect and
+GPU evidence (`gpu` results, made by `gpu/`'s scripts on a GPU machine and copied into
+profiles/<case>/) are optional: cited when fresh, left out with a warning when stale. Each draft
+is checked before it is written (`hostsync.drafts`): its length, no word of this workspace, no
+figure typed by hand or missing from the results. The same results give byte-identical drafts.
+`--refresh-reference` also makes `profiles/<case>/reference/` hold exactly the results the drafts
+cite, for committing together; without it nothing tracked is touched.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from hostsync.layout import Layout
 from hostsync.options import add_case, case_layouts
 from hostsync.records import (
     BisectResult,
+    GpuResult,
     ProfileResult,
     ReproResult,
     Result,
@@ -54,8 +58,10 @@ from hostsync.upstream import patchqueue
 log = logging.getLogger(__name__)
 
 KINDS: tuple[type[Result], ...] = (ReproResult, TestPatchResult, ProfileResult)
-# Cited when the case has one; a draft that cites a figure none holds fails its self-check.
-OPTIONAL_KINDS: tuple[type[Result], ...] = (BisectResult,)
+# Cited where the case has one; a draft that cites a figure none holds fails its self-check.
+OPTIONAL_KINDS: tuple[type[Result], ...] = (BisectResult, GpuResult)
+# Made on a GPU machine: left out with a warning when stale, as no CPU session can remake it.
+MADE_ELSEWHERE: tuple[type[Result], ...] = (GpuResult,)
 # What a placeholder can cite: the results above, the card, the snippet, the series' new files.
 SOURCES = (*(kind.KIND for kind in KINDS + OPTIONAL_KINDS), "case", "snippet", "series")
 REFERENCE = "reference"
@@ -91,20 +97,19 @@ class Source:
 
 def latest_sources(layout: Layout, case: Case) -> dict[str, Source]:
     """The newest result of each kind the drafts cite (a profile only where the card has one,
-    a bisect where one was made)."""
+    an optional kind where there is one)."""
     found = {}
-    for kind in KINDS if case.profile else tuple(k for k in KINDS if k is not ProfileResult):
+    required = KINDS if case.profile else tuple(k for k in KINDS if k is not ProfileResult)
+    for kind in required + OPTIONAL_KINDS:
         path = results.latest(layout.profiles, kind)
+        if path is None and kind in OPTIONAL_KINDS:
+            continue
         if path is None:
             raise WorkspaceError(
                 f"no {kind.KIND} result in profiles/{layout.case}/: run"
                 f" `nox -s {kind.KIND} -- --case {layout.case}` first"
             )
         found[kind.KIND] = _source(layout, kind, path)
-    for kind in OPTIONAL_KINDS:
-        path = results.latest(layout.profiles, kind)
-        if path is not None:
-            found[kind.KIND] = _source(layout, kind, path)
     return found
 
 
@@ -147,14 +152,26 @@ def stale(layout: Layout, sources: dict[str, Source]) -> dict[str, list[str]]:
     return found
 
 
+def without_stale_made_elsewhere(layout: Layout, sources: dict[str, Source]) -> dict[str, Source]:
+    """The sources less those made elsewhere gone stale (no session here can rerun them)."""
+    kept = dict(sources)
+    for kind in MADE_ELSEWHERE:
+        source = kept.get(kind.KIND)
+        reasons = source and provenance.stale_reasons(layout, source.result)
+        if reasons:
+            log.warning("not citing stale %s (%s)", source.path.name, ", ".join(reasons))
+            del kept[kind.KIND]
+    return kept
+
+
 def fresh_sources(layout: Layout, case: Case, rerun: bool) -> dict[str, Source]:
     """The latest results, refused when stale, or first rerun with the commands that made them."""
-    sources = latest_sources(layout, case)
+    sources = without_stale_made_elsewhere(layout, latest_sources(layout, case))
     outdated = stale(layout, sources)
     if outdated and rerun:
         for kind in outdated:
             rerun_command(sources[kind])
-        sources = latest_sources(layout, case)
+        sources = without_stale_made_elsewhere(layout, latest_sources(layout, case))
         outdated = stale(layout, sources)
     if outdated:
         said = "; ".join(
@@ -257,9 +274,10 @@ def documents(layout: Layout, case: Case, sources: dict[str, Source]) -> dict[st
         if patch.name not in case.card.tests.workspace_only
         for path, text in patchqueue.added_files(patch).items()
     ]
+    absent = {kind.KIND: {} for kind in OPTIONAL_KINDS}
     return (
-        {kind: source.data for kind, source in sources.items()}
-        | {kind.KIND: None for kind in OPTIONAL_KINDS if kind.KIND not in sources}
+        absent
+        | {kind: source.data for kind, source in sources.items()}
         | {
             "case": case.card.to_json(),
             "snippet": {"code": snippet.read_text().rstrip() if snippet else None},

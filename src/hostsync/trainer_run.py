@@ -24,6 +24,7 @@ from hostsync.launchers import (
     World,
 )
 from hostsync.layout import Layout
+from hostsync.nodes import SINGLE, NodeLayout
 from hostsync.records import Launcher, TrainerComparison, Tree
 
 SP_SIZE = 2
@@ -32,21 +33,22 @@ WORKER = Path(__file__).parent / "workers" / "sp_trainer.py"
 
 def run_trainer(layout: Layout, tree: Tree, *, sp: bool, steps: int, logging_steps: int = 1,
                 worker_args: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT_S,
-                device: str = "auto",
-                setup: DeepSpeedSetup = DEFAULT_SETUP) -> list[dict]:  # fmt: skip
+                device: str = "auto", setup: DeepSpeedSetup = DEFAULT_SETUP,
+                nodes: NodeLayout = SINGLE) -> list[dict]:  # fmt: skip
     """One `accelerate launch` of the engine's Trainer worker; each rank's result, by rank.
 
-    With SP: two ranks forming one SP group of two. Without: one rank, same engine and config.
-    The run folder is removed after a success and kept, with its launcher log, after a failure.
+    With SP: two ranks forming one SP group of two (across `nodes`, one share each). Without:
+    one rank, same engine and config. The run folder is removed after a success and kept, with
+    its launcher log, after a failure.
     """
     mode = f"sp{SP_SIZE}" if sp else "nosp"
     run = Run(layout.new_run_dir(f"trainer-{tree.label}-{mode}"), tree, layout)
     nprocs = SP_SIZE if sp else 1
     # NCCL when every rank gets a GPU of its own; else gloo with GPUs hidden: with one GPU
     # visible accelerate would still place rank 1 on a `cuda:1` that does not exist.
-    used = devices.resolve_device(device, SP_SIZE, tree.python)
+    used = devices.resolve_device(device, nodes.ranks_here(SP_SIZE), tree.python)
     args = ("--steps", str(steps), "--logging-steps", str(logging_steps), *worker_args)
-    what = Start(WORKER, (World(nprocs, args),), used, timeout, deepspeed=setup)
+    what = Start(WORKER, (World(nprocs, args),), used, timeout, deepspeed=setup, nodes=nodes)
     (results,) = launchers.start(Launcher.ACCELERATE, run, what)
     check_layout(results, sp_size=nprocs, log_file=run.log_file)
     shutil.rmtree(run.run_dir)

@@ -15,7 +15,8 @@ from hostsync.hunt.measure import LOGGING_STEPS, hunt_plan, hunt_tree
 from hostsync.hunt.report import console_summary, write_reports
 from hostsync.launchers import DeepSpeedSetup
 from hostsync.layout import Layout
-from hostsync.options import add_case, add_timeout, case_layouts, comma_list
+from hostsync.nodes import SINGLE, NodeLayout, clear_stale, node_0_first
+from hostsync.options import add_case, add_nodes, add_timeout, case_layouts, comma_list, node_layout
 from hostsync.records import HuntResult, HuntSetup, Tree, TreeRole
 from hostsync.upstream.trees import prepare_tree, prepare_trees
 
@@ -34,6 +35,7 @@ class HuntSettings:
     setups: tuple[DeepSpeedSetup, ...]
     stack: tuple[str, ...]
     timeout: float
+    nodes: NodeLayout = SINGLE
 
 
 def parser() -> argparse.ArgumentParser:
@@ -61,24 +63,29 @@ def parser() -> argparse.ArgumentParser:
                         help="also import this case's patched tree (another project) in every"
                         " run: a hunt with every carried fix applied (repeatable)")  # fmt: skip
     add_timeout(parser, "one training run")
+    add_nodes(parser)
     return parser
 
 
 def settings_from(args: argparse.Namespace) -> HuntSettings:
     """The settings, every value checked before anything is downloaded or run."""
     hunt_plan(args.steps, LOGGING_STEPS)
+    nodes = node_layout(args)
+    nodes.per_node(trainer_run.SP_SIZE, "the hunt's Trainer run")
     return HuntSettings(
         trees=tuple(dict.fromkeys(comma_list(args.trees, "--trees") + args.releases)),
         steps=args.steps,
         setups=tuple(DeepSpeedSetup.parse(text) for text in comma_list(args.setups, "--setups")),
         stack=tuple(args.stack),
         timeout=args.timeout,
+        nodes=nodes,
     )
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     settings = settings_from(args)
+    clear_stale(settings.nodes)
     status = 0
     for layout in case_layouts(args.case):
         status = max(status, hunt_case(layout, settings))
@@ -100,7 +107,7 @@ def stacked(layout: Layout, tree: Tree, names: tuple[str, ...]) -> Tree:
 def hunt_case(layout: Layout, settings: HuntSettings) -> int:
     with contextlib.ExitStack() as held:
         for name in (layout.case, *settings.stack):
-            held.enter_context(locks.case(layout.for_case(name)))
+            held.enter_context(locks.case(layout.for_case(name), settings.nodes.rank))
         return _hunt(layout, settings)
 
 
@@ -108,12 +115,16 @@ def _hunt(layout: Layout, settings: HuntSettings) -> int:
     rules = load_allowlist(layout.allowlist)
     carried = carried_rules(layout.root)
     measured_against = provenance.inputs(layout)
-    trees = [
-        stacked(layout, tree, settings.stack)
-        for tree in prepare_trees(layout, list(settings.trees))
-    ]
+
+    def prepared() -> list[Tree]:
+        found = prepare_trees(layout, list(settings.trees))
+        return [stacked(layout, tree, settings.stack) for tree in found]
+
+    trees = node_0_first(settings.nodes, f"trees of {layout.case}", settings.timeout, prepared)
     hunted = [
-        hunt_tree(layout, tree, settings.steps, rules, settings.timeout, setup, carried)
+        hunt_tree(
+            layout, tree, settings.steps, rules, settings.timeout, setup, carried, settings.nodes
+        )
         for tree in trees
         for setup in settings.setups
     ]
@@ -122,6 +133,9 @@ def _hunt(layout: Layout, settings: HuntSettings) -> int:
         print(f"error: {tree.label}: {tree.error}", file=sys.stderr)
     if len(failed) == len(hunted):
         raise WorkspaceError("no tree could be hunted: see the errors above")
+    if not settings.nodes.writes_results:
+        print(f"node {settings.nodes.rank}: node 0 writes the hunt", file=sys.stderr)
+        return 1 if failed else 0
     ranks = next(tree.ranks for tree in hunted if tree.measured)
     environment = devices.describe(trees[0].python)
     result = HuntResult(

@@ -14,14 +14,24 @@ import dataclasses
 import math
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 from hostsync import trainer_run
 from hostsync.errors import WorkspaceError
 from hostsync.hunt.allowlist import reason
 from hostsync.launchers import DEFAULT_SETUP, DEFAULT_TIMEOUT_S, DeepSpeedSetup, RunFailed
 from hostsync.layout import Layout
+from hostsync.nodes import SINGLE, NodeLayout, shares_of
 from hostsync.projects import PACKAGES
-from hostsync.records import CrossCheck, HuntPlan, HuntSite, HuntTree, ProfilerOnly, Tree
+from hostsync.records import (
+    CrossCheck,
+    HuntPlan,
+    HuntSite,
+    HuntTree,
+    NodeShare,
+    ProfilerOnly,
+    Tree,
+)
 from hostsync.sites import AllowRule, Site
 
 LOGGING_STEPS = 3
@@ -47,10 +57,19 @@ def hunt_plan(steps: int, logging_steps: int) -> HuntPlan:
     return HuntPlan(steps=steps, logging_steps=logging_steps, profile=profile, twin=twin)
 
 
+@dataclass(frozen=True)
+class HuntRun:
+    """One hunted Trainer run: its plan, each rank's record, and which node ran which ranks."""
+
+    plan: HuntPlan
+    ranks: list[dict]
+    nodes: tuple[NodeShare, ...]
+
+
 def hunt_run(layout: Layout, tree: Tree, steps: int, logging_steps: int = LOGGING_STEPS,
-             timeout: float = DEFAULT_TIMEOUT_S,
-             setup: DeepSpeedSetup = DEFAULT_SETUP) -> tuple[HuntPlan, list[dict]]:  # fmt: skip
-    """The SP Trainer run under the sync detector and the profiler: the plan, each rank's record.
+             timeout: float = DEFAULT_TIMEOUT_S, setup: DeepSpeedSetup = DEFAULT_SETUP,
+             nodes: NodeLayout = SINGLE) -> HuntRun:  # fmt: skip
+    """The SP Trainer run under the sync detector and the profiler.
 
     Logging every 3 steps while SP refills data every 2: a site tied to either cycle shows as such.
     """
@@ -58,13 +77,14 @@ def hunt_run(layout: Layout, tree: Tree, steps: int, logging_steps: int = LOGGIN
     results = trainer_run.run_trainer(
         layout, tree, sp=True, steps=plan.profile, logging_steps=logging_steps,
         worker_args=["--detect-steps", str(steps), "--profile-step", str(plan.profile)],
-        timeout=timeout, setup=setup,
+        timeout=timeout, setup=setup, nodes=nodes,
     )  # fmt: skip
     context = ("device", "backend", "model")
-    return plan, [
+    ranks = [
         result["hunt"] | {"rank": rank} | {key: result[key] for key in context}
         for rank, result in enumerate(results)
     ]
+    return HuntRun(plan, ranks, shares_of(f"{tree.label} {setup.label}", results))
 
 
 # --- from rank records to sites ------------------------------------------------------------------
@@ -169,11 +189,13 @@ def profiler_only(ranks: list[dict], twin: int) -> list[ProfilerOnly]:
 
 
 def cross_check(ranks: list[dict], twin: int) -> list[CrossCheck]:
-    """Per rank: Python-level reads the profiler saw in its step against the detector's twin."""
+    """Per rank: the reads the profiler saw in its step against the detector's twin. Both see
+    a read inside an op (`masked_fill_` with a tensor value, a fused optimizer's step) too: the
+    profiler names the op, the detector the dispatch of its line."""
     return [
         CrossCheck(
             rank=rank["rank"],
-            profiler=sum(e["count"] for e in rank["profiled"] if e["via"] is None),
+            profiler=sum(e["count"] for e in rank["profiled"]),
             detector=sum(
                 site["count"]
                 for step in rank["steps"]
@@ -188,7 +210,8 @@ def cross_check(ranks: list[dict], twin: int) -> list[CrossCheck]:
 
 def hunt_tree(layout: Layout, tree: Tree, steps: int, rules: tuple[AllowRule, ...],
               timeout: float, setup: DeepSpeedSetup = DEFAULT_SETUP,
-              carried: tuple[AllowRule, ...] = ()) -> HuntTree:  # fmt: skip
+              carried: tuple[AllowRule, ...] = (), nodes: NodeLayout = SINGLE,
+              ) -> HuntTree:  # fmt: skip
     """One tree's hunt in one DeepSpeed setup: its sites, the profiler-only reads, and every
     rank's raw record, labelled `<tree> <setup>`.
 
@@ -205,16 +228,18 @@ def hunt_tree(layout: Layout, tree: Tree, steps: int, rules: tuple[AllowRule, ..
         seconds=0.0,
     )
     try:
-        plan, ranks = hunt_run(layout, tree, steps, LOGGING_STEPS, timeout=timeout, setup=setup)
+        run = hunt_run(layout, tree, steps, LOGGING_STEPS, timeout=timeout, setup=setup,
+                       nodes=nodes)  # fmt: skip
     except RunFailed as error:
         seconds = round(time.monotonic() - started, 1)
         return dataclasses.replace(hunted, seconds=seconds, error=str(error))
     return dataclasses.replace(
         hunted,
         seconds=round(time.monotonic() - started, 1),
-        plan=plan,
-        sites=tuple(summarize(ranks, rules, carried)),
-        profiler_only=tuple(profiler_only(ranks, plan.twin)),
-        cross_check=tuple(cross_check(ranks, plan.twin)),
-        ranks=tuple(ranks),
+        plan=run.plan,
+        sites=tuple(summarize(run.ranks, rules, carried)),
+        profiler_only=tuple(profiler_only(run.ranks, run.plan.twin)),
+        cross_check=tuple(cross_check(run.ranks, run.plan.twin)),
+        ranks=tuple(run.ranks),
+        nodes=run.nodes,
     )

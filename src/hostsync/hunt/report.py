@@ -272,7 +272,7 @@ def _tree_section(tree: HuntTree) -> list[str]:
             ],
         ),
         "",
-        f"Cross-check of the Python-level reads, profiled step vs the detector's twin: {checks}.",
+        f"Cross-check of the reads, profiled step vs the detector's twin: {checks}.",
     ]  # fmt: skip
 
 

@@ -2,19 +2,19 @@
 
 The card's `[profile]` names the script, how it is launched, its rank count and scenario. Each
 tree's run warms the reproducer up, then records a few steps whose measured code runs inside
-`protocol.MEASURED_RANGE`. Where `nsys` is on the PATH and the ranks have GPUs, Nsight Systems
-records them (`--capture-range=cudaProfilerApi`) and `nsys stats` makes the figures; when it
-cannot, the summary says why and the PyTorch profiler takes over, as it does everywhere else.
+`protocol.MEASURED_RANGE`. Where `nsys` is on the PATH and the ranks have GPUs (or when asked
+for on a CPU), Nsight Systems records them (`profiling.nsys`) and `nsys stats` makes the figures;
+when it cannot, the summary says why and the PyTorch profiler takes over, as it does everywhere
+else.
 """
 
 from __future__ import annotations
 
+import ctypes.util
 import logging
 import os
 import shlex
 import shutil
-import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -23,18 +23,14 @@ from pathlib import Path
 
 from hostsync import launchers
 from hostsync.cases import Case
-from hostsync.errors import WorkspaceError, last_line
+from hostsync.errors import WorkspaceError
 from hostsync.launchers import ENGINE_SRC, Run, RunFailed, Start, World, world_dir
 from hostsync.layout import Layout
-from hostsync.profiling.traces import (
-    NSYS_REPORTS,
-    NsysFailed,
-    analyse_trace,
-    combine_ranks,
-    load_trace,
-    nsys_figures,
-)
-from hostsync.protocol import MEASURED_RANGE, RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV
+from hostsync.nodes import SINGLE, NodeLayout, shares_of
+from hostsync.profiling import nsys
+from hostsync.profiling.nsys import NsysFailed
+from hostsync.profiling.traces import analyse_trace, combine_ranks, load_trace
+from hostsync.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV
 from hostsync.records import Capture, Device, Launcher, Tree
 
 log = logging.getLogger(__name__)
@@ -56,27 +52,11 @@ class ProfileSettings:
     device: str  # `auto` until the trees' environment resolves it
     profiler: str
     timeout: float
+    nodes: NodeLayout = SINGLE
 
     @property
     def ranks(self) -> int:
         return self.case.profile.ranks
-
-
-def nsys_command(report: Path) -> tuple[str, ...]:
-    """Nsight Systems around the launcher, recording between cudaProfilerStart and Stop."""
-    return (
-        "nsys", "profile", "-t", "cuda,nvtx,osrt",
-        "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
-        "-o", str(report),
-    )  # fmt: skip
-
-
-def nsys_stats_command(report: Path, prefix: Path) -> list[str]:
-    reports = [arg for name in NSYS_REPORTS for arg in ("--report", name)]
-    return [
-        "nsys", "stats", *reports, "--format", "csv", "--output", str(prefix),
-        f"--filter-nvtx={MEASURED_RANGE}", str(report),
-    ]  # fmt: skip
 
 
 def capture_name(tree: str, backend: str, world_size: int) -> str:
@@ -114,29 +94,35 @@ def capture(layout: Layout, tree: Tree, run_dir: Path, artifacts: Path,
     args = (
         "--device", str(settings.device), "--profiler", profiler,
         "--scenario", settings.scenario, "--warmup", str(settings.warmup),
-        "--steps", str(settings.steps),
+        "--steps", str(settings.steps), *settings.case.launch_of(settings.scenario).args,
     )  # fmt: skip
-    nsys_report = run_dir / "capture"
+    session = nsys.new_session()
     what = Start(
         layout.repro / spec.script, (World(settings.ranks, args),), Device(settings.device),
-        settings.timeout, wrap=nsys_command(nsys_report) if profiler == NSYS else (),
+        settings.timeout, env=nsys.ENV if profiler == NSYS else {},
+        wrap=nsys.profile_command(session) if profiler == NSYS else (), nodes=settings.nodes,
     )  # fmt: skip
     run = Run(run_dir, tree, layout)
     by_hand = rerun_command(layout, run, what, spec.launcher)
     print(f"{tree.label}: {by_hand}")
     started = time.monotonic()
-    (ranks,) = launchers.start(spec.launcher, run, what)
+    try:
+        (ranks,) = launchers.start(spec.launcher, run, what)
+    finally:
+        if profiler == NSYS:
+            nsys.end_agents(session)
     seconds = round(time.monotonic() - started, 1)
     name = capture_name(tree.label, ranks[0]["backend"], ranks[0]["world_size"])
     made = Capture(
         tree=tree.label, version=tree.version, commit=tree.commit, backend=ranks[0]["backend"],
         world_size=ranks[0]["world_size"], device=ranks[0]["device"], profiler=profiler,
         command=by_hand, wall_s=seconds, artifacts=(),
+        nodes=shares_of(f"{tree.label} {spec.script} x{settings.ranks}", ranks),
     )  # fmt: skip
-    if profiler == NSYS:
-        return _nsys_capture(layout, made, ranks, nsys_report, run_dir, artifacts, settings, name)
-    per_rank, kept = [], []
     folder = world_dir(run_dir, 0, what.worlds[0])
+    if profiler == NSYS:
+        return _nsys_capture(layout, made, folder, artifacts, name)
+    per_rank, kept = [], []
     for result in ranks:
         trace = folder / result["trace"]
         per_rank.append(analyse_trace(load_trace(trace)))
@@ -148,33 +134,38 @@ def capture(layout: Layout, tree: Tree, run_dir: Path, artifacts: Path,
 
 def rerun_command(layout: Layout, run: Run, what: Start, launcher: Launcher) -> str:
     """How to rerun the capture's world by hand, where its launcher starts one command (the
-    fork launcher has none: then the profile command itself)."""
+    fork launcher has none, nor a world across nodes: then the profile command itself)."""
     command = launchers.COMMANDS.get(launcher)
-    if command is None:
+    if command is None or what.nodes.spans_nodes:
         return f"python -m hostsync profile --case {layout.case} --trees {run.tree.label}"
     world = what.worlds[0]
     inner = replace(run, run_dir=world_dir(run.run_dir, 0, world))
     inner.run_dir.mkdir(parents=True, exist_ok=True)
-    return shown(layout, [*what.wrap, *command(inner, world, what)], inner, what.environment())
+    return shown(layout, what.wrapped(inner, command(inner, world, what)), inner,
+                 what.environment())  # fmt: skip
 
 
-def _nsys_capture(layout: Layout, made: Capture, ranks: list[dict], nsys_report: Path,
-                  run_dir: Path, artifacts: Path, settings: ProfileSettings,
+def _nsys_capture(layout: Layout, made: Capture, folder: Path, artifacts: Path,
                   name: str) -> Capture:  # fmt: skip
-    report = nsys_report.with_suffix(".nsys-rep")
-    if not report.exists():
-        raise NsysFailed("nsys recorded no .nsys-rep report (only a .qdstrm, or nothing)")
-    stats = nsys_stats_command(report, run_dir / "stats")
-    print(f"{made.tree}: {shown(layout, stats)}")
-    done = subprocess.run(stats, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        raise NsysFailed(f"`nsys stats` failed on the report ({last_line(done.stderr)})")
-    figures = nsys_figures(run_dir, "stats", settings.steps)
-    shutil.move(report, artifacts / f"{name}.nsys-rep")
-    range_s = [s for rank in ranks for s in rank["range_seconds"]]
-    # The ranks' own clocks: nsys's range covers the capture, not one step.
-    figures = replace(figures, range_ms=round(1000 * statistics.median(range_s), 3))
-    return replace(made, artifacts=(f"{name}.nsys-rep",), nsys=figures)
+    """Every node's report of the world through `nsys stats`, then its figures; the reports are
+    the capture's attachments."""
+    reports = nsys.reports_in(folder)
+    if not reports:
+        raise NsysFailed(
+            "nsys recorded no .nsys-rep report (only a .qdstrm, or nothing: see the README on"
+            " installing Nsight Systems)"
+        )
+    tables = nsys.tables()
+    prefixes = []
+    for report in reports:
+        print(f"{made.tree}: {shown(layout, nsys.stats_command(report, tables))}")
+        prefixes.append(nsys.run_stats(report, tables))
+    figures = nsys.figures(prefixes, tables)
+    kept = []
+    for report in reports:
+        kept.append(f"{name}-{report.stem.removeprefix(nsys.REPORT + '-')}.nsys-rep")
+        shutil.move(report, artifacts / kept[-1])
+    return replace(made, artifacts=tuple(kept), nsys=figures, nsys_version=nsys.version())
 
 
 def capture_with_fallback(layout: Layout, tree: Tree, staging: Path, settings: ProfileSettings,
@@ -195,13 +186,19 @@ def capture_with_fallback(layout: Layout, tree: Tree, staging: Path, settings: P
 
 
 def choose_profiler(requested: str, device: Device) -> str:
+    """`auto`: nsys where it is installed and the ranks have GPUs. Asked for on a CPU, nsys
+    records the NVTX ranges (no CUDA): the ranks push them through libnvToolsExt there."""
     found = shutil.which("nsys")
     if requested == "auto":
         return NSYS if found and device == Device.CUDA else TORCH
-    if requested == NSYS and device != Device.CUDA:
-        raise WorkspaceError("--profiler nsys records CUDA: use --device cuda, or --profiler torch")
     if requested == NSYS and not found:
         raise WorkspaceError(
-            "--profiler nsys: no nsys on the PATH; install Nsight Systems or use --profiler torch"
+            "--profiler nsys: no nsys on the PATH; install Nsight Systems (see the README) or use"
+            " --profiler torch"
+        )
+    if requested == NSYS and device != Device.CUDA and not ctypes.util.find_library("nvToolsExt"):
+        raise WorkspaceError(
+            "--profiler nsys on a CPU needs libnvToolsExt for the ranks' NVTX ranges: install"
+            " libnvtoolsext1 (see the README), or use --profiler torch"
         )
     return requested

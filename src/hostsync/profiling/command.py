@@ -11,7 +11,17 @@ from dataclasses import replace
 from hostsync import cases, devices, locks, provenance, table
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
-from hostsync.options import ALL_CASES, add_case, add_device, add_timeout, case_layouts, comma_list
+from hostsync.nodes import SINGLE, NodeLayout, clear_stale, node_0_first
+from hostsync.options import (
+    ALL_CASES,
+    add_case,
+    add_device,
+    add_nodes,
+    add_timeout,
+    case_layouts,
+    comma_list,
+    node_layout,
+)
 from hostsync.profiling.capture import ProfileSettings, capture_with_fallback, choose_profiler
 from hostsync.profiling.report import publish, summary_table
 from hostsync.records import ProfileResult, ProfileSetting, RegionLabels
@@ -25,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hostsync profile",
         description="Profile a case's measured code before and after, tree by tree: Nsight"
-        " Systems where nsys and GPUs exist, the PyTorch profiler everywhere.",
+        " Systems where nsys and GPUs exist (or when asked for), the PyTorch profiler everywhere.",
     )
     add_case(parser)
     parser.add_argument("--trees", help="trees to profile, before first (default: the card's)")
@@ -37,13 +47,16 @@ def parser() -> argparse.ArgumentParser:
         "--profiler",
         choices=("auto", "torch", "nsys"),
         default="auto",
-        help="auto: nsys when it is on the PATH and the ranks have GPUs",
+        help="auto: nsys when it is on the PATH and the ranks have GPUs; nsys on a CPU records"
+        " the measured ranges and no CUDA (needs libnvToolsExt)",
     )
     add_timeout(parser, "one profiled launch")
+    add_nodes(parser)
     return parser
 
 
-def settings_for(layout: Layout, args: argparse.Namespace) -> ProfileSettings | None:
+def settings_for(layout: Layout, args: argparse.Namespace,
+                 nodes: NodeLayout = SINGLE) -> ProfileSettings | None:  # fmt: skip
     """The case's settings, checked before anything runs; None for a case without a profile
     under `--case all`."""
     case = cases.load(layout.root, layout.case)
@@ -56,15 +69,19 @@ def settings_for(layout: Layout, args: argparse.Namespace) -> ProfileSettings | 
     if scenario not in case.scenarios:
         raise WorkspaceError(f"--scenario {scenario}: choose one of {', '.join(case.scenarios)}")
     names = tuple(comma_list(args.trees, "--trees") if args.trees else case.trees)
+    nodes.per_node(case.profile.ranks, f"{case.name}'s profile")
     return ProfileSettings(case, names, scenario, args.warmup, args.steps, args.device,
-                           args.profiler, args.timeout)  # fmt: skip
+                           args.profiler, args.timeout, nodes)  # fmt: skip
 
 
 def profile_case(layout: Layout, settings: ProfileSettings) -> None:
     case = settings.case
     measured_against = provenance.inputs(layout)
-    trees = prepare_trees(layout, list(settings.trees))
-    device = devices.resolve_device(settings.device, settings.ranks, trees[0].python)
+    trees = node_0_first(settings.nodes, f"trees of {case.name}", settings.timeout,
+                         lambda: prepare_trees(layout, list(settings.trees)))  # fmt: skip
+    device = devices.resolve_device(
+        settings.device, settings.nodes.ranks_here(settings.ranks), trees[0].python
+    )
     # What `auto` resolved to on this machine, for the captures.
     settings = replace(settings, device=device, profiler=choose_profiler(settings.profiler, device))
     notes = [
@@ -75,6 +92,10 @@ def profile_case(layout: Layout, settings: ProfileSettings) -> None:
     staging = layout.new_run_dir("profile")
     (staging / "artifacts").mkdir()
     captures = [capture_with_fallback(layout, tree, staging, settings, notes) for tree in trees]
+    if not settings.nodes.writes_results:
+        shutil.rmtree(staging)
+        print(f"node {settings.nodes.rank}: node 0 writes the profile", file=sys.stderr)
+        return
     result = ProfileResult(
         stamp=provenance.stamp(layout, measured_against),
         environment=devices.describe(trees[0].python),
@@ -100,9 +121,11 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.warmup < 1 or args.steps < 1:
         raise WorkspaceError("--warmup and --steps must be at least 1: the first step is slow")
-    chosen = [(layout, settings_for(layout, args)) for layout in case_layouts(args.case)]
+    nodes = node_layout(args)
+    chosen = [(layout, settings_for(layout, args, nodes)) for layout in case_layouts(args.case)]
+    clear_stale(nodes)
     for layout, settings in chosen:
         if settings is not None:
-            with locks.case(layout):
+            with locks.case(layout, nodes.rank):
                 profile_case(layout, settings)
     return 0

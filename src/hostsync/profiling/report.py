@@ -16,35 +16,43 @@ from hostsync.protocol import SYNC_OP
 from hostsync.records import Capture, ProfileResult, RegionLabels
 
 
+def cuda_columns(result: ProfileResult) -> bool:
+    """The CUDA columns: from a GPU, or from nsys, which counts CUDA calls (0 on a CPU)."""
+    return result.on_gpu or any(c.nsys for c in result.captures)
+
+
 def headers(result: ProfileResult) -> list[str]:
     """The summary's columns; times only from a GPU, where they mean something."""
     labels = result.labels
     found = ["tree", "release", "profiler", f"host reads ({SYNC_OP})", f"in {labels.measured}",
              f"in {labels.excluded}", "aten::item", "aten::is_nonzero"]  # fmt: skip
-    if result.on_gpu:
+    if cuda_columns(result):
         found += ["range ms (median)", "DtoH copies", "DtoH bytes", *CUDA_CALLS]
         found += ["GPU idle ms (median)"]
     return found
 
 
 def summary_table(result: ProfileResult) -> tuple[list[str], list[list[object]]]:
-    """Per-step figures by tree; times and the CUDA columns only when the capture ran on CUDA."""
-    return headers(result), [summary_row(c, result.on_gpu) for c in result.captures]
+    """Per-step figures by tree; the CUDA columns from a GPU or nsys, times only from a GPU."""
+    rows = [summary_row(c, cuda_columns(result), result.on_gpu) for c in result.captures]
+    return headers(result), rows
 
 
-def summary_row(c: Capture, cuda: bool) -> list[object]:
-    if c.per_step is None:  # nsys: the figures of its reports only
+def summary_row(c: Capture, cuda: bool, times: bool) -> list[object]:
+    unknown = "-"
+    if c.per_step is None:  # nsys: the figures of its reports, no host reads (they are no CUDA)
         nsys = c.nsys
-        counts = [nsys.dtoh_copies, f"{nsys.dtoh_mb_total} MB in all"]
+        range_ms = nsys.range_ms if times else unknown
         calls = [nsys.cuda_calls[call] for call in CUDA_CALLS]
-        return [c.tree, c.version, "nsys", *["-"] * 5, nsys.range_ms, *counts, *calls, "-"]
+        return [c.tree, c.version, "nsys", *[unknown] * 5, range_ms, nsys.dtoh_copies,
+                nsys.dtoh_bytes, *calls, unknown]  # fmt: skip
     step = c.per_step
     ops, in_forward = step.ops, step.ops_in_forward[SYNC_OP]
     row = [c.tree, c.version, c.profiler, ops[SYNC_OP], tidy(ops[SYNC_OP] - in_forward),
            in_forward, ops["aten::item"], ops["aten::is_nonzero"]]  # fmt: skip
     if cuda:
         calls = step.cuda_calls or {}
-        row += [step.range_ms, step.dtoh_copies, step.dtoh_bytes,
+        row += [step.range_ms if times else unknown, step.dtoh_copies, step.dtoh_bytes,
                 *(calls.get(k) for k in CUDA_CALLS), step.gpu_idle_ms]  # fmt: skip
     return row
 
@@ -70,6 +78,18 @@ def caveats(result: ProfileResult) -> list[str]:
             " that waits for the device when the same step runs on a GPU.",
             "",
         ]
+    if any(c.nsys for c in result.captures) and not result.on_gpu:
+        lines += [
+            "Nsight Systems on a CPU records the measured ranges (NVTX) and no CUDA: its CUDA"
+            " counts are 0 there; the `.nsys-rep` shows the ranges and the OS runtime calls.",
+            "",
+        ]
+    lines += [
+        f"{c.tree}: nsys {c.nsys_version} saw {c.nsys.ranges} measured ranges, {c.nsys.steps}"
+        " steps on the rank with most.\n"
+        for c in result.captures
+        if c.nsys
+    ]
     return lines + [f"Note: {note}\n" for note in result.notes]
 
 

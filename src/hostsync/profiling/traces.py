@@ -1,19 +1,17 @@
-"""Reading what a profiler recorded: a rank's Chrome trace, or `nsys stats` tables.
+"""Reading what a profiler recorded: a rank's Chrome trace, or events made of `nsys stats` tables.
 
 The figures come from the traces themselves: per step, inside the range
 `protocol.MEASURED_RANGE`, the calls of `aten::_local_scalar_dense` (the host read every
 `if t > 0`, `max(t, 1)` and `.item()` becomes), `aten::item` and `aten::is_nonzero`, the share of
 the part measured apart (`protocol.EXCLUDED_RANGE`); the range's wall time; on CUDA the
-device-to-host copies the range launched, their bytes, `cudaStreamSynchronize` and
-`cudaMemcpyAsync` calls, and how long the GPU sat idle inside the range.
+device-to-host copies the range launched, their bytes, the synchronising CUDA calls
+(`CUDA_CALLS`), and how long the GPU sat idle inside the range.
 """
 
 from __future__ import annotations
 
-import csv
 import gzip
 import json
-import re
 import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -22,16 +20,13 @@ from typing import NamedTuple
 
 from hostsync.errors import WorkspaceError
 from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, SYNC_OP, SYNC_OPS
-from hostsync.records import NsysFigures, StepFigures, Timeline
+from hostsync.records import StepFigures, Timeline
 
-CUDA_CALLS = ("cudaStreamSynchronize", "cudaMemcpyAsync")
+# The CUDA calls that make the host wait for the device (a copy to pageable host memory waits
+# too, whichever call queued it).
+CUDA_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaMemcpy")
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATEGORIES = ("cpu_op", "cuda_runtime", "cuda_driver")
-NSYS_REPORTS = ("cuda_api_sum", "cuda_gpu_mem_size_sum")
-
-
-class NsysFailed(WorkspaceError):
-    """nsys ran but made no usable report (e.g. a copy that records .qdstrm but cannot export)."""
 
 
 class Window(NamedTuple):
@@ -67,6 +62,13 @@ def windows(events: Sequence[dict], name: str) -> list[Window]:
 def analyse_trace(trace: dict) -> list[dict]:
     """The figures of each measured step of one rank's Chrome trace (times in ms)."""
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    gpu = any(e.get("cat") in GPU_CATEGORIES for e in events)
+    return analyse_events(events, cuda=bool(trace.get("deviceProperties")) or gpu)
+
+
+def analyse_events(events: list[dict], cuda: bool) -> list[dict]:
+    """The figures of each measured step in one rank's complete events; `cuda`: the recording
+    watched CUDA (else its CUDA figures are None, not 0)."""
     steps = windows(events, MEASURED_RANGE)
     if not steps:
         raise WorkspaceError(
@@ -75,7 +77,6 @@ def analyse_trace(trace: dict) -> list[dict]:
     forwards = windows(events, EXCLUDED_RANGE)
     host = [e for e in events if e.get("cat") in HOST_CATEGORIES]
     gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES]
-    cuda = bool(trace.get("deviceProperties")) or bool(gpu)
     return [step_figures(step, forwards, host, gpu if cuda else None) for step in steps]
 
 
@@ -194,26 +195,3 @@ def combine_ranks(per_rank_steps: list[list[dict]]) -> StepFigures:
 def tidy(value: float) -> float | int:
     """A whole number as an int: counts per step read as counts."""
     return int(value) if float(value).is_integer() else round(value, 3)
-
-
-# --- nsys ----------------------------------------------------------------------------------------
-
-
-def nsys_figures(stats_dir: Path, prefix: str, steps: int) -> NsysFigures:
-    """cuda_api_sum and cuda_gpu_mem_size_sum CSVs as per-step figures (all ranks together)."""
-    api = _csv_rows(stats_dir / f"{prefix}_cuda_api_sum.csv")
-    memory = _csv_rows(stats_dir / f"{prefix}_cuda_gpu_mem_size_sum.csv")
-    calls = {row["Name"].split("_v")[0]: int(row["Num Calls"]) for row in api}
-    dtoh = [row for row in memory if re.search(r"Device-to-Host|DtoH", row["Operation"])]
-    return NsysFigures(
-        cuda_calls={call: tidy(calls.get(call, 0) / steps) for call in CUDA_CALLS},
-        dtoh_copies=tidy(sum(int(row["Count"]) for row in dtoh) / steps),
-        dtoh_mb_total=sum(float(row["Total (MB)"]) for row in dtoh),
-    )
-
-
-def _csv_rows(path: Path) -> list[dict]:
-    if not path.exists():
-        raise NsysFailed(f"nsys stats wrote no {path.name}")
-    with path.open(newline="") as table_file:
-        return list(csv.DictReader(table_file))

@@ -1,0 +1,79 @@
+"""One rank of `python -m hostsync profile` for ZeRO clipping: engine steps, warmed up, profiled.
+
+Started through torchrun like `clip_step.py`, whose engine it builds unchanged (the tiny model
+with a Trainer's two parameter groups, fused AdamW, gradient clipping 1.0, the ZeRO stage and
+precision of the scenario's launch arguments), with no gradient made infinite: every step is
+applied. Each step's `engine.backward` and `engine.step` run in the measured range, the backward
+in the excluded range inside it, so that what is left is the optimizer step:
+`unscale_and_clip_grads` and the step's own overflow check. The forward runs before the range.
+
+`--profiler torch` records the steps with the PyTorch profiler and writes this rank's Chrome trace
+to the run folder; `--profiler nsys` opens the ranges as NVTX ranges too, for Nsight Systems.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import clip_step  # torchrun puts this script's folder first on sys.path
+import torch
+
+from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, RUN_DIR_ENV, rank_entry
+from hostsync.rankkit import named_range, recording
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    clip_step.add_engine_arguments(parser)
+    parser.add_argument("--scenario", default="bf16-zero1")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--profiler", choices=("torch", "nsys"), default="torch")
+    parser.add_argument("--warmup", type=int, default=2, help="unprofiled steps first")
+    parser.add_argument("--steps", type=int, default=3, help="profiled steps")
+    return parser.parse_args()
+
+
+def train_step(engine, inputs, target, nvtx: bool) -> float:
+    """The forward, then backward and step in their ranges; the range's wall time in seconds."""
+    loss = torch.nn.functional.mse_loss(engine(inputs).float(), target)
+    started = time.perf_counter()
+    with named_range(MEASURED_RANGE, nvtx):
+        with named_range(EXCLUDED_RANGE, nvtx):
+            engine.backward(loss)
+        engine.step()
+    return time.perf_counter() - started
+
+
+@rank_entry
+def main() -> dict:
+    args = parse_args()
+    engine = clip_step.engine_for(args)
+    rank = torch.distributed.get_rank()
+    cuda = args.device == "cuda"
+    trace = Path(os.environ[RUN_DIR_ENV]) / f"trace-rank{rank}.json.gz"
+    trace = trace if args.profiler == "torch" else None
+    nvtx = args.profiler == "nsys"
+    batches = clip_step.batches(engine, args.dtype, args.warmup + args.steps)
+    for _ in range(args.warmup):
+        train_step(engine, *next(batches), nvtx)
+    with recording(args.profiler, cuda, trace):
+        seconds = [train_step(engine, *batch, nvtx) for batch in batches]
+    return {
+        "rank": rank,
+        "world_size": torch.distributed.get_world_size(),
+        "backend": torch.distributed.get_backend(),
+        "device": str(engine.device),
+        "scenario": args.scenario,
+        "warmup_steps": args.warmup,
+        "steps": args.steps,
+        "skipped_steps": int(engine.skipped_steps),
+        "range_seconds": seconds,
+        "trace": trace and trace.name,
+    }
+
+
+if __name__ == "__main__":
+    main()

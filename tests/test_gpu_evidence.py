@@ -1,0 +1,88 @@
+"""GPU evidence: the loss case's GPU script, run dry on a CPU (what a lent GPU runs for real), and
+`review`'s optional source `gpu`: cited when fresh, left out when stale, "not measured" when
+absent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hostsync import cases, drafts, provenance, results, review
+from hostsync.layout import ROOT, Layout
+from hostsync.records import GpuResult, GpuTreeFigures
+
+import made
+
+SCRIPT = ROOT / "gpu" / "loss_case_on_gpu.py"
+GPU_FIGURE = "{{gpu:figures[tree=pinned].dtoh_copies}}"
+
+
+def gpu_result(layout: Layout, copies: int) -> GpuResult:
+    """A GPU result (test input), as `measure` writes it on a GPU."""
+    figures = GpuTreeFigures("pinned", "5.13.1", host_reads=2, dtoh_copies=copies, dtoh_bytes=2,
+                             cuda_calls={"cudaStreamSynchronize": 2}, sync_warnings=2)  # fmt: skip
+    return GpuResult(made.stamp(layout), device="a test GPU", torch="2.11.0", dry_run=False,
+                     warmup_steps=3, steps=10, trees={"pinned": made.info("5.13.1")},
+                     figures=(figures,))  # fmt: skip
+
+
+def documents(layout: Layout) -> dict:
+    case = cases.load(layout.root, layout.case)
+    sources = review.without_stale_made_elsewhere(layout, review.latest_sources(layout, case))
+    return review.documents(layout, case, sources)
+
+
+def with_required_results(layout: Layout) -> Layout:
+    """The results review always needs (test inputs), so that only the GPU source varies."""
+    results.write(layout.profiles, made.repro(layout, (made.row("pinned", 2, 3),)), layout.unsaved)
+    results.write(layout.profiles, made.test_patch(layout), layout.unsaved)
+    capture = made.capture("pinned", 3)
+    results.write(layout.profiles, made.profile(layout, capture), layout.unsaved)
+    return layout
+
+
+def test_gpu_evidence_is_cited_when_fresh_and_not_measured_when_absent_or_stale(
+    workspace: Layout,
+) -> None:
+    layout = with_required_results(workspace)
+    assert review.fill(GPU_FIGURE, documents(layout)) == drafts.NOT_MEASURED
+
+    results.write(layout.profiles, gpu_result(layout, copies=2), layout.unsaved)
+    assert review.fill(GPU_FIGURE, documents(layout)) == "2"
+
+    layout.case_file.write_text(layout.case_file.read_text() + "\n# edited\n")
+    assert review.fill(GPU_FIGURE, documents(layout)) == drafts.NOT_MEASURED
+
+
+@pytest.mark.distributed
+def test_the_gpu_script_runs_dry_on_a_cpu_pinned_reading_twice_a_step_fixed_never(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    """`pack` then `measure --device cpu`: the steps the GPU machine runs, without the GPU's
+    figures (None: a CPU has no copies to count)."""
+    env = os.environ | {"HOSTSYNC_ROOT": str(workspace.root)}
+
+    def script(*argv: str) -> str:
+        done = subprocess.run([sys.executable, str(SCRIPT), *argv], env=env, capture_output=True,
+                              text=True, timeout=900)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    script("pack")
+    assert sorted(p.name for p in (workspace.root / "gpu" / "carry").iterdir()) == [
+        "5.14.0.tar.gz", "pinned.tar.gz", "trees.json",
+    ]  # fmt: skip
+    script("measure", "--device", "cpu", "--warmup", "1", "--steps", "2", "--out-dir",
+           str(tmp_path))  # fmt: skip
+
+    (path,) = tmp_path.glob("gpu-*.json")
+    result = results.read(path, GpuResult)
+    figures = {tree.tree: tree for tree in result.figures}
+    assert (figures["pinned"].host_reads, figures["5.14.0"].host_reads) == (2, 0)
+    assert figures["pinned"].dtoh_copies is None and figures["pinned"].sync_warnings is None
+    assert result.dry_run and result.stamp.case == "sp-loss"
+    assert provenance.stale_reasons(workspace, result) == []
