@@ -53,7 +53,7 @@ def load(root: Path) -> Matrix:
     setups = {}
     for name, table in data.get("setups", {}).items():
         try:
-            setups[name] = check(records.load(CensusSetup, table, name))
+            setups[name] = check(records.load(CensusSetup, table, name), name)
         except RecordError as error:
             raise WorkspaceError(f"{FILE}: setups.{error}: fix the setup") from None
     if not setups:
@@ -61,20 +61,22 @@ def load(root: Path) -> Matrix:
     return Matrix(data["steps"], setups)
 
 
-def check(setup: CensusSetup) -> CensusSetup:
+def check(setup: CensusSetup, name: str) -> CensusSetup:
     """What types cannot say: the combinations a launch cannot run."""
     if setup.ranks not in (1, 2):
-        raise RecordError("ranks", "must be 1 or 2")
+        raise RecordError(f"{name}.ranks", "must be 1 or 2")
     if setup.zero_stage not in (0, 1, 2, 3):
-        raise RecordError("zero_stage", "must be 0 (no DeepSpeed), 1, 2 or 3")
+        raise RecordError(f"{name}.zero_stage", "must be 0 (no DeepSpeed), 1, 2 or 3")
     if setup.sp and (setup.zero_stage == 0 or setup.ranks < 2):
-        raise RecordError("sp", "Ulysses SP needs DeepSpeed (zero_stage 1-3) and 2 ranks")
+        raise RecordError(f"{name}.sp", "Ulysses SP needs DeepSpeed (zero_stage 1-3) and 2 ranks")
     sft_only = [key for key in ("packing", "padding_free") if getattr(setup, key)]
     if sft_only and setup.trainer != TrainerKind.SFT:
-        raise RecordError(sft_only[0], "is an SFTTrainer option: set trainer = 'SFTTrainer'")
+        raise RecordError(
+            f"{name}.{sft_only[0]}", "is an SFTTrainer option: set trainer = 'SFTTrainer'"
+        )
     for key in ("batch_size", "gradient_accumulation_steps", "logging_steps"):
         if getattr(setup, key) < 1:
-            raise RecordError(key, "must be 1 or more")
+            raise RecordError(f"{name}.{key}", "must be 1 or more")
     return setup
 
 
