@@ -65,8 +65,10 @@ class Run:
 
     @property
     def extensions_dir(self) -> Path:
+        """Compiled extensions, apart per environment, and per tree where the tree (or one
+        stacked beside it, say DeepSpeed's under the census) compiles from its own sources."""
         where = Path(self.tree.python).parent.parent.name
-        if self.tree.project.extensions_per_tree:
+        if self.tree.project.extensions_per_tree or self.tree.stacked:
             where += f"-{self.layout.case}-{self.tree.label}"
         return self.layout.cache / "torch_extensions" / where
 
