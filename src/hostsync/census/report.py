@@ -142,6 +142,9 @@ def render(result: CensusResult, source: str, png: str | None) -> str:
     out += [
         "## Every site, ranked by reads per step summed over the setups",
         "",
+        "*when*: the steps of its first setup that read there (every step, logging steps, some"
+        " steps, or one step: a one-off averaged over the steady steps).",
+        "",
         table.markdown(
             (
                 "#",
@@ -189,12 +192,14 @@ def heat_map(result: CensusResult, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import PowerNorm
 
     setups = list(result.setups)
     sites = census_sites(result.runs)[:TOP]
     values = [[s.rates.get(TODAY, {}).get(name, 0.0) for s in sites] for name in setups]
     figure, axes = plt.subplots(figsize=(2.2 + 0.55 * len(sites), 1.6 + 0.42 * len(setups)))
-    image = axes.imshow(values, cmap="Reds", aspect="auto", vmin=0)
+    # A square-root scale: a one-off burst (ZeRO 3's trace check) must not wash out the rest.
+    image = axes.imshow(values, cmap="Reds", aspect="auto", norm=PowerNorm(0.5, vmin=0))
     axes.set_yticks(range(len(setups)), setups, fontsize=8)
     labels = [f"#{n} {s.site.file.rsplit('/', 1)[-1]}:{s.site.line}" for n, s in
               enumerate(sites, start=1)]  # fmt: skip
