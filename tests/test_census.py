@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -145,7 +146,7 @@ def test_the_census_smoke_setup_runs_and_reports(tmp_path: Path) -> None:
          "--columns", "today"],
         capture_output=True, text=True, timeout=1800,
         env={"PYTHONPATH": str(ROOT / "src"), "HOSTSYNC_ROOT": str(workspace.root),
-             "PATH": str(Path(sys.executable).parent)},
+             "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])},
     )  # fmt: skip
 
     assert done.returncode == 0, done.stderr[-2000:]
