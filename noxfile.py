@@ -98,6 +98,12 @@ def hunt(session: nox.Session) -> None:
 
 
 @nox.session(python=False, tags=["expensive"])
+def census(session: nox.Session) -> None:
+    """Every host sync of the training setups users run (census.toml), today and with every fix."""
+    hostsync(session, "census", *session.posargs)
+
+
+@nox.session(python=False, tags=["expensive"])
 def bench(session: nox.Session) -> None:
     """Wall time of a case's reproducer, and the sync detector's overhead and accuracy."""
     hostsync(session, "bench", *session.posargs)

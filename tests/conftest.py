@@ -14,7 +14,7 @@ import pytest
 from hostsync.layout import ROOT, Layout
 
 CASE = "sp-loss"
-COMMITTED = ("cases", "patches", "repro", "pin.toml", "hunt_allowlist.toml")
+COMMITTED = ("cases", "patches", "repro", "pin.toml", "hunt_allowlist.toml", "census.toml")
 SHARED = ("cache", "envs")
 
 

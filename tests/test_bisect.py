@@ -29,6 +29,13 @@ READ = "is_invalid_grad_norm(clip_norm)"
 UTILS = """
     def is_invalid_grad_norm(norm):
         return norm.isinf() or norm.isnan()
+
+
+    def clip_tensors_by_global_norm(tensors, max_norm, global_norm):
+        clip_coef = max_norm / global_norm
+        if clip_coef < 1:
+            for tensor in tensors:
+                tensor.mul_(clip_coef)
 """
 # unscale_and_clip_grads before the guard (the clamp of DeepSpeed #5632), with it, and fixed.
 CLAMPED = """
@@ -112,8 +119,12 @@ def planted(tmp_path: Path) -> tuple[Path, Path]:
     return repo, index
 
 
-def history_of(result_path: Path) -> dict:
-    (site,) = json.loads(result_path.read_text())["sites"]
+def history_of(result_path: Path, function: str | None = None) -> dict:
+    """The one site searched, or the one in `function`."""
+    (site,) = [
+        site for site in json.loads(result_path.read_text())["sites"]
+        if function in (None, site["site"].get("function"))
+    ]  # fmt: skip
     return site
 
 
@@ -193,7 +204,9 @@ def test_a_cases_site_is_found_since_the_release_that_added_it(tmp_path: Path) -
 
     assert done.returncode == 0, done.stderr
     (path,) = layout.profiles.glob("bisect-*.json")
-    site = history_of(path)
+    sibling = history_of(path, "clip_tensors_by_global_norm")  # the series' other site
+    assert (sibling["first"], sibling["before_first"]) == ("0.19.6", None)
+    site = history_of(path, "is_invalid_grad_norm")
     assert (site["first"], site["last"], site["before_first"], site["after_last"]) == (
         "0.19.8", "0.19.8", "0.19.7", None,
     )  # fmt: skip

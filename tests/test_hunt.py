@@ -16,7 +16,9 @@ from hostsync.launchers import DeepSpeedSetup
 from hostsync.layout import ROOT, Layout
 from hostsync.records import CrossCheck, HuntResult, HuntSite, HuntTree, Tree, TreeRole
 from hostsync.sites import AllowRule
-from hostsync.upstream.trees import prepare_tree
+from hostsync.upstream.git import git
+from hostsync.upstream.patchqueue import series
+from hostsync.upstream.trees import prepare_tree, stack_trees
 
 import made
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line
@@ -186,7 +188,7 @@ def test_profiler_reads_beyond_the_twin_step_are_listed_with_their_kernel() -> N
     assert [(e.function, e.via, e.count) for e in only] == [
         ("_fused_adam", "aten::_fused_adamw_", 2)
     ]
-    assert measure.cross_check([record], twin=3) == [CrossCheck(rank=0, profiler=2, detector=6)]
+    assert measure.cross_check([record], twin=3) == [CrossCheck(rank=0, profiler=4, detector=6)]
 
 
 @pytest.mark.parametrize(
@@ -314,13 +316,28 @@ def test_setups_are_a_precision_and_a_zero_stage() -> None:
     assert (setup.precision, setup.zero_stage, setup.label) == ("bf16", 2, "bf16-zero2")
     config = setup.config()
     assert (config["zero_optimization"]["stage"], config["bf16"]["enabled"]) == (2, True)
+    assert DeepSpeedSetup.parse("fp16-zero1").config()["fp16"]["enabled"] is True
     with pytest.raises(WorkspaceError, match="PRECISION-zeroSTAGE"):
-        DeepSpeedSetup.parse("fp16-zero1")
+        DeepSpeedSetup.parse("fp8-zero1")
 
 
-def test_a_case_of_the_same_project_cannot_be_stacked(workspace: Layout) -> None:
-    tree = Tree("pinned", TreeRole.PINNED, workspace.root, "5.13.1", "", "a test",
+def test_cases_of_two_releases_are_not_stacked_on_one_tree(workspace: Layout) -> None:
+    tree = Tree("patched", TreeRole.PATCHED, workspace.root, "5.13.1", "", "a test",
                 projects.get("transformers"))  # fmt: skip
 
-    with pytest.raises(WorkspaceError, match="--stack trainer-nan-filter: a case of transformers"):
+    # sp-loss pins transformers 5.13.1, trainer-nan-filter 5.24.0: refused before any download.
+    with pytest.raises(WorkspaceError, match="trainer-nan-filter pin another project or release"):
         command.stacked(workspace, tree, ("trainer-nan-filter",))
+
+
+@pytest.mark.network
+def test_two_series_of_one_release_stack_on_one_tree(workspace: Layout) -> None:
+    names = ["trainer-nan-filter", "trainer-grad-norm"]
+
+    tree = stack_trees(workspace, names)[0]
+
+    applied = git(tree.root, "log", "--format=%s", f"{cases.load(ROOT, names[0]).pin.tag}..HEAD")
+    expected = [p for name in names for p in series(workspace.for_case(name))]
+    assert len(applied.stdout.splitlines()) == len(expected)
+    assert tree.label == "5.24.0+trainer-nan-filter+trainer-grad-norm"
+    assert tree.role == TreeRole.PATCHED

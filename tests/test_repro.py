@@ -419,3 +419,32 @@ def test_the_deepspeed_grad_norm_is_read_every_step_and_with_the_fix_only_when_l
     assert runs["patched"]["grad_norm_reads_per_step"] == [0, 0, 0, 0]
     assert runs["patched"]["logged_reads_per_step"] == [0, 0, 0, 1]
     assert [c["verdict"] for c in measured["comparisons"]] == ["identical"]
+
+
+@pytest.mark.distributed
+@pytest.mark.network
+def test_sft_metrics_are_read_every_micro_batch_and_with_the_fix_once_per_log(
+    tmp_path: Path,
+) -> None:
+    """TRL's SFTTrainer in one process, logging every 2 steps: the same logged metrics."""
+    measured = measure_live_case(tmp_path, "trl-sft-metrics", ["padded"], ranks="1")
+
+    runs = {run["tree"]: run for run in measured["runs"]}
+    assert runs["pinned"]["reads_per_micro_batch"] == [5, 5, 5, 5]
+    assert runs["patched"]["reads_per_micro_batch"] == [0, 0, 0, 0]
+    # one read per metric (entropy, accuracy, token count) when it is logged; none at the summary
+    assert runs["patched"]["reads_per_log"] == [3, 3, 0]
+    assert [c["verdict"] for c in measured["comparisons"]] == ["identical"]
+
+
+@pytest.mark.distributed
+@pytest.mark.network
+def test_the_ulysses_length_check_reads_once_per_tensor_and_the_fix_never(tmp_path: Path) -> None:
+    """DeepSpeed's Ulysses SP data loader on 2 real SP ranks: the same micro-batches."""
+    measured = measure_live_case(tmp_path, "ds-ulysses-seqlen", ["refill"])
+
+    runs = {run["tree"]: run for run in measured["runs"]}
+    tensors = runs["pinned"]["tensors"]
+    assert set(runs["pinned"]["length_check_reads_per_refill"]) == {tensors}
+    assert set(runs["patched"]["length_check_reads_per_refill"]) == {0}
+    assert [c["verdict"] for c in measured["comparisons"]] == ["identical"]

@@ -48,7 +48,7 @@ def transformers_files(version: str, trainer: str) -> dict[str, str]:
 @pytest.fixture
 def watched(tmp_path: Path):
     """A workspace holding the trainer-nan-filter case only, with downloads of its own, and an
-    index of transformers 5.24.0 and 5.25.0, accelerate 1.15.0 and DeepSpeed 0.19.8; yields the
+    index of transformers 5.24.0 and 5.25.0 and every other project as pinned; yields the
     workspace and a function that serves the index with 5.25.0's trainer.py given."""
     layout = own_downloads(make_workspace(tmp_path / "workspace")).for_case(CASE)
     for other in cases.names(layout.root):
@@ -59,6 +59,8 @@ def watched(tmp_path: Path):
                transformers_files("5.24.0", TRAINER))  # fmt: skip
     make_sdist(files / "accelerate", "accelerate", "1.15.0", {"src/accelerate/__init__.py": ""})
     make_sdist(files / "deepspeed", "deepspeed", "0.19.8", {"version.txt": "0.19.8\n"})
+    make_sdist(files / "trl", "trl", "1.16.0", {"trl/__init__.py": ""})
+    make_sdist(files / "peft", "peft", "0.21.2", {"src/peft/__init__.py": ""})
 
     def serve(trainer: str):
         make_sdist(files / "transformers", "transformers", "5.25.0",
@@ -94,7 +96,7 @@ def test_the_digest_names_the_newest_releases_and_where_a_cases_read_still_is(wa
     assert (case["case"], case["pinned"], case["newest"]) == (CASE, "5.24.0", "5.25.0")
     digest = (layout.watch / "watch.md").read_text()
     assert "- transformers 5.25.0 (" in digest
-    assert "pin.toml installs 5.13.1; 2 newer: 5.24.0, 5.25.0." in digest
+    assert "pin.toml installs 5.24.0; 1 newer: 5.25.0." in digest
     assert "- accelerate 1.15.0 (" in digest and "): as pinned." in digest
     assert f"- **{CASE}** (transformers 5.25.0, pinned 5.24.0):" in digest
     assert (

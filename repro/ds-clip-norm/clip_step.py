@@ -39,6 +39,10 @@ from hostsync.protocol import rank_entry, repro_parser
 HIDDEN = 16
 SCALAR_READ = torch.ops.aten._local_scalar_dense.default
 ZERO_PACKAGE = ("deepspeed", "runtime", "zero")
+# BF16_Optimizer (ZeRO 1 in bf16 with fp32 gradient accumulation) lives beside the ZeRO package.
+BF16_OPTIMIZER = ("deepspeed", "runtime", "bf16_optimizer.py")
+# The clips under test: ZeRO 1/2's, and the one BF16_Optimizer calls.
+CLIPS = ("unscale_and_clip_grads", "clip_tensors_by_global_norm")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -46,6 +50,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """What a scenario sets of the engine: the card's launch arguments (the profile's too)."""
     parser.add_argument("--zero-stage", type=int, choices=(1, 2, 3), default=1)
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    parser.add_argument(
+        "--grad-accum-dtype",
+        choices=("fp32",),
+        help="fp32 gradient accumulation: ZeRO 1 in bf16 then runs BF16_Optimizer",
+    )
     parser.add_argument(
         "--no-overflow-check",
         action="store_true",
@@ -66,7 +75,8 @@ def parse_args() -> argparse.Namespace:
 
 
 class ReadsByZeroMethod(TorchDispatchMode):
-    """Counts scalar reads by the innermost `deepspeed/runtime/zero/` function on the stack."""
+    """Counts scalar reads by the innermost optimizer function on the stack: one of
+    `deepspeed/runtime/zero/` or BF16_Optimizer's, or a clip they call."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -81,10 +91,11 @@ class ReadsByZeroMethod(TorchDispatchMode):
 def _zero_caller(frame) -> str:
     while frame is not None:
         path = Path(frame.f_code.co_filename)
-        if path.parent.parts[-3:] == ZERO_PACKAGE:
+        optimizer = path.parent.parts[-3:] == ZERO_PACKAGE or path.parts[-3:] == BF16_OPTIMIZER
+        if optimizer or frame.f_code.co_name in CLIPS:
             return f"{path.name}:{frame.f_lineno} {frame.f_code.co_name}"
         frame = frame.f_back
-    return "<outside deepspeed/runtime/zero>"
+    return "<outside the optimizers>"
 
 
 def tiny_model() -> torch.nn.Module:
@@ -112,6 +123,8 @@ def engine_config(args: argparse.Namespace) -> dict:
     }
     if args.dtype == "bf16":
         config["bf16"] = {"enabled": True, "check_grad_overflow": not args.no_overflow_check}
+    if args.grad_accum_dtype:
+        config["data_types"] = {"grad_accum_dtype": args.grad_accum_dtype}
     return config
 
 
@@ -120,9 +133,6 @@ def weights_checksum(engine) -> float:
     params = list(engine.module.parameters())
     with deepspeed.zero.GatheredParameters(params, enabled=engine.zero_optimization_stage() == 3):
         return float(sum(p.detach().double().sum() for p in params))
-
-
-CLIP = "unscale_and_clip_grads"
 
 
 def engine_for(args: argparse.Namespace):
@@ -195,7 +205,7 @@ def main() -> dict:
         "param_groups": len(engine.optimizer.param_groups),
         "device": str(engine.device),
         "clip_reads_per_step": [
-            sum(n for where, n in counts.items() if where.endswith(CLIP)) for counts in by_method
+            sum(n for where, n in counts.items() if where.endswith(CLIPS)) for counts in by_method
         ],
         "reads_per_step": [sum(counts.values()) for counts in by_method],
         "reads_by_zero_method": by_method[-1],

@@ -30,6 +30,10 @@ COMMANDS = {
         "hostsync.hunt.command:main",
         "every host sync of a full SP Trainer step, tree by tree",
     ),
+    "census": (
+        "hostsync.census.command:main",
+        "every host sync of the training setups users run (census.toml)",
+    ),
     "profile": (
         "hostsync.profiling.command:main",
         "before/after profiles of a case's measured code",

@@ -16,30 +16,16 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
 
 from hostsync import projects, records
 from hostsync.errors import WorkspaceError
-from hostsync.records import Json, Launcher, Record, RecordError, TreeRole, UpstreamState
+from hostsync.records import Json, Launcher, RecordError, Strict, TreeRole, UpstreamState
 from hostsync.sites import AllowRule
 
 # A case's name is a folder name in four places: plain words only, and none that profiles/
 # keeps for results of no one case.
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 RESERVED = ("sites", "watch")
-
-
-class Strict(Record):
-    """A card table: keys it does not know are refused (a typo would otherwise be ignored)."""
-
-    @classmethod
-    def from_json(cls, data: Json, where: str = "") -> Self:
-        if isinstance(data, dict):
-            known = {item.name for item in cls.__dataclass_fields__.values()}
-            unknown = sorted(set(data) - known)
-            if unknown:
-                raise RecordError(where, f"has unknown keys {unknown}: use {sorted(known)}")
-        return super().from_json(data, where)
 
 
 @dataclass(frozen=True)

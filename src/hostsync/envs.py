@@ -15,6 +15,7 @@ requirements, never changed.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -174,18 +175,22 @@ def usable_python(env: Path, record: dict) -> str:
 def build(
     layout: Layout, pin: pinning.Pin, project: Project, version: str, requires: list[str]
 ) -> str:
-    """A new environment: pin.toml's pins with `project` at `version`, checked after install."""
-    name = f"{project.name}-{version}"
+    """A new environment: pin.toml's pins with `project` at `version`, checked after install.
+
+    Named by release and by the digest of what it installs, so that an environment built for
+    other pins (a checkout of another pin.toml sharing work/envs/) is never in the way."""
+    specs = pin.install_specs(replace={project.name: version})
+    digest = hashlib.sha256(" ".join(specs).encode()).hexdigest()[:8]
+    name = f"{project.name}-{version}-{digest}"
     # Built at its real path: scripts it installs name their interpreter by path, and a
     # workspace reached through a link (a test's) may be gone when the environment is used.
     target = (layout.envs / name).resolve()
     if (target / RECORD).exists():
         raise WorkspaceError(
-            f"{target} exists but does not fit {project.name} {version} (pin.toml changed?):"
+            f"{target} exists but does not fit {project.name} {version} (edited by hand?):"
             " remove it and rerun"
         )
     shutil.rmtree(target, ignore_errors=True)  # a build that was interrupted
-    specs = pin.install_specs(replace={project.name: version})
     log.info("building the environment %s: %s", name, " ".join(specs))
     # Built where it stays (console scripts such as torchrun name their interpreter by path);
     # only an environment with its record counts, so a failed build is never used.

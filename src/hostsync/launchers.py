@@ -80,8 +80,10 @@ class Run:
 
     @property
     def extensions_dir(self) -> Path:
+        """Compiled extensions, apart per environment, and per tree where the tree (or one
+        stacked beside it, say DeepSpeed's under the census) compiles from its own sources."""
         where = Path(self.tree.python).parent.parent.name
-        if self.tree.project.extensions_per_tree:
+        if self.tree.project.extensions_per_tree or self.tree.stacked:
             where += f"-{self.layout.case}-{self.tree.label}"
         return self.layout.cache / "torch_extensions" / where
 
@@ -119,8 +121,8 @@ class Run:
 @dataclass(frozen=True)
 class DeepSpeedSetup:
     """What DeepSpeed users choose per run and several host reads depend on: the ZeRO stage and
-    the precision (ZeRO 1/2 check overflow on the host in fp32, and in bf16 only with
-    check_grad_overflow)."""
+    the precision (ZeRO 1/2 check overflow on the host in fp32 and fp16, and in bf16 only with
+    check_grad_overflow; fp16 scales the loss dynamically)."""
 
     zero_stage: int = 1
     precision: str = "fp32"
@@ -131,18 +133,20 @@ class DeepSpeedSetup:
 
     @classmethod
     def parse(cls, text: str) -> DeepSpeedSetup:
-        match = re.fullmatch(r"(bf16|fp32)-zero([123])", text)
+        match = re.fullmatch(r"(bf16|fp16|fp32)-zero([123])", text)
         if not match:
             raise WorkspaceError(f"setup {text!r}: use PRECISION-zeroSTAGE, e.g. bf16-zero2")
         return cls(zero_stage=int(match[2]), precision=match[1])
 
     def config(self) -> dict:
         """The DeepSpeed config, every size left to the Trainer ("auto") so that runs with and
-        without SP share one config. bf16 is spelled out: accelerate fills an "auto" one from its
-        own mixed precision, which it ignores beside a DeepSpeed config file."""
+        without SP share one config. The precision is spelled out: accelerate fills an "auto"
+        one from its own mixed precision, which it ignores beside a DeepSpeed config file, and
+        the Trainer from TrainingArguments before a CPU run may set bf16."""
         return {
             "zero_optimization": {"stage": self.zero_stage},
             "bf16": {"enabled": self.precision == "bf16"},
+            "fp16": {"enabled": self.precision == "fp16"},
             "train_batch_size": "auto",
             "train_micro_batch_size_per_gpu": "auto",
             "gradient_accumulation_steps": "auto",
@@ -155,10 +159,12 @@ DEFAULT_SETUP = DeepSpeedSetup()
 
 @dataclass(frozen=True)
 class World:
-    """One process group: how many ranks, and the arguments each gets."""
+    """One process group: how many ranks, the arguments each gets, and variables of its own
+    (the fork launcher's worlds run from one interpreter, each with its own)."""
 
     ranks: int
     args: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -349,6 +355,18 @@ def accelerate_config(num_processes: int, deepspeed_file: Path) -> dict:
     return config
 
 
+def deepspeed_env(deepspeed_file: Path) -> dict[str, str]:
+    """What `accelerate launch` with `accelerate_config` gives each rank for DeepSpeed (accelerate's
+    `prepare_deepspeed_cmd_env`): a rank started otherwise (forked) with these variables sets
+    DeepSpeed up through the Trainer exactly as an accelerate-launched one."""
+    return {
+        "ACCELERATE_USE_DEEPSPEED": "true",
+        "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(deepspeed_file),
+        "ACCELERATE_CONFIG_DS_FIELDS": "deepspeed_config_file",
+        "ACCELERATE_MIXED_PRECISION": "no",
+    }
+
+
 def _accelerate(run: Run, world: World, what: Start) -> list[str]:
     deepspeed_file = run.run_dir / "deepspeed.json"
     deepspeed_file.write_text(json.dumps(what.deepspeed.config(), indent=2))
@@ -370,11 +388,31 @@ def _fork(run: Run, what: Start) -> list[RankResults]:
     starts the worlds."""
     if what.nodes.spans_nodes:
         return LAUNCHERS[Launcher.TORCHRUN](run, what)
+    return [_raised(found) for found in fork_each(run, what, keep_going=False)]
+
+
+def _raised(found: RankResults | RunFailed) -> RankResults:
+    if isinstance(found, RunFailed):
+        raise found
+    return found
+
+
+def fork_each(run: Run, what: Start, *, keep_going: bool = True,
+              ) -> list[RankResults | RunFailed]:  # fmt: skip
+    """Each world's rank results, or why it failed, from one interpreter that imported the script
+    once (`hostsync.prefork`); with `keep_going` a failed world does not stop the next ones (one
+    import for many independent runs). `timeout` is per world; one machine only."""
     folders = [world_dir(run.run_dir, i, world) for i, world in enumerate(what.worlds)]
     plan = {
         "script": str(what.script),
+        "keep_going": keep_going,
         "worlds": [
-            {"ranks": world.ranks, "run_dir": str(folder), "args": list(world.args)}
+            {
+                "ranks": world.ranks,
+                "run_dir": str(folder),
+                "args": list(world.args),
+                "env": dict(world.env),
+            }
             for folder, world in zip(folders, what.worlds, strict=True)
         ],
     }
@@ -392,12 +430,17 @@ def _fork(run: Run, what: Start) -> list[RankResults]:
             if ranks:
                 raise RunHung(f"{error}; {_still_running(ranks, world.ranks)}") from None
         raise
-    if returncode != 0:
+    if returncode != 0 and not keep_going:
         raise RunFailed(_describe_failure(run, returncode))
-    return [
-        _read_rank_results(run, folder, world.ranks)
-        for folder, world in zip(folders, what.worlds, strict=True)
-    ]
+    found: list[RankResults | RunFailed] = []
+    for folder, world in zip(folders, what.worlds, strict=True):
+        try:
+            if any(folder.glob("rank-*.error")) or _unfinished(folder, world.ranks):
+                raise RunFailed(_describe_failure(run, returncode, folder))
+            found.append(_read_rank_results(run, folder, world.ranks))
+        except RunFailed as error:
+            found.append(error)
+    return found
 
 
 # The launchers that start one command per world: what that command is, to show for a rerun.
@@ -528,10 +571,11 @@ def _is_live_member(pid: int, pgid: int) -> bool:
     return process_group == pgid and state != "Z"
 
 
-def _describe_failure(run: Run, returncode: int) -> str:
-    """Name the rank that failed first: the others often fail only because it left."""
+def _describe_failure(run: Run, returncode: int, folder: Path | None = None) -> str:
+    """Name the rank that failed first (in `folder`, one world's, or anywhere in the run): the
+    others often fail only because it left."""
     errors = sorted(
-        run.run_dir.rglob("rank-*.error"),
+        (folder or run.run_dir).rglob("rank-*.error"),
         key=lambda path: (path.stat().st_mtime_ns, int(path.stem.split("-")[1])),
     )
     if not errors:

@@ -82,6 +82,11 @@ class Layout:
         return self.work / "trees" / self.case
 
     @property
+    def stacks(self) -> Path:
+        """Worktrees of one release carrying several cases' series at once, for every case."""
+        return self.work / "stacks"
+
+    @property
     def releases(self) -> Path:
         """Other releases as published (upstream's fix, `--release VERSION`), for every case."""
         return self.work / "releases"

@@ -47,13 +47,18 @@ def steps(layout: Layout, tree: Tree, settings: Mapping[str, LintTool],
     config files it holds are written to `workdir`."""
     lint = tree.project.lint
     if isinstance(lint, RuffLint):
-        return _ruff(layout, tree, lint)
+        return _ruff(layout, tree, lint, settings)
     return _pre_commit(layout, tree, lint, settings, workdir)
 
 
-def _ruff(layout: Layout, tree: Tree, lint: RuffLint) -> list[Step]:
-    """ruff check and ruff format --check, at the version the tree pins for its style job."""
-    version = pinned(tree, lint.file, lint.pattern)
+def _ruff(layout: Layout, tree: Tree, lint: RuffLint,
+          settings: Mapping[str, LintTool]) -> list[Step]:  # fmt: skip
+    """ruff check and ruff format --check, at the version the tree pins for its style job, or
+    the case card's `[lint] ruff` for a tree without the file that pins it (an sdist)."""
+    if not (tree.root / lint.file).exists() and "ruff" in settings:
+        version = settings["ruff"].version
+    else:
+        version = pinned(tree, lint.file, lint.pattern)
     tool = f"ruff {version}"
     python, env = installed(layout, f"ruff=={version}")
     prefix = (python, "-m", "ruff")

@@ -12,9 +12,11 @@ Nothing but imports happens before a fork: a rank script starts no process group
 no GPU at import, and PYTORCH_NVML_BASED_CUDA_CHECK keeps torch's CUDA probe (DeepSpeed picks
 its accelerator at import) from creating a CUDA context that a fork cannot inherit.
 
-The plan, written by `hostsync.launch.prefork`: {"script": path, "worlds": [{"ranks": n,
-"run_dir": path, "args": [...]}, ...]}. Each rank calls the script's `main` (its `rank_entry`).
-Exit status: 0, or the first failing rank's.
+The plan, written by `hostsync.launchers`: {"script": path, "keep_going": bool, "worlds":
+[{"ranks": n, "run_dir": path, "args": [...], "env": {...}}, ...]}. Each rank calls the
+script's `main` (its `rank_entry`) with its world's variables set. A failed world stops the plan
+unless `keep_going` (independent runs, such as the census's setups). Exit status: 0, or the
+first failing rank's.
 Standard library only, like `hostsync.protocol`: the script brings torch.
 """
 
@@ -58,7 +60,8 @@ def run_world(main: Callable[[], object], script: str, world: dict) -> int:
     for rank in range(world["ranks"]):
         pid = os.fork()
         if pid == 0:
-            os.environ.update(rendezvous | {"RANK": str(rank), "LOCAL_RANK": str(rank)})
+            ranked = {"RANK": str(rank), "LOCAL_RANK": str(rank)}
+            os.environ.update(rendezvous | world.get("env", {}) | ranked)
             sys.argv = [script, *world["args"]]
             _run_rank(main)
         ranks[pid] = rank
@@ -99,12 +102,14 @@ def main(argv: list[str]) -> int:
     entry = getattr(script, "main", None)
     if entry is None:
         sys.exit(f"{plan['script']} has no main(): the fork launcher runs the script's main")
+    first_failure = 0
     for world in plan["worlds"]:
         Path(world["run_dir"]).mkdir(parents=True, exist_ok=True)
         failed = run_world(entry, plan["script"], world)
-        if failed:
-            return failed
-    return 0
+        first_failure = first_failure or failed
+        if failed and not plan.get("keep_going"):
+            break
+    return first_failure
 
 
 if __name__ == "__main__":

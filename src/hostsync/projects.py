@@ -119,6 +119,26 @@ PROJECTS = {
                 "Run `pre-commit run --files <changed files>` in your clone of DeepSpeed",
             ),
         ),
+        Project(
+            "trl", "https://github.com/huggingface/trl", ".", "VERSION", r"^(\S+)\s*$",
+            # `make precommit`: the ruff of its pre-commit config; a PyPI sdist lacks that file,
+            # so the case card's [lint] gives the version.
+            lint=RuffLint(".pre-commit-config.yaml",
+                          r"astral-sh/ruff-pre-commit\s+rev:\s*v([\w.]+)"),
+            reports=("datasets",),
+            before_sending=(
+                "Fill in the PR template's 'Before submitting' and 'AI writing disclosure' boxes"
+                " yourself: a first-time contributor's PR without them is closed automatically",
+                "Run `make precommit` in your clone of trl",
+            ),
+        ),
+        Project(
+            "peft", "https://github.com/huggingface/peft", "src",
+            "src/peft/__init__.py", _DUNDER_VERSION,
+            # `make quality`: the ruff of setup.py's quality extra.
+            lint=RuffLint("setup.py", r'"ruff==([^"]+)"'),
+            before_sending=("Run `make style` and `make quality` in your clone of peft",),
+        ),
     )
 }  # fmt: skip
 

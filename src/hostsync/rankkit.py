@@ -71,6 +71,37 @@ def samples(count: int) -> list[dict[str, torch.Tensor]]:
     return data
 
 
+def sft_samples(count: int, seed: int = 0):
+    """Pre-tokenized prompt-completion rows for TRL's SFTTrainer, of varying lengths (so that
+    padding, packing and padding-free batches differ), each with its completion mask."""
+    import datasets
+
+    generator = torch.Generator().manual_seed(4321 + seed)
+    rows: dict[str, list] = {"input_ids": [], "completion_mask": []}
+    for index in range(count):
+        length = SEQ_LEN // 2 + index % (SEQ_LEN // 2 + 1)
+        prompt = PROMPT_LENGTHS[index % len(PROMPT_LENGTHS)] % length
+        ids = torch.randint(_SPECIAL_TOKENS, VOCAB, (length,), generator=generator).tolist()
+        rows["input_ids"].append(ids)
+        rows["completion_mask"].append([0] * prompt + [1] * (length - prompt))
+    return datasets.Dataset.from_dict(rows) if count else None
+
+
+_SPECIAL_TOKENS = 2  # <pad> and <eos>, the first ids of the tiny tokenizer's vocabulary
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer over the tiny model's vocabulary, built in memory (nothing to
+    download): what SFTTrainer needs for its pad and eos tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1} | {f"t{i}": i for i in range(_SPECIAL_TOKENS, VOCAB)}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", eos_token="<eos>")
+
+
 def add_launch_arguments(parser: argparse.ArgumentParser,
                          precisions: tuple[str, ...] = ("bf16", "fp32")) -> None:  # fmt: skip
     """What the `accelerate` launcher passes a script: where the Trainer writes, the process
@@ -83,10 +114,11 @@ def add_launch_arguments(parser: argparse.ArgumentParser,
     parser.add_argument("--precision", choices=precisions, default="fp32")
 
 
-def training_arguments(output_dir: str | Path, *, precision: str = "fp32", **settings: Any):
-    """`TrainingArguments` for a short deterministic run: one sample per device and step, a
-    constant learning rate, sequential sampling, nothing saved or reported; `settings` add to
-    or override them.
+def training_arguments(output_dir: str | Path, *, precision: str = "fp32", kind: type | None = None,
+                       **settings: Any):  # fmt: skip
+    """`TrainingArguments` (or `kind`, e.g. TRL's SFTConfig) for a short deterministic run: one
+    sample per device and step, a constant learning rate, sequential sampling, nothing saved or
+    reported; `settings` add to or override them.
 
     bf16 on a machine without a GPU is what a GPU run passes: TrainingArguments refuses bf16
     without a GPU (its use_cpu way out also turns the DeepSpeed launch off), while DeepSpeed's
@@ -96,13 +128,14 @@ def training_arguments(output_dir: str | Path, *, precision: str = "fp32", **set
     from transformers import TrainingArguments
 
     bf16 = precision == "bf16"
+    kind = kind or TrainingArguments
     short_run = {
         "per_device_train_batch_size": 1, "learning_rate": 1e-3, "lr_scheduler_type": "constant",
         "train_sampling_strategy": "sequential", "remove_unused_columns": False,
         "save_strategy": "no", "report_to": "none", "disable_tqdm": True, "seed": 0,
-        "bf16": bf16 and torch.cuda.is_available(),
+        "bf16": bf16 and torch.cuda.is_available(), "fp16": precision == "fp16",
     }  # fmt: skip
-    arguments = TrainingArguments(output_dir=str(output_dir), **(short_run | settings))
+    arguments = kind(output_dir=str(output_dir), **(short_run | settings))
     if bf16:
         arguments.bf16 = True
     return arguments

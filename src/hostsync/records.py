@@ -150,6 +150,20 @@ class Record:
         return cls(**values)
 
 
+class Strict(Record):
+    """A table written by hand (a case card, a census setup): keys it does not know are refused,
+    since a typo would otherwise be ignored."""
+
+    @classmethod
+    def from_json(cls, data: Json, where: str = "") -> Self:
+        if isinstance(data, dict):
+            known = {item.name for item in dataclasses.fields(cls)}  # type: ignore[arg-type]
+            unknown = sorted(set(data) - known)
+            if unknown:
+                raise RecordError(where, f"has unknown keys {unknown}: use {sorted(known)}")
+        return super().from_json(data, where)
+
+
 def _is_record(kind: Any) -> bool:
     return isinstance(kind, type) and issubclass(kind, Record)
 
@@ -780,6 +794,70 @@ class HuntResult(Result):
         return tuple(tree for tree in self.trees if tree.measured)
 
 
+# --- census --------------------------------------------------------------------------------------
+
+
+class TrainerKind(StrEnum):
+    TRAINER = "Trainer"
+    SFT = "SFTTrainer"
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+@dataclass(frozen=True)
+class CensusSetup(Strict):
+    """One training setup users run, as `census.toml` describes it: the trainer, how many ranks,
+    DeepSpeed's ZeRO stage (0: none; several ranks then train with DDP), the precision, and the
+    options that change which code a step runs."""
+
+    about: str
+    trainer: TrainerKind = TrainerKind.TRAINER
+    ranks: int = 1
+    zero_stage: int = 0
+    precision: Precision = Precision.FP32
+    sp: bool = False
+    batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    gradient_checkpointing: bool = False
+    packing: bool = False
+    padding_free: bool = False
+    lora: bool = False
+    logging_steps: int = 1
+    eval_steps: int = 0
+    num_input_tokens_seen: bool = False
+    # Left out of the default matrix (`census --setups NAME` runs it).
+    extra: bool = False
+
+
+@dataclass(frozen=True)
+class CensusTrees(Record):
+    """What one column of the census ran: the tree under test, the trees imported beside it,
+    and the cases whose series they carry (none: the releases as published)."""
+
+    tree: TreeInfo
+    stacked: tuple[TreeInfo, ...]
+    cases: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CensusResult(Result):
+    """Every host sync of every census setup, on the releases as published (`today`) and with
+    every carried fix applied (`fixed`): one hunt record per setup and column."""
+
+    KIND: ClassVar[str] = "census"
+    environment: Environment
+    steps: int
+    setups: dict[str, CensusSetup]
+    columns: dict[str, CensusTrees]
+    allowlist: tuple[AllowRule, ...]
+    runs: tuple[HuntTree, ...]
+    wall_s: float
+
+
 # --- bench ---------------------------------------------------------------------------------------
 
 
@@ -965,7 +1043,7 @@ class WatchResult(Result):
 KINDS: dict[str, type[Result]] = {
     kind.KIND: kind
     for kind in (
-        ReproResult, TestPatchResult, ProfileResult, HuntResult, BenchResult, BisectResult,
-        WatchResult, GpuResult,
+        ReproResult, TestPatchResult, ProfileResult, HuntResult, CensusResult, BenchResult,
+        BisectResult, WatchResult, GpuResult,
     )
 }  # fmt: skip

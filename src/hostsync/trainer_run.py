@@ -1,7 +1,7 @@
 """The engine's own Trainer runs: `accelerate launch` + `Trainer` + DeepSpeed Ulysses SP, as
 users run it.
 
-The worker `workers/sp_trainer.py` trains a tiny Llama with the Trainer, started through the
+The worker `workers/trainer.py` trains a tiny Llama with the Trainer, started through the
 `accelerate` launcher (DeepSpeed ZeRO as `DeepSpeedSetup` says; Ulysses SP over both ranks). Two
 uses: the full-fidelity loss check of `repro --trainer` (`compare_losses`), and the host-sync
 hunt (`hostsync.hunt.measure`).
@@ -28,7 +28,7 @@ from hostsync.nodes import SINGLE, NodeLayout
 from hostsync.records import Launcher, TrainerComparison, Tree
 
 SP_SIZE = 2
-WORKER = Path(__file__).parent / "workers" / "sp_trainer.py"
+WORKER = Path(__file__).parent / "workers" / "trainer.py"
 
 
 def run_trainer(layout: Layout, tree: Tree, *, sp: bool, steps: int, logging_steps: int = 1,

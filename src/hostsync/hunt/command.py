@@ -18,7 +18,7 @@ from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout, clear_stale, node_0_first
 from hostsync.options import add_case, add_nodes, add_timeout, case_layouts, comma_list, node_layout
 from hostsync.records import HuntResult, HuntSetup, Tree, TreeRole
-from hostsync.upstream.trees import prepare_tree, prepare_trees
+from hostsync.upstream.trees import by_project, prepare_stack, prepare_trees
 
 DEFAULT_TREES = (TreeRole.PINNED.value, TreeRole.PATCHED.value)
 DEFAULT_STEPS = 7
@@ -60,8 +60,10 @@ def parser() -> argparse.ArgumentParser:
                         " and setup (default: %(default)s; fp32-zero1: the labelled variant)",
                         )  # fmt: skip
     parser.add_argument("--stack", action="append", default=[], metavar="CASE",
-                        help="also import this case's patched tree (another project) in every"
-                        " run: a hunt with every carried fix applied (repeatable)")  # fmt: skip
+                        help="also apply this case's series: on the patched tree when it is of"
+                        " the same project and release, else on a tree of its own imported"
+                        " beside every tree; a hunt with every carried fix (repeatable)",
+                        )  # fmt: skip
     add_timeout(parser, "one training run")
     add_nodes(parser)
     return parser
@@ -93,15 +95,16 @@ def main(argv: list[str]) -> int:
 
 
 def stacked(layout: Layout, tree: Tree, names: tuple[str, ...]) -> Tree:
-    """`tree` with the patched trees of the cases `names` imported beside it."""
-    clash = [name for name in names if cases.load(layout.root, name).project == tree.project]
-    if clash:
-        raise WorkspaceError(
-            f"--stack {', '.join(clash)}: a case of {tree.project.name} cannot be stacked on a"
-            f" {tree.project.name} tree; stack cases of other projects"
-        )
-    others = [prepare_tree(layout.for_case(name), TreeRole.PATCHED.value) for name in names]
-    return dataclasses.replace(tree, stacked=tuple(other.src for other in others))
+    """`tree` with the fixes of the cases `names`: the series of those of its own project
+    applied on the patched tree after the case's own (one release, several series), the
+    other projects' cases as one tree per project imported beside every tree."""
+    own = [name for name in names if cases.load(layout.root, name).project == tree.project]
+    others = [name for name in names if name not in own]
+    if own and tree.role == TreeRole.PATCHED:
+        both = prepare_stack(layout, [layout.case, *own])
+        tree = dataclasses.replace(both, label=tree.label)
+    beside = [prepare_stack(layout, group, runs=False) for group in by_project(layout, others)]
+    return dataclasses.replace(tree, stacked=tuple(other.src for other in beside))
 
 
 def hunt_case(layout: Layout, settings: HuntSettings) -> int:

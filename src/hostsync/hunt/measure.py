@@ -1,7 +1,7 @@
 """The hunt's measurement: the SP Trainer run under the detector and the profiler, per tree and
 DeepSpeed setup, summed up into sites.
 
-The ranks record (`workers/sp_trainer.py`) every host sync of steps 1..N with the detector, each
+The ranks record (`workers/trainer.py`) every host sync of steps 1..N with the detector, each
 step from fetching its batch to the end of its logging, and one later step with the PyTorch
 profiler, which also sees reads made inside C++ kernels. Here those records become sites: where,
 how often per step, on which steps, and whether a case carries them or the allow-list accepts
@@ -79,12 +79,17 @@ def hunt_run(layout: Layout, tree: Tree, steps: int, logging_steps: int = LOGGIN
         worker_args=["--detect-steps", str(steps), "--profile-step", str(plan.profile)],
         timeout=timeout, setup=setup, nodes=nodes,
     )  # fmt: skip
+    return HuntRun(plan, rank_records(results), shares_of(f"{tree.label} {setup.label}", results))
+
+
+def rank_records(results: list[dict]) -> list[dict]:
+    """What each rank of a Trainer worker run recorded, with its rank and where it ran: what
+    `summarize` reads."""
     context = ("device", "backend", "model")
-    ranks = [
+    return [
         result["hunt"] | {"rank": rank} | {key: result[key] for key in context}
         for rank, result in enumerate(results)
     ]
-    return HuntRun(plan, ranks, shares_of(f"{tree.label} {setup.label}", results))
 
 
 # --- from rank records to sites ------------------------------------------------------------------

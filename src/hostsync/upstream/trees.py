@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from hostsync import cases, envs
@@ -30,6 +31,7 @@ from hostsync.upstream.git import (
 )
 from hostsync.upstream.patchqueue import (
     PATCHED,
+    PatchDoesNotApply,
     apply_patches,
     clone,
     series,
@@ -106,6 +108,72 @@ def prepare_trees(layout: Layout, names: list[str]) -> list[Tree]:
                 " to patches/<case>/ (nox -s export_patches), or ask for --trees pinned"
             )
     return [prepare_tree(layout, name) for name in names]
+
+
+def prepare_stack(layout: Layout, names: Sequence[str], *, fixes: bool = True,
+                  runs: bool = True) -> Tree:  # fmt: skip
+    """One release with the series of every case in `names` applied in turn (all of them pin
+    one project at one release): every carried fix of that project on one tree. Without
+    `fixes`, the release as published. Series that conflict are refused in one line. A tree
+    that only `runs` beside another one's interpreter gets no environment of its own."""
+    loaded = [cases.load(layout.root, name) for name in names]
+    first = loaded[0]
+    release = first.pin
+    others = [
+        c.name for c in loaded if (c.project, c.pin.version) != (first.project, release.version)
+    ]
+    if others:
+        raise WorkspaceError(
+            f"{', '.join(others)} pin another project or release than {first.name}"
+            f" ({first.project.name} {release.version}): stack cases of one release on one tree"
+        )
+    repo = layout.releases / f"{first.project.name}-{release.version}"
+    if not repo.exists():
+        materialise(layout, first.project, release, repo)
+    patches = [patch for name in names for patch in series(layout.for_case(name))] if fixes else []
+    label = "+".join([release.version, *names]) if fixes else release.version
+    where = f"{first.project.name} {release.version}"
+    try:
+        root = _worktree(layout, repo, release.tag, patches, layout.stacks / label, where)
+    except PatchDoesNotApply as error:
+        raise WorkspaceError(
+            f"the series of {', '.join(names)} do not stack on {where}: {error}; rebase the later"
+            " case's series onto the earlier one's, or stack them apart"
+        ) from None
+    origin = read_state(repo)["origin"]
+    if fixes:
+        origin += f" + the series of {', '.join(names)}"
+    role = TreeRole.PATCHED if fixes else TreeRole.RELEASE
+    made = Tree(label, role, root, release.version, rev(root, "HEAD"), origin, first.project)
+    if not runs:
+        return made
+    python = envs.python_for(layout, first.project, release, root)
+    return dataclasses.replace(made, python=python)
+
+
+def stack_trees(layout: Layout, names: Sequence[str], *, fixes: bool = True) -> list[Tree]:
+    """The cases `names` grouped by project, one tree per project (`prepare_stack`), in the
+    order the projects first appear; only the first, which the ranks run, gets an environment
+    (the others are imported beside it)."""
+    return [
+        prepare_stack(layout, group, fixes=fixes, runs=number == 0)
+        for number, group in enumerate(by_project(layout, names))
+    ]
+
+
+def by_project(layout: Layout, names: Sequence[str]) -> list[list[str]]:
+    """The cases `names` grouped by their project, in the order the projects first appear."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(cases.load(layout.root, name).project.name, []).append(name)
+    return list(groups.values())
+
+
+def stack(layout: Layout, names: Sequence[str], *, fixes: bool = True) -> Tree:
+    """The first case's project as the tree under test, every other project's tree imported
+    beside it (`stack_trees`)."""
+    first, *others = stack_trees(layout, names, fixes=fixes)
+    return dataclasses.replace(first, stacked=tuple(tree.src for tree in others))
 
 
 def infos(layout: Layout, trees: list[Tree]) -> dict[str, TreeInfo]:

@@ -1,8 +1,10 @@
-"""One rank of a real `accelerate launch` + `Trainer` run, with or without DeepSpeed Ulysses SP.
+"""One rank of a real training run with the Trainer or TRL's SFTTrainer, set up as users set it.
 
-Started by `hostsync.trainer_run`, which writes the accelerate and DeepSpeed configs; this side
-builds a tiny Llama from a config (no download), trains it for a few steps with the Trainer as a
-user would, and returns what it saw through `rank_entry`:
+Started by `hostsync.trainer_run` (the hunt: `accelerate launch`, DeepSpeed ZeRO, Ulysses SP) or
+by the census (one setup each: ranks forked with the variables torchrun and `accelerate launch`
+give them, or `accelerate launch` itself for SP). It builds a tiny Llama from a config (no
+download), optionally with LoRA adapters, trains it for a few steps as a user would, and returns
+what it saw through `rank_entry`:
 
 - the loss and grad norm the Trainer logged at each step;
 - with `--detect-steps N`, every host sync of steps 1..N as `hostsync.detector` records it, each
@@ -15,7 +17,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
+import os
 import re
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,9 +32,18 @@ from hostsync.rankkit import (
     MODEL_SUMMARY,
     add_launch_arguments,
     samples,
+    sft_samples,
+    tiny_tokenizer,
     trainer_llama,
     training_arguments,
 )
+
+# Imported here, once, when the fork launcher imports this script: each forked rank then starts
+# with them loaded. An import error of the tree under test is raised again in `main`, where
+# `rank_entry` reports it with the rank.
+for _name in ("transformers", "deepspeed", "peft", "trl"):
+    with contextlib.suppress(ImportError):
+        importlib.import_module(_name)
 
 # Every device-to-host read of a scalar reaches SYNC_OP; `.item()` and `bool(t)` wrap it in these.
 PYTHON_LEVEL_READS = tuple(op for op in SYNC_OPS if op != SYNC_OP)
@@ -39,12 +53,22 @@ PYTHON_FRAME = re.compile(r"^(?P<file>.+\.py)\((?P<line>\d+)\): (?P<function>.+)
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_launch_arguments(parser)
+    add_launch_arguments(parser, precisions=("bf16", "fp16", "fp32"))
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps in all")
     parser.add_argument("--logging-steps", type=int, default=1)
     parser.add_argument("--max-grad-norm", type=float, default=1.0, help="the Trainer's default")
     parser.add_argument("--detect-steps", type=int, default=0, help="steps 1..N under the detector")
     parser.add_argument("--profile-step", type=int, default=0, help="one step under the profiler")
+    parser.add_argument("--trainer", choices=("Trainer", "SFTTrainer"), default="Trainer")
+    parser.add_argument("--batch-size", type=int, default=1, help="per device")
+    parser.add_argument("--gradient-accumulation-steps", type=int, default=1)
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--packing", action="store_true", help="SFTTrainer: bfd packing")
+    parser.add_argument("--padding-free", action="store_true", help="SFTTrainer: one flat row")
+    parser.add_argument("--lora", action="store_true", help="train LoRA adapters (PEFT)")
+    parser.add_argument("--eval-steps", type=int, default=0, help="evaluate every N steps")
+    parser.add_argument("--num-input-tokens-seen", action="store_true",
+                        help="the Trainer counts the tokens it trained on")  # fmt: skip
     return parser.parse_args()
 
 
@@ -174,11 +198,10 @@ def _attribute(event) -> tuple[str, str, str | None]:
     return "<no Python frame>", "", via
 
 
-def hunting_trainer(hunt: SyncHunt) -> type:
-    """A Trainer that tells `hunt` when each optimizer step starts fetching its batch."""
-    from transformers import Trainer
+def hunting_trainer(hunt: SyncHunt, base: type) -> type:
+    """`base` (a Trainer) telling `hunt` when each optimizer step starts fetching its batch."""
 
-    class HuntingTrainer(Trainer):
+    class HuntingTrainer(base):
         def get_batch_samples(self, *args, **kwargs):
             hunt.begin_step(self.state.global_step + 1)
             return super().get_batch_samples(*args, **kwargs)
@@ -186,27 +209,72 @@ def hunting_trainer(hunt: SyncHunt) -> type:
     return HuntingTrainer
 
 
+def lora_config():
+    """Rank 4 adapters on the attention's query and value projections, PEFT's usual targets."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+
+
+def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | None):
+    """The Trainer or SFTTrainer of the setup, with enough samples for one epoch."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    per_step = args.batch_size * args.gradient_accumulation_steps * world_size
+    count = per_step * args.steps
+    eval_count = 2 * args.batch_size * world_size if args.eval_steps else 0
+    settings = {
+        "precision": args.precision, "max_steps": args.steps, "max_grad_norm": args.max_grad_norm,
+        "logging_steps": args.logging_steps, "per_device_train_batch_size": args.batch_size,
+        "per_device_eval_batch_size": args.batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "eval_strategy": "steps" if args.eval_steps else "no",
+        "eval_steps": args.eval_steps or None,
+        "include_num_input_tokens_seen": args.num_input_tokens_seen,
+        # Set only when asked for: transformers 5.24 deprecates the name, even set to False.
+        **({"gradient_checkpointing": True} if args.gradient_checkpointing else {}),
+        # Without it accelerate's state has no backend on CPU: each rank trains alone, silently.
+        "ddp_backend": args.backend,
+    }  # fmt: skip
+    model = trainer_llama()
+    if args.trainer == "SFTTrainer":
+        from trl import SFTConfig, SFTTrainer
+
+        base, extra = SFTTrainer, {
+            "processing_class": tiny_tokenizer(),
+            "peft_config": lora_config() if args.lora else None,
+        }  # fmt: skip
+        training_args = training_arguments(
+            args.output_dir, kind=SFTConfig, packing=args.packing,
+            padding_free=args.padding_free, dataset_num_proc=None, **settings,
+            # Padding-free batches without packing leave truncation to the data (SFTConfig says).
+            **({"max_length": None} if args.padding_free and not args.packing else {}),
+        )  # fmt: skip
+        train, evaluation = sft_samples(count), sft_samples(eval_count, seed=1) or None
+    else:
+        from transformers import Trainer
+
+        if args.lora:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, lora_config())
+        base, extra = Trainer, {}
+        training_args = training_arguments(args.output_dir, **settings)
+        train, evaluation = samples(count), samples(eval_count) or None
+    trainer_class = hunting_trainer(hunt, base) if hunt else base
+    return trainer_class(
+        model=model, args=training_args, train_dataset=train, eval_dataset=evaluation,
+        callbacks=callbacks, **extra,
+    )  # fmt: skip
+
+
 @rank_entry
 def main() -> dict:
-    from transformers import Trainer
-
+    started = time.monotonic()
     args = parse_args()
-    training_args = training_arguments(
-        args.output_dir, precision=args.precision, max_steps=args.steps,
-        max_grad_norm=args.max_grad_norm, logging_steps=args.logging_steps,
-        # Without it accelerate's state has no backend on CPU: each rank trains alone, silently.
-        ddp_backend=args.backend,
-    )  # fmt: skip
     logged = as_callback(LoggedValues)()
     hunting = args.detect_steps or args.profile_step
     hunt = as_callback(SyncHunt)(args.detect_steps, args.profile_step) if hunting else None
-    trainer_class = hunting_trainer(hunt) if hunt else Trainer
-    trainer = trainer_class(
-        model=trainer_llama(),
-        args=training_args,
-        train_dataset=samples(count=2 * args.steps),
-        callbacks=[logged, *([hunt] if hunt else [])],
-    )
+    trainer = build_trainer(args, [logged, *([hunt] if hunt else [])], hunt)
     trainer.train()
     pc = getattr(trainer.accelerator, "parallelism_config", None)
     result = {
@@ -216,6 +284,7 @@ def main() -> dict:
         "backend": args.backend,
         "model": MODEL_SUMMARY,
         "logged": {str(step): values for step, values in sorted(logged.by_step.items())},
+        "seconds": round(time.monotonic() - started, 1),
     }
     if hunt:
         result["hunt"] = {"steps": hunt.steps, "profiled": hunt.profiled}

@@ -1,0 +1,97 @@
+"""One rank of the Ulysses SP data loader reproducer: DeepSpeed's adapter over a real DataLoader.
+
+`UlyssesSPDataLoaderAdapter.refill` all-gathers the sequence length of each SP rank's batch as a
+device tensor, then compares every tensor of the batch with it on the host. Each rank (forked,
+as torchrun starts them; gloo on CPU, NCCL with one GPU each) wraps a DataLoader of a few
+batches in the adapter, all ranks forming one SP group, and draws every micro-batch under
+`hostsync.detector.SyncScope`.
+
+Returns through `rank_entry` one row per scenario: the reads of ulysses_sp.py per refill, those
+of the length check apart, by source line; and a checksum of every micro-batch the rank got,
+which the fix must leave unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections import Counter
+from typing import Any
+
+import deepspeed
+import deepspeed.comm as dist
+import torch
+from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+from torch.utils.data import DataLoader
+
+from hostsync.detector import SyncScope
+from hostsync.protocol import rank_entry, repro_parser
+
+SP_FILE = "deepspeed/runtime/sequence_parallel/ulysses_sp.py"
+LENGTH_CHECK = "shape[1]"  # the code of the per-tensor length check
+SEQ_LEN, BATCHES = 16, 3
+# name: the tensors of each sample
+SCENARIOS = {
+    "refill": ("input_ids", "labels", "position_ids"),
+    "extra_tensor": ("input_ids", "labels", "position_ids", "attention_mask"),
+}
+
+
+def parse_args() -> argparse.Namespace:
+    return repro_parser(__doc__.splitlines()[0], known=SCENARIOS).parse_args()
+
+
+def samples(keys: tuple[str, ...]) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    found = []
+    for _ in range(BATCHES):
+        ids = torch.randint(0, 128, (SEQ_LEN,), generator=generator)
+        tensors = {"input_ids": ids, "labels": ids.clone(), "position_ids": torch.arange(SEQ_LEN),
+                   "attention_mask": torch.ones(SEQ_LEN, dtype=torch.int64)}  # fmt: skip
+        found.append({key: tensors[key] for key in keys})
+    return found
+
+
+def run_scenario(name: str, device: torch.device, no_detector: bool) -> dict[str, Any]:
+    keys = SCENARIOS[name]
+    loader = UlyssesSPDataLoaderAdapter(
+        DataLoader(samples(keys), batch_size=1), sp_rank=dist.get_rank(), sp_group=None,
+        sp_world_size=dist.get_world_size(), device=device,
+    )  # fmt: skip
+    per_refill, checks, refill = [], [], loader.refill
+
+    def measured_refill() -> None:
+        begin = len(scope.events) if scope else 0
+        refill()
+        if scope:
+            own = [e.site for e in scope.events[begin:] if e.site.file == SP_FILE]
+            per_refill.append(len(own))
+            checks.append(sum(1 for site in own if LENGTH_CHECK in site.code))
+
+    loader.refill = measured_refill
+    with contextlib.nullcontext() if no_detector else SyncScope() as scope:
+        micro_batches = list(loader)
+    own = [event.site for event in scope.events if event.site.file == SP_FILE] if scope else []
+    return {
+        "scenario": name,
+        "tensors": len(keys),
+        "reads_per_refill": per_refill or None,
+        "length_check_reads_per_refill": checks or None,
+        "sites": [site._asdict() | {"count": n} for site, n in sorted(Counter(own).items())],
+        "micro_batches": [
+            {key: int(value.sum()) for key, value in batch.items() if torch.is_tensor(value)}
+            for batch in micro_batches
+        ],
+    }
+
+
+@rank_entry
+def main() -> dict:
+    args = parse_args()
+    deepspeed.init_distributed(dist_backend="nccl" if args.device == "cuda" else "gloo")
+    device = torch.device(args.device, dist.get_rank()) if args.device == "cuda" else "cpu"
+    return {"runs": [run_scenario(name, device, args.no_detector) for name in args.scenarios]}
+
+
+if __name__ == "__main__":
+    main()

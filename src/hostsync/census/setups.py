@@ -1,0 +1,114 @@
+"""The census's setups, read from `census.toml` and checked before anything runs, and what each
+asks of its launch: the worker's arguments, the launcher, the DeepSpeed config."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from hostsync import records
+from hostsync.errors import WorkspaceError
+from hostsync.launchers import DeepSpeedSetup, World, deepspeed_env
+from hostsync.records import CensusSetup, Launcher, RecordError, TrainerKind
+
+FILE = "census.toml"
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """The setups of census.toml by name, and how many optimizer steps each runs."""
+
+    steps: int
+    setups: dict[str, CensusSetup]
+
+    def chosen(self, names: list[str] | None) -> dict[str, CensusSetup]:
+        """The setups `names` (every one not marked `extra` when None), in census.toml's order."""
+        if names is None:
+            return {name: s for name, s in self.setups.items() if not s.extra}
+        unknown = [name for name in names if name not in self.setups]
+        if unknown:
+            raise WorkspaceError(
+                f"no setup {', '.join(unknown)} in {FILE}: the setups are {', '.join(self.setups)}"
+            )
+        return {name: self.setups[name] for name in self.setups if name in names}
+
+
+def load(root: Path) -> Matrix:
+    """census.toml, every setup checked field by field; refused in one line naming the field."""
+    path = root / FILE
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise WorkspaceError(f"no {FILE} at {root}: restore it from version control") from None
+    except tomllib.TOMLDecodeError as error:
+        raise WorkspaceError(f"{FILE} is not valid TOML ({error}): fix that line") from None
+    unknown = sorted(set(data) - {"steps", "setups"})
+    if unknown or not isinstance(data.get("steps"), int) or data["steps"] < 3:
+        raise WorkspaceError(
+            f"{FILE} holds `steps` (an integer, 3 or more: the warm-up and steady steps) and"
+            f" [setups.NAME] tables only{f', not {unknown}' if unknown else ''}"
+        )
+    setups = {}
+    for name, table in data.get("setups", {}).items():
+        try:
+            setups[name] = check(records.load(CensusSetup, table, name), name)
+        except RecordError as error:
+            raise WorkspaceError(f"{FILE}: setups.{error}: fix the setup") from None
+    if not setups:
+        raise WorkspaceError(f"{FILE} names no setup: add a [setups.NAME] table")
+    return Matrix(data["steps"], setups)
+
+
+def check(setup: CensusSetup, name: str) -> CensusSetup:
+    """What types cannot say: the combinations a launch cannot run."""
+    if setup.ranks not in (1, 2):
+        raise RecordError(f"{name}.ranks", "must be 1 or 2")
+    if setup.zero_stage not in (0, 1, 2, 3):
+        raise RecordError(f"{name}.zero_stage", "must be 0 (no DeepSpeed), 1, 2 or 3")
+    if setup.sp and (setup.zero_stage == 0 or setup.ranks < 2):
+        raise RecordError(f"{name}.sp", "Ulysses SP needs DeepSpeed (zero_stage 1-3) and 2 ranks")
+    sft_only = [key for key in ("packing", "padding_free") if getattr(setup, key)]
+    if sft_only and setup.trainer != TrainerKind.SFT:
+        raise RecordError(
+            f"{name}.{sft_only[0]}", "is an SFTTrainer option: set trainer = 'SFTTrainer'"
+        )
+    for key in ("batch_size", "gradient_accumulation_steps", "logging_steps"):
+        if getattr(setup, key) < 1:
+            raise RecordError(f"{name}.{key}", "must be 1 or more")
+    return setup
+
+
+def launcher(setup: CensusSetup) -> Launcher:
+    """SP needs `accelerate launch` (it sets up the SP group); every other setup is forked."""
+    return Launcher.ACCELERATE if setup.sp else Launcher.FORK
+
+
+def deepspeed(setup: CensusSetup) -> DeepSpeedSetup | None:
+    if not setup.zero_stage:
+        return None
+    return DeepSpeedSetup(zero_stage=setup.zero_stage, precision=setup.precision.value)
+
+
+def world(setup: CensusSetup, steps: int, run_dir: Path) -> World:
+    """The worker's ranks, arguments and variables for `setup`. A forked setup's DeepSpeed config
+    is written into `run_dir` and passed as `accelerate launch` passes it (`deepspeed_env`);
+    the accelerate launcher writes its own."""
+    args = [
+        "--trainer", setup.trainer.value, "--steps", str(steps), "--detect-steps", str(steps),
+        "--logging-steps", str(setup.logging_steps), "--batch-size", str(setup.batch_size),
+        "--gradient-accumulation-steps", str(setup.gradient_accumulation_steps),
+        "--eval-steps", str(setup.eval_steps),
+    ]  # fmt: skip
+    flags = ("gradient_checkpointing", "packing", "padding_free", "lora", "num_input_tokens_seen")
+    args += [f"--{flag.replace('_', '-')}" for flag in flags if getattr(setup, flag)]
+    ds, env = deepspeed(setup), {}
+    if launcher(setup) == Launcher.FORK:
+        args += ["--precision", setup.precision.value]
+        if ds is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            config = run_dir / f"deepspeed-{ds.label}.json"
+            config.write_text(json.dumps(ds.config(), indent=2) + "\n")
+            env = deepspeed_env(config)
+    return World(setup.ranks, tuple(args), env)

@@ -1,0 +1,157 @@
+"""The census: its setups read and checked, its report from a result, and one real setup run."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hostsync import results
+from hostsync.census import command, report, setups
+from hostsync.errors import WorkspaceError
+from hostsync.layout import ROOT, Layout
+from hostsync.records import (
+    CensusResult,
+    CensusSetup,
+    CensusTrees,
+    Environment,
+    HuntSite,
+    HuntTree,
+    Launcher,
+    Precision,
+    Provenance,
+    Stamp,
+    TreeInfo,
+)
+
+from conftest import make_workspace
+
+
+def test_every_setup_of_the_census_loads_and_the_default_matrix_leaves_the_extra_ones_out() -> None:
+    matrix = setups.load(ROOT)
+
+    default = matrix.chosen(None)
+    assert "smoke" in matrix.setups and "smoke" not in default
+    assert {s.trainer.value for s in default.values()} == {"Trainer", "SFTTrainer"}
+    assert {s.zero_stage for s in default.values()} == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('[setups.x]\nabout = "a"\nzero_stage = 4', "setups.x.zero_stage: must be 0"),
+        ('[setups.x]\nabout = "a"\nsp = true', "setups.x.sp: Ulysses SP needs DeepSpeed"),
+        ('[setups.x]\nabout = "a"\npacking = true', "setups.x.packing: is an SFTTrainer option"),
+        ('[setups.x]\nabout = "a"\nzero = 2', "setups.x: has unknown keys ['zero']"),
+        ('[setups.x]\nabout = "a"\nprecision = "fp8"', "setups.x.precision: expected one of"),
+    ],
+)
+def test_a_wrong_setup_is_refused_naming_its_field(
+    tmp_path: Path, table: str, message: str
+) -> None:
+    (tmp_path / setups.FILE).write_text(f"steps = 4\n{table}\n")
+
+    with pytest.raises(WorkspaceError, match=re.escape(message)):
+        setups.load(tmp_path)
+
+
+def test_an_unknown_setup_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(WorkspaceError, match=r"no setup nope in census\.toml: the setups are"):
+        setups.load(ROOT).chosen(["nope"])
+
+
+def test_a_forked_deepspeed_setup_gets_the_variables_accelerate_launch_gives(
+    tmp_path: Path,
+) -> None:
+    setup = CensusSetup(about="a", ranks=2, zero_stage=3, precision=Precision.BF16)
+
+    world = setups.world(setup, 4, tmp_path)
+
+    assert setups.launcher(setup) == Launcher.FORK
+    assert world.env["ACCELERATE_USE_DEEPSPEED"] == "true"
+    assert Path(world.env["ACCELERATE_DEEPSPEED_CONFIG_FILE"]).read_text().count('"stage": 3')
+    assert "--precision" in world.args and world.ranks == 2
+    assert setups.launcher(CensusSetup(about="a", ranks=2, zero_stage=1, sp=True)) == "accelerate"
+
+
+def test_the_fixed_column_stacks_every_case_at_the_newest_release_of_its_project() -> None:
+    names = command.census_cases(ROOT)
+
+    assert names[0] in {"trainer-nan-filter", "trainer-grad-norm"}  # transformers first
+    assert "sp-loss" not in names  # 5.13.1, fixed upstream since
+    assert {"ds-clip-norm", "ds-ulysses-seqlen", "trl-sft-metrics"} <= set(names)
+
+
+def _site(file: str, rate: float, carried: str | None = None, allowed: str | None = None):
+    return HuntSite(
+        package=file.split("/")[0], file=file, line=1, function="f", code="x.item()", caller="",
+        kinds=("scalar_read",), steps=(2, 3), when="every step", per_step=int(rate), rate=rate,
+        carried=carried, allowed=allowed,
+    )  # fmt: skip
+
+
+def _run(setup: str, column: str, sites: tuple[HuntSite, ...]) -> HuntTree:
+    info = TreeInfo("transformers", "5.24.0", "abc", "a test", "src")
+    return HuntTree(label=f"{setup} {column}", tree=column, setup=setup, info=info, stacked=(),
+                    seconds=1.0, sites=sites)  # fmt: skip
+
+
+def test_the_report_ranks_sites_by_reads_per_step_summed_over_the_setups(tmp_path: Path) -> None:
+    workspace = make_workspace(tmp_path / "workspace")
+    candidate, carried = _site("trl/a.py", 2.0), _site("transformers/b.py", 3.0, carried="case")
+    accepted = _site("deepspeed/c.py", 1.0, allowed="by design")
+    info = TreeInfo("transformers", "5.24.0", "abc", "a test", "src")
+    result = CensusResult(
+        stamp=Stamp.now("census", "census", Provenance("", "", {}, {})),
+        environment=Environment("3.11", {"torch": "2.13.0"}, "linux", "cpu", 0),
+        steps=4,
+        setups={name: CensusSetup(about=name) for name in ("one", "two")},
+        columns={"today": CensusTrees(info, (), ()), "fixed": CensusTrees(info, (), ("case",))},
+        allowlist=(),
+        runs=(
+            _run("one", "today", (carried, candidate, accepted)),
+            _run("two", "today", (candidate,)),
+            _run("one", "fixed", (candidate, accepted)),
+            _run("two", "fixed", (candidate,)),
+        ),
+        wall_s=10.0,
+    )
+    layout = Layout(workspace.root, "census")
+    path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
+
+    written = report.write_reports(layout, path)
+
+    ranked = [site.site.file for site in report.census_sites(result.runs)]
+    assert ranked == ["trl/a.py", "transformers/b.py", "deepspeed/c.py"]  # 4, 3 and 1 a step
+    assert report.per_setup(result, "today") == {"one": 6.0, "two": 2.0}
+    assert report.per_setup(result, "fixed", unaccepted=True) == {"one": 2.0, "two": 2.0}
+    text = written[0].read_text()
+    assert "carried by case case" in text and "accepted: by design" in text
+    assert written[1].suffix == ".png" and written[1].stat().st_size > 0
+    assert results.read(path, CensusResult) == result
+
+
+@pytest.mark.distributed
+@pytest.mark.network
+def test_the_census_smoke_setup_runs_and_reports(tmp_path: Path) -> None:
+    """One setup, three steps, today's column: the command end to end, as `nox -s census`."""
+    workspace = make_workspace(tmp_path / "workspace")
+
+    done = subprocess.run(
+        [sys.executable, "-m", "hostsync", "census", "--setups", "smoke", "--steps", "3",
+         "--columns", "today"],
+        capture_output=True, text=True, timeout=1800,
+        env={"PYTHONPATH": str(ROOT / "src"), "HOSTSYNC_ROOT": str(workspace.root),
+             "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])},
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "census wall time" in done.stderr
+    found = results.latest(workspace.root / "profiles" / "census", CensusResult)
+    result = results.read(found, CensusResult)
+    (run,) = result.runs
+    assert run.measured and run.sites, run.error
