@@ -22,7 +22,7 @@ import clip_step  # torchrun puts this script's folder first on sys.path
 import torch
 
 from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, RUN_DIR_ENV, rank_entry
-from hostsync.rankkit import named_range, recording
+from hostsync.rankkit import named_range, profiled_rank, recording
 
 
 def parse_args() -> argparse.Namespace:
@@ -61,18 +61,8 @@ def main() -> dict:
         train_step(engine, *next(batches), nvtx)
     with recording(args.profiler, cuda, trace):
         seconds = [train_step(engine, *batch, nvtx) for batch in batches]
-    return {
-        "rank": rank,
-        "world_size": torch.distributed.get_world_size(),
-        "backend": torch.distributed.get_backend(),
-        "device": str(engine.device),
-        "scenario": args.scenario,
-        "warmup_steps": args.warmup,
-        "steps": args.steps,
-        "skipped_steps": int(engine.skipped_steps),
-        "range_seconds": seconds,
-        "trace": trace and trace.name,
-    }
+    skipped = int(engine.skipped_steps)
+    return profiled_rank(args, engine.device, seconds, trace, skipped_steps=skipped)
 
 
 if __name__ == "__main__":

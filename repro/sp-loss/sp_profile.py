@@ -22,7 +22,7 @@ import sp_loss  # torchrun puts this script's folder first on sys.path
 import torch
 
 from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, RUN_DIR_ENV, rank_entry
-from hostsync.rankkit import named_range, recording
+from hostsync.rankkit import named_range, profiled_rank, recording
 
 
 def parse_args() -> argparse.Namespace:
@@ -68,17 +68,7 @@ def main() -> dict:
             train_step(engine, batch, pc, nvtx)
         with recording(args.profiler, cuda, trace):
             seconds = [train_step(engine, batch, pc, nvtx) for _ in range(args.steps)]
-    return {
-        "rank": rank,
-        "world_size": sp_size,
-        "backend": torch.distributed.get_backend(),
-        "device": str(device),
-        "scenario": args.scenario,
-        "warmup_steps": args.warmup,
-        "steps": args.steps,
-        "range_seconds": seconds,
-        "trace": trace and trace.name,
-    }
+    return profiled_rank(args, device, seconds, trace)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ import argparse
 import os
 from pathlib import Path
 
-import torch.distributed as dist
 from train import SCENARIOS  # the launcher puts this script's folder first
 from transformers import Trainer
 
@@ -25,6 +24,7 @@ from hostsync.protocol import RUN_DIR_ENV, rank_entry
 from hostsync.rankkit import (
     TrainerSteps,
     add_launch_arguments,
+    profiled_rank,
     samples,
     trainer_llama,
     training_arguments,
@@ -61,18 +61,7 @@ def main() -> dict:
         callbacks=[ranges.callback()],
     )  # fmt: skip
     trainer.train()
-    return {
-        "rank": rank,
-        "world_size": trainer.accelerator.num_processes,
-        "backend": dist.get_backend(),
-        "device": str(trainer.args.device),
-        "scenario": args.scenario,
-        "what": what,
-        "warmup_steps": args.warmup,
-        "steps": args.steps,
-        "range_seconds": ranges.seconds,
-        "trace": trace and trace.name,
-    }
+    return profiled_rank(args, trainer.args.device, ranges.seconds, trace, what=what)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,16 @@ import argparse
 import os
 from pathlib import Path
 
-import torch.distributed as dist
 from train import SCENARIOS  # torchrun puts this script's folder first
 
 from hostsync.protocol import RUN_DIR_ENV, rank_entry
-from hostsync.rankkit import TrainerSteps, samples, trainer_llama, training_arguments
+from hostsync.rankkit import (
+    TrainerSteps,
+    profiled_rank,
+    samples,
+    trainer_llama,
+    training_arguments,
+)
 
 
 def parse_args() -> argparse.Namespace:
@@ -52,18 +57,7 @@ def main() -> dict:
         callbacks=[ranges.callback()],
     )  # fmt: skip
     trainer.train()
-    return {
-        "rank": 0,
-        "world_size": 1,
-        "backend": dist.get_backend() if dist.is_initialized() else "none",
-        "device": str(trainer.args.device),
-        "scenario": args.scenario,
-        "what": what,
-        "warmup_steps": args.warmup,
-        "steps": args.steps,
-        "range_seconds": ranges.seconds,
-        "trace": trace and trace.name,
-    }
+    return profiled_rank(args, trainer.args.device, ranges.seconds, trace, what=what)
 
 
 if __name__ == "__main__":

@@ -196,6 +196,26 @@ def recording(profiler: str, cuda: bool, trace: Path | None) -> Iterator[None]:
     profiler_.export_chrome_trace(str(trace))
 
 
+def profiled_rank(args: argparse.Namespace, device: Any, seconds: list[float],
+                  trace: Path | None, **more: Any) -> dict[str, Any]:  # fmt: skip
+    """What a profile rank script returns, as `hostsync.profiling` reads it: where the rank ran,
+    the steps recorded (`args.scenario`, `args.warmup`, `args.steps`), each measured range's
+    seconds and the trace file; `more`, the script's own figures."""
+    joined = torch.distributed.is_initialized()
+    return {
+        "rank": torch.distributed.get_rank() if joined else 0,
+        "world_size": torch.distributed.get_world_size() if joined else 1,
+        "backend": torch.distributed.get_backend() if joined else "none",
+        "device": str(device),
+        "scenario": args.scenario,
+        "warmup_steps": args.warmup,
+        "steps": args.steps,
+        "range_seconds": seconds,
+        "trace": trace and trace.name,
+        **more,
+    }
+
+
 class TrainerSteps:
     """The profile of a `Trainer.train()`: each optimizer step in the measured range, from the
     step's begin to its end (`TrainerCallback.on_step_begin`/`on_step_end`), the steps after
