@@ -330,6 +330,16 @@ def test_cases_of_two_releases_are_not_stacked_on_one_tree(workspace: Layout) ->
         command.stacked(workspace, tree, ("trainer-nan-filter",))
 
 
+def test_a_stack_of_the_same_project_without_the_patched_tree_is_refused(
+    workspace: Layout,
+) -> None:
+    args = command.parser().parse_args(["--trees", "pinned", "--stack", "trainer-grad-norm"])
+    layout = workspace.for_case("trainer-nan-filter")
+
+    with pytest.raises(WorkspaceError, match="add patched to --trees"):
+        command.check_stack(layout, command.settings_from(args))
+
+
 @pytest.mark.network
 def test_two_series_of_one_release_stack_on_one_tree(workspace: Layout) -> None:
     names = ["trainer-nan-filter", "trainer-grad-norm"]

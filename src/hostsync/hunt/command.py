@@ -107,7 +107,20 @@ def stacked(layout: Layout, tree: Tree, names: tuple[str, ...]) -> Tree:
     return dataclasses.replace(tree, stacked=tuple(other.src for other in beside))
 
 
+def check_stack(layout: Layout, settings: HuntSettings) -> None:
+    """A case of the hunted case's project stacks on the patched tree: refuse a hunt without it
+    rather than apply nothing."""
+    project = cases.load(layout.root, layout.case).project
+    same = [name for name in settings.stack if cases.load(layout.root, name).project == project]
+    if same and "patched" not in settings.trees:
+        raise WorkspaceError(
+            f"--stack {', '.join(same)}: a case of {project.name} is applied on the patched"
+            " tree, which --trees leaves out: add patched to --trees"
+        )
+
+
 def hunt_case(layout: Layout, settings: HuntSettings) -> int:
+    check_stack(layout, settings)
     with contextlib.ExitStack() as held:
         for name in (layout.case, *settings.stack):
             held.enter_context(locks.case(layout.for_case(name), settings.nodes.rank))
