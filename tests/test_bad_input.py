@@ -21,7 +21,7 @@ from local_index import make_sdist, serving
 from hostsync import cases, envs, launchers, locks, options, repro, results, review
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
-from hostsync.launchers import Run, RunFailed, Start, World
+from hostsync.launchers import Run, RunFailed, RunHung, Start, World, run_group
 from hostsync.layout import ROOT, Layout
 from hostsync.projects import get
 from hostsync.records import Device, Launcher, Tree, TreeRole, Verdict
@@ -255,6 +255,41 @@ def test_a_rank_that_breaks_the_contract_is_named_and_its_result_kept(tmp_path: 
 
 
 # --- Ctrl-C --------------------------------------------------------------------------------------
+
+HOLDS_A_BUILD_LOCK = """
+    import os
+    import time
+    from pathlib import Path
+
+    from torch.utils.file_baton import FileBaton
+
+    build = Path(os.environ["TORCH_EXTENSIONS_DIR"], "op")
+    build.mkdir(parents=True)
+    assert FileBaton(str(build / "lock")).try_acquire()
+    time.sleep(3600)
+"""
+
+
+class ExtensionsHere(Run):
+    """A run of a command that is no rank: this process's variables, its own extensions."""
+
+    def environment(self, extra=None) -> dict[str, str]:
+        return os.environ | {"TORCH_EXTENSIONS_DIR": str(self.run_dir / "extensions")}
+
+
+def test_a_build_stopped_midway_leaves_no_lock_for_the_next_to_wait_on(tmp_path: Path) -> None:
+    """torch frees an extension's build lock only when the build ends: one killed at a timeout
+    or by Ctrl-C would make every later run of that environment hang."""
+    run = ExtensionsHere(tmp_path, tree=None)  # type: ignore[arg-type]
+    ever_held = tmp_path / "extensions" / "op" / "lock"
+    script = tmp_path / "build.py"
+    script.write_text(textwrap.dedent(HOLDS_A_BUILD_LOCK))
+
+    with pytest.raises(RunHung):
+        run_group(run, [sys.executable, str(script)], timeout=15)
+
+    assert ever_held.parent.is_dir() and not ever_held.exists()
+
 
 IGNORES_SIGTERM = """
     import os

@@ -24,6 +24,7 @@ folder, so that a failure is reported with its rank number.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -504,15 +505,19 @@ def run_groups(commands: Sequence[tuple[Run, Sequence[str], Mapping[str, str] | 
     others, which would wait for it for ever, are ended). Raises RunHung on the timeout; either
     way every process of every group is gone when this returns."""
     processes: list[subprocess.Popen] = []
+    extensions: list[str | None] = []
+    started = time.time()
     try:
         for run, command, env in commands:
             run.run_dir.mkdir(parents=True, exist_ok=True)
             log.info("running %s (log: %s)", " ".join(command[:6]), run.log_file)
+            environment = run.environment(env)
             with run.log_file.open("w") as output:
                 processes.append(subprocess.Popen(
-                    command, cwd=cwd, env=run.environment(env), stdout=output,
+                    command, cwd=cwd, env=environment, stdout=output,
                     stderr=subprocess.STDOUT, start_new_session=True,
                 ))  # fmt: skip
+            extensions.append(environment.get("TORCH_EXTENSIONS_DIR"))
         deadline = time.monotonic() + timeout
         while any(process.poll() is None for process in processes):
             if any(process.poll() not in (None, 0) for process in processes):
@@ -525,18 +530,32 @@ def run_groups(commands: Sequence[tuple[Run, Sequence[str], Mapping[str, str] | 
                 )
             time.sleep(_POLL_S)
     finally:
-        for process in processes:
-            _kill_group(process)
+        for process, folder in zip(processes, extensions, strict=True):
+            if _kill_group(process) and folder:
+                _drop_build_locks(Path(folder), since=started)
     return [process.returncode for process in processes]
 
 
-def _kill_group(process: subprocess.Popen) -> None:
-    """SIGTERM the group, then SIGKILL what is left: the launcher may already be gone."""
+def _drop_build_locks(extensions: Path, since: float) -> None:
+    """Remove the build locks a stopped group took since `since`: torch's extension builder
+    frees its `lock` only when it finishes, and every later build waits for it for ever."""
+    for lock in extensions.glob("*/lock"):
+        with contextlib.suppress(FileNotFoundError):
+            if lock.stat().st_mtime >= since:
+                lock.unlink()
+                log.info("removed %s, left by a stopped build", lock)
+
+
+def _kill_group(process: subprocess.Popen) -> bool:
+    """SIGTERM the group, then SIGKILL what is left: the launcher may already be gone. Whether
+    anything of it was still there to stop."""
+    stopped = False
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:
             break
+        stopped = True
         deadline = time.monotonic() + _KILL_GRACE_S
         while time.monotonic() < deadline and _group_alive(process.pid):
             time.sleep(0.1)
@@ -544,6 +563,7 @@ def _kill_group(process: subprocess.Popen) -> None:
             break
     if process.poll() is None:
         process.wait()
+    return stopped
 
 
 def _group_alive(pgid: int) -> bool:
