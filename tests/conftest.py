@@ -64,6 +64,21 @@ def workspace(tmp_path: Path) -> Layout:
     return make_workspace(tmp_path / "workspace")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--heavy", action="store_true", help="also run the tests marked heavy")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A whole case's run repeats what `nox -s repro` does for that case; CI keeps to one case of
+    each kind so that it stays under 20 minutes on 2 cores."""
+    if config.getoption("heavy"):
+        return
+    skip = pytest.mark.skip(reason="heavy: a whole case's run, run with `nox -s tests -- --heavy`")
+    for item in items:
+        if "heavy" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         session.config.get_terminal_writer().line(

@@ -58,6 +58,7 @@ def test_gpu_evidence_is_cited_when_fresh_and_not_measured_when_absent_or_stale(
     assert review.fill(GPU_FIGURE, documents(layout)) == drafts.NOT_MEASURED
 
 
+@pytest.mark.heavy
 @pytest.mark.distributed
 def test_the_gpu_script_runs_dry_on_a_cpu_pinned_reading_twice_a_step_fixed_never(
     workspace: Layout, tmp_path: Path

@@ -80,6 +80,7 @@ def test_the_profiler_and_the_detector_agree_on_every_read(hunted: HuntTree) -> 
         assert check.profiler == check.detector > 0, check
 
 
+@pytest.mark.heavy
 @pytest.mark.distributed
 def test_trainer_loss_with_sp_equals_the_loss_without(layout: Layout, pinned: Tree) -> None:
     compared = trainer_run.compare_losses(layout, pinned, steps=2, timeout=600)

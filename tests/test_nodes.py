@@ -205,6 +205,7 @@ def test_each_nodes_command_holds_a_lock_of_its_own(workspace: Layout) -> None:
 SAME_ROWS = ("host_syncs", "sync_sites", "forward_syncs", "loss", "loss_abs_diff", "grads_ok")
 
 
+@pytest.mark.heavy
 @pytest.mark.distributed
 def test_two_nodes_give_the_loss_case_the_rows_of_one(tmp_path: Path) -> None:
     """One rank a node, both agents started here on the c10d rendezvous: the rows one node gives."""

@@ -342,9 +342,10 @@ def test_red_on_the_pinned_release_green_on_the_patched_tree_and_on_the_fix(
     assert status == 0, "\n".join(said)
     red = checks["series tests", "pinned+tests"]
     assert {t["test"] for t in red["tests"] if t["outcome"] == FAILED} == CASE.red_on_pinned
-    assert (red["verdict"], red["counts"]) == (OK, {FAILED: 4, PASSED: 2})
+    everyone = len(red["tests"])
+    assert (red["verdict"], red["counts"]) == (OK, {FAILED: 4, PASSED: everyone - 4})
     for label in (PATCHED, f"{CASE.fixed.version}+tests"):
-        assert checks["series tests", label]["counts"] == {PASSED: 6}
+        assert checks["series tests", label]["counts"] == {PASSED: everyone}
         assert checks["series tests", label]["verdict"] == OK
     neighbours = checks["upstream tests", PATCHED]  # the sdist has no tests/deepspeed/
     assert (neighbours["verdict"], neighbours["counts"]) == (NOT_APPLICABLE, {})
@@ -370,7 +371,7 @@ def test_the_live_trainer_case_is_red_on_its_release_and_green_patched(tmp_path:
     assert {t["test"] for t in red["tests"] if t["outcome"] == FAILED} == case.red_on_pinned
     assert all(t["message"].startswith("AssertionError") for t in red["tests"] if t["message"])
     assert red["tree"]["version"] == "5.24.0"
-    assert checks["series tests", PATCHED]["counts"] == {PASSED: 4}
+    assert checks["series tests", PATCHED]["counts"] == {PASSED: len(red["tests"])}
 
 
 @pytest.mark.distributed

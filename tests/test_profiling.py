@@ -273,6 +273,7 @@ def test_no_nsys_agent_outlives_a_launch_killed_at_its_timeout(tmp_path: Path) -
     assert agents_of(session) == []
 
 
+@pytest.mark.heavy
 @pytest.mark.distributed
 @needs_nsys
 def test_nsys_on_a_cpu_records_the_measured_ranges_and_zero_cuda(workspace: Layout) -> None:

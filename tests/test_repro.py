@@ -369,6 +369,7 @@ def measure_live_case(tmp_path: Path, name: str, scenarios: list[str],
     return result.document()
 
 
+@pytest.mark.heavy
 @pytest.mark.distributed
 @pytest.mark.network
 def test_the_trainer_filter_reads_twice_per_finite_micro_batch_and_the_fix_never(
@@ -387,6 +388,7 @@ def test_the_trainer_filter_reads_twice_per_finite_micro_batch_and_the_fix_never
     assert [c["verdict"] for c in measured["comparisons"]] == ["identical", "identical"]
 
 
+@pytest.mark.heavy
 @pytest.mark.distributed
 @pytest.mark.network
 def test_zero_clipping_reads_the_norm_once_per_group_and_the_fix_never(tmp_path: Path) -> None:
@@ -403,6 +405,7 @@ def test_zero_clipping_reads_the_norm_once_per_group_and_the_fix_never(tmp_path:
     assert [c["verdict"] for c in measured["comparisons"]] == ["identical"]
 
 
+@pytest.mark.heavy
 @pytest.mark.distributed
 @pytest.mark.network
 def test_the_deepspeed_grad_norm_is_read_every_step_and_with_the_fix_only_when_logged(
@@ -421,6 +424,7 @@ def test_the_deepspeed_grad_norm_is_read_every_step_and_with_the_fix_only_when_l
     assert [c["verdict"] for c in measured["comparisons"]] == ["identical"]
 
 
+@pytest.mark.heavy
 @pytest.mark.distributed
 @pytest.mark.network
 def test_sft_metrics_are_read_every_micro_batch_and_with_the_fix_once_per_log(
@@ -437,6 +441,7 @@ def test_sft_metrics_are_read_every_micro_batch_and_with_the_fix_once_per_log(
     assert [c["verdict"] for c in measured["comparisons"]] == ["identical"]
 
 
+@pytest.mark.heavy
 @pytest.mark.distributed
 @pytest.mark.network
 def test_the_ulysses_length_check_reads_once_per_tensor_and_the_fix_never(tmp_path: Path) -> None:
