@@ -21,18 +21,20 @@ from pathlib import Path
 import clip_step  # torchrun puts this script's folder first on sys.path
 import torch
 
-from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, RUN_DIR_ENV, rank_entry
+from hostsync.protocol import (
+    EXCLUDED_RANGE,
+    MEASURED_RANGE,
+    RUN_DIR_ENV,
+    profile_parser,
+    rank_entry,
+)
 from hostsync.rankkit import named_range, profiled_rank, recording
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = profile_parser(__doc__.splitlines()[0])
     clip_step.add_engine_arguments(parser)
     parser.add_argument("--scenario", default="bf16-zero1")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--profiler", choices=("torch", "nsys"), default="torch")
-    parser.add_argument("--warmup", type=int, default=2, help="unprofiled steps first")
-    parser.add_argument("--steps", type=int, default=3, help="profiled steps")
     return parser.parse_args()
 
 

@@ -21,17 +21,19 @@ from pathlib import Path
 import sp_loss  # torchrun puts this script's folder first on sys.path
 import torch
 
-from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, RUN_DIR_ENV, rank_entry
+from hostsync.protocol import (
+    EXCLUDED_RANGE,
+    MEASURED_RANGE,
+    RUN_DIR_ENV,
+    profile_parser,
+    rank_entry,
+)
 from hostsync.rankkit import named_range, profiled_rank, recording
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = profile_parser(__doc__.splitlines()[0])
     parser.add_argument("--scenario", default="all_tokens")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--profiler", choices=("torch", "nsys"), default="torch")
-    parser.add_argument("--warmup", type=int, default=2, help="unprofiled steps first")
-    parser.add_argument("--steps", type=int, default=3, help="profiled steps")
     return parser.parse_args()
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from train import SCENARIOS  # the launcher puts this script's folder first
 from transformers import Trainer
 
-from hostsync.protocol import RUN_DIR_ENV, rank_entry
+from hostsync.protocol import RUN_DIR_ENV, profile_parser, rank_entry
 from hostsync.rankkit import (
     TrainerSteps,
     add_launch_arguments,
@@ -32,13 +32,9 @@ from hostsync.rankkit import (
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = profile_parser(__doc__.splitlines()[0])
     add_launch_arguments(parser)
     parser.add_argument("--scenario", default="every_4_steps", choices=tuple(SCENARIOS))
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--profiler", choices=("torch", "nsys"), default="torch")
-    parser.add_argument("--warmup", type=int, default=2, help="unprofiled steps first")
-    parser.add_argument("--steps", type=int, default=3, help="profiled steps")
     return parser.parse_args()
 
 

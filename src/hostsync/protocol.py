@@ -50,6 +50,18 @@ def repro_parser(description: str, known: Collection[str] = ()) -> argparse.Argu
     return parser
 
 
+def profile_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments `hostsync.profiling` gives every profile script: `--device cpu|cuda`,
+    `--profiler torch|nsys` and how many steps run unrecorded (`--warmup`), then recorded
+    (`--steps`). A script adds its own `--scenario` before it parses."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--profiler", choices=("torch", "nsys"), default="torch")
+    parser.add_argument("--warmup", type=int, default=2, help="unprofiled steps first")
+    parser.add_argument("--steps", type=int, default=3, help="profiled steps")
+    return parser
+
+
 def free_port() -> int:
     """A port nobody listens on now, for a rendezvous: launchers pick theirs this way."""
     with socket.socket() as sock:
