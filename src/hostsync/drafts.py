@@ -25,9 +25,10 @@ LIMITS = {"issue": 40, "pr": 40, "comment": 30, "review-comment": 30}
 MAX_PROSE = 100
 MAX_CODE_LINES = 30
 NOT_MEASURED = "not measured"
+# This workspace's words and folders, and a machine's absolute paths (home, temporary, /root).
 WORKSPACE = re.compile(
-    r"hostsync|\bnox\b|issue_drafts|\bprofiles/|\bwork/|\brepro/|\bpatches/|/tmp/|/root/"
-    r"|\bworkspace\b"
+    r"hostsync|\bnox\b|issue_drafts|\bprofiles/|\bwork/|\brepro/|\bpatches/"
+    r"|/(?:tmp|root|home)/|\bworkspace\b"
 )
 # A number standing as a word: not part of an identifier, a version, a path, a date or a ref.
 HAND_TYPED = re.compile(r"(?<![\w.#/+\-:])\d+(?:\.\d+)?(?![\w./%+\-:])")
