@@ -329,7 +329,8 @@ def test_an_interrupted_apply_is_undone_by_the_next_clone(workspace: Layout, rem
 # --- the outbox: the series as the contributor's commits ---------------------------------------
 
 
-ADA = "\tname = Ada Lovelace\n\temail = ada@lovelace.test\n"
+ADA_NAME, ADA_EMAIL = "Ada Lovelace", "ada@analytical-engine.org"
+ADA = f"\tname = {ADA_NAME}\n\temail = {ADA_EMAIL}\n"
 
 
 def outbox_ready(workspace: Layout, remote: Path, tmp_path: Path, identity: str,
@@ -362,7 +363,7 @@ def test_the_outbox_sends_the_series_as_the_contributors_commits(
 
     (patch,) = (target / "patches").glob("*.patch")
     text = patch.read_text()
-    assert "From: Ada Lovelace <ada@lovelace.test>" in text
+    assert "From: Ada Lovelace <ada@analytical-engine.org>" in text
     assert "Signed-off-by" not in text, "transformers asks for no DCO"
     assert (target / "pr.md").read_text() == "Reads per step: 3.\n"
     assert "Code Agent Policy" in (target / "checklist.md").read_text()
@@ -377,10 +378,10 @@ def test_a_dco_project_gets_the_contributors_sign_off(
     case = cases.load(workspace.root, workspace.case)
     dco = dataclasses.replace(case, project=dataclasses.replace(case.project, sign_off=True))
 
-    outbox.remake_patches(workspace, dco, ("Ada Lovelace", "ada@lovelace.test"), tmp_path / "out")
+    outbox.remake_patches(workspace, dco, (ADA_NAME, ADA_EMAIL), tmp_path / "out")
 
     (patch,) = (tmp_path / "out").glob("*.patch")
-    assert "Signed-off-by: Ada Lovelace <ada@lovelace.test>" in patch.read_text()
+    assert "Signed-off-by: Ada Lovelace <ada@analytical-engine.org>" in patch.read_text()
 
 
 @pytest.mark.parametrize(
@@ -388,6 +389,10 @@ def test_a_dco_project_gets_the_contributors_sign_off(
     [
         ("", "no contributor identity in git's config: set yours with `git config --global"),
         ("\tname = hostsync contributor\n\temail = contributor@example.com\n", "stands for nobody"),
+        (
+            "\tname = Seed maintainers\n\temail = maintainers@users.noreply.seed.example\n",
+            "stands for nobody",
+        ),
     ],
 )
 def test_an_outbox_without_a_real_identity_is_refused(

@@ -39,8 +39,11 @@ _NOT_PROSE = re.compile(
 )
 _CODE = re.compile(r"```.*?```", re.DOTALL)
 _LIST_ITEM = re.compile(r"\s*(?:[-*]|\d+\.) ")
+# Addresses no mail reaches: the domains reserved for examples and tests (RFC 2606, RFC 6761).
 _PLACEHOLDER_IDENTITY = re.compile(
-    r"@example\.(?:com|org|net)\b|@localhost\b|^hostsync\b|\bcontributor@", re.IGNORECASE
+    r"@(?:[\w-]+\.)*(?:example\.(?:com|org|net)|example|test|invalid|localhost)$"
+    r"|^hostsync\b|\bcontributor@",
+    re.IGNORECASE,
 )
 
 
@@ -135,7 +138,7 @@ def reflow(text: str) -> str:
 
 
 def placeholder_identity(identity: str) -> bool:
-    """A name or address that stands for nobody (the workspace's own, example domains)."""
+    """A name or address that stands for nobody (the workspace's own, reserved domains)."""
     return bool(_PLACEHOLDER_IDENTITY.search(identity))
 
 
