@@ -98,10 +98,10 @@ class Source:
 
 
 def results_folder(layout: Layout) -> Path:
-    """Where the drafts' results are read: profiles/<case>/, or, when it holds no result of its
-    own (a fresh clone), the committed reference set."""
+    """Where the drafts' results are read: profiles/<case>/, or, when it holds none of the
+    results every draft needs (a fresh clone), the committed reference set, whole."""
     reference = layout.profiles / REFERENCE
-    own = any(results.latest(layout.profiles, kind) for kind in KINDS + OPTIONAL_KINDS)
+    own = any(results.latest(layout.profiles, kind) for kind in KINDS)
     return reference if not own and reference.is_dir() else layout.profiles
 
 
