@@ -383,7 +383,7 @@ def test_the_outbox_sends_the_series_as_the_contributors_commits(
     checklist = (target / "checklist.md").read_text()
     assert checklist.startswith("# Before sending pr.md, the patches\n")
     assert "Rewrite each draft in your own words" in checklist
-    assert "Disclose any assistance as transformers asks: the Code Agent Policy" in checklist
+    assert "Disclose any assistance the way transformers asks: the Code Agent Policy" in checklist
     assert "make check-repo" in checklist, "a PR gets the project's PR steps"
     with pytest.raises(WorkspaceError, match="outbox exists: move it aside"):
         outbox.outbox(workspace)

@@ -149,7 +149,7 @@ def checklist(case: Case, kinds: set[str], notes: dict[str, str], sent: list[str
     steps = [
         "Rewrite each draft in your own words; the figures and the quoted output are the"
         " measured ones, keep them as they are",
-        f"Disclose any assistance as {project.name} asks: {project.assistance}",
+        f"Disclose any assistance the way {project.name} asks: {project.assistance}",
     ]
     if "issue" in kinds:
         steps.append(

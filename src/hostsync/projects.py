@@ -66,7 +66,7 @@ class Project:
     # What a contributor does before sending a PR there (the outbox's checklist).
     before_sending: tuple[str, ...] = ()
     # How the project asks contributors to disclose assistance (the outbox's checklist).
-    assistance: str = "no policy of its own is recorded here: say in your text what a tool did"
+    assistance: str = "say in your own text what a tool did (no policy of its own is recorded)"
     # The command whose output its issue template asks for as system info: the contributor's own.
     system_info: str = "python -m torch.utils.collect_env"
 
