@@ -4,6 +4,7 @@ inputs: the real ones come from `nox -s repro test_patch profile`)."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from pathlib import Path
 
@@ -78,7 +79,11 @@ def test_drafts_are_filled_from_the_results(drafted: Layout) -> None:
     ("template", "name", "refusal"),
     [
         ("GPU idle: {{profile:captures.per_step.gpu_idle_ms}}\n", "issue.md",
-         "would say 'not measured'"),
+         "cites profile figures no result holds: run `nox -s profile -- --case sp-loss`"),
+        ("Since {{bisect:sites[project=transformers].first}}.\n", "issue.md",
+         "cites bisect figures no result holds: run `nox -s bisect -- --case sp-loss`"),
+        ("Measured on Linux-6.18.44-fc-x86_64-with-glibc2.36.\n", "issue.md",
+         "gives the platform 'Linux-6.18.44-fc-x86_64-with-glibc2.36', the machine"),
         ("With the fix, 3 fewer reads.\n", "issue.md", r"types the figure\(s\) 3 by hand"),
         ("Run `nox -s repro` to see it.\n", "issue.md", "a word of this workspace"),
         ("{{repro:trees.pinned.version}}\n\n" * 16, "comment.md", "over the 30 of a comment"),
@@ -153,6 +158,30 @@ def test_a_changed_case_script_makes_the_results_stale(drafted: Layout) -> None:
 
     said = str(refused.value)
     assert said.count("repro/sp-loss/issue_snippet.py changed") == len(review.KINDS)
+
+
+def test_a_fresh_clone_drafts_from_the_committed_reference_set_and_says_so(
+    drafted: Layout, caplog: pytest.LogCaptureFixture
+) -> None:
+    reference = drafted.profiles / review.REFERENCE
+    reference.mkdir()
+    for path in list(drafted.profiles.iterdir()):
+        if path != reference:
+            path.rename(reference / path.name)
+
+    with caplog.at_level(logging.INFO, logger=review.__name__):
+        (path,) = review.review(drafted, refresh=True)
+
+    assert path.read_text().startswith("Host reads per step on transformers 5.13.1: 3 at 2 ranks")
+    assert "profiles/sp-loss/ holds no result of its own: citing the committed reference set" in (
+        caplog.text
+    )
+    assert "dropped" not in caplog.text and "added" not in caplog.text, "the set is left as is"
+
+
+def test_with_no_result_anywhere_review_names_the_session_to_run(workspace: Layout) -> None:
+    with pytest.raises(WorkspaceError, match=r"run `nox -s repro -- --case sp-loss` first"):
+        review.review(workspace)
 
 
 def test_the_reference_set_changes_only_when_asked(drafted: Layout) -> None:

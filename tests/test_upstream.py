@@ -330,19 +330,33 @@ def test_an_interrupted_apply_is_undone_by_the_next_clone(workspace: Layout, rem
 
 
 ADA_NAME, ADA_EMAIL = "Ada Lovelace", "ada@analytical-engine.org"
+PR_TEMPLATE = "Reads per step: {{repro:runs[tree=pinned].host_syncs}}.\n"
+COMMENT_TEMPLATE = (
+    "<!-- Comment on huggingface/transformers#{{case:upstream.pull_request}}. -->\n"
+    "Reads per step: {{repro:runs[tree=pinned].host_syncs}}.\n"
+)
 ADA = f"\tname = {ADA_NAME}\n\temail = {ADA_EMAIL}\n"
 
 
+def set_upstream(workspace: Layout, state: str, *extra: str) -> None:
+    """The workspace's card with another upstream state (and `[upstream]` keys)."""
+    card = workspace.root / "cases" / "sp-loss.toml"
+    text = card.read_text().replace('state = "fixed"', "\n".join((f'state = "{state}"', *extra)))
+    card.write_text(text)
+
+
 def outbox_ready(workspace: Layout, remote: Path, tmp_path: Path, identity: str,
-                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """A clone with its series, results the drafts cite, a PR template, and git's config."""
+                 monkeypatch: pytest.MonkeyPatch, templates: dict[str, str] | None = None,
+                 state: str = "none", upstream: tuple[str, ...] = ()) -> None:  # fmt: skip
+    """A clone with its series, results the drafts cite, templates (a PR's unless given), the
+    card's upstream state, and git's config."""
     make_patches(workspace, remote, {"Keep the count on device": "return x.clamp(1)"})
     patchqueue.clone(workspace, remote=str(remote))
+    set_upstream(workspace, state, *upstream)
     for old in (workspace.root / "cases" / "sp-loss").glob("*.md"):
         old.unlink()
-    (workspace.root / "cases" / "sp-loss" / "pr.md").write_text(
-        "Reads per step: {{repro:runs[tree=pinned].host_syncs}}.\n"
-    )
+    for name, text in (templates or {"pr.md": PR_TEMPLATE}).items():
+        (workspace.root / "cases" / "sp-loss" / name).write_text(text)
     for result in (
         made.repro(workspace, (made.row("pinned", 2, 3),)),
         made.test_patch(workspace, made.check("patched", Verdict.OK)),
@@ -366,7 +380,11 @@ def test_the_outbox_sends_the_series_as_the_contributors_commits(
     assert "From: Ada Lovelace <ada@analytical-engine.org>" in text
     assert "Signed-off-by" not in text, "transformers asks for no DCO"
     assert (target / "pr.md").read_text() == "Reads per step: 3.\n"
-    assert "Code Agent Policy" in (target / "checklist.md").read_text()
+    checklist = (target / "checklist.md").read_text()
+    assert checklist.startswith("# Before sending pr.md, the patches\n")
+    assert "Rewrite each draft in your own words" in checklist
+    assert "Disclose any assistance the way transformers asks: the Code Agent Policy" in checklist
+    assert "make check-repo" in checklist, "a PR gets the project's PR steps"
     with pytest.raises(WorkspaceError, match="outbox exists: move it aside"):
         outbox.outbox(workspace)
 
@@ -384,6 +402,49 @@ def test_a_dco_project_gets_the_contributors_sign_off(
     assert "Signed-off-by: Ada Lovelace <ada@analytical-engine.org>" in patch.read_text()
 
 
+def test_a_comment_is_sent_without_its_note_and_gets_a_comment_checklist(
+    workspace: Layout, remote: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The note a template opens with is for the contributor: it moves to the checklist."""
+    outbox_ready(workspace, remote, tmp_path, ADA, monkeypatch, {"comment.md": COMMENT_TEMPLATE},
+                 state="open-pr", upstream=("carries_pr_change = true",))  # fmt: skip
+
+    target = outbox.outbox(workspace)
+
+    assert (target / "comment.md").read_text() == "Reads per step: 3.\n"
+    checklist = (target / "checklist.md").read_text()
+    assert checklist.startswith(
+        "# Before posting comment.md\n\ncomment.md: Comment on huggingface/transformers#47073.\n"
+    )
+    assert "Rewrite each draft in your own words" in checklist
+    assert "make check-repo" not in checklist, "a comment gets no PR steps"
+    assert not (target / "patches").exists()
+
+
+@pytest.mark.parametrize(
+    ("state", "why"),
+    [
+        ("fixed", "Why: upstream has fixed it (PR #47073, released in transformers 5.14.0)."),
+        ("open-pr", "Why: open PR #47073 takes it on, and the series does not carry that PR's own"),
+    ],
+)
+def test_nothing_to_send_is_an_answer_saying_why_and_what_was_checked(
+    workspace: Layout, remote: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    state: str, why: str,
+) -> None:  # fmt: skip
+    outbox_ready(workspace, remote, tmp_path, ADA, monkeypatch, {"comment.md": COMMENT_TEMPLATE},
+                 state=state)  # fmt: skip
+
+    target = outbox.outbox(workspace)
+
+    assert [path.name for path in target.iterdir()] == ["nothing-to-send.md"]
+    said = (target / "nothing-to-send.md").read_text()
+    assert why in said
+    assert f"- upstream's record, as of {CASE.upstream.seen}" in said
+    assert "- the results the drafts cite, fresh: repro-" in said
+    assert "- the drafts, written for reading and not sent: comment.md" in said
+
+
 @pytest.mark.parametrize(
     ("identity", "refusal"),
     [
@@ -395,15 +456,20 @@ def test_a_dco_project_gets_the_contributors_sign_off(
         ),
     ],
 )
-def test_an_outbox_without_a_real_identity_is_refused(
+@pytest.mark.parametrize("state", ["none", "fixed"])
+def test_an_outbox_without_a_real_identity_is_refused_whatever_it_would_hold(
     workspace: Layout,
     remote: Path,
     tmp_path: Path,
     identity: str,
     refusal: str,
+    state: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    outbox_ready(workspace, remote, tmp_path, identity, monkeypatch)
+    """One rule for every case: a comment, or nothing to send, needs the contributor too."""
+    outbox_ready(workspace, remote, tmp_path, identity, monkeypatch, {"comment.md": PR_TEMPLATE},
+                 state=state)  # fmt: skip
 
     with pytest.raises(WorkspaceError, match=refusal):
         outbox.outbox(workspace)
+    assert not workspace.issue_drafts.exists(), "refused before anything is drafted"

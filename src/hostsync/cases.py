@@ -50,7 +50,8 @@ class Release(Strict):
 
 @dataclass(frozen=True)
 class Upstream(Strict):
-    """What upstream knows of the bug, and when and where that was seen."""
+    """What upstream knows of the bug, and where that was seen: `seen` starts with the date of
+    the newest record read (a thread's last entry, a release), not the day it was read."""
 
     state: UpstreamState
     seen: str
@@ -60,6 +61,10 @@ class Upstream(Strict):
     notes: str = ""
     # What only the contributor can do for this case before sending (the outbox's checklist).
     to_do: tuple[str, ...] = ()
+    # An open PR: whether the series carries that PR's own change (its diff as a patch), so that
+    # the figures are the PR's. Without it the outbox sends nothing: a comment would speak of
+    # another variant than the one under review.
+    carries_pr_change: bool = False
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ it, and refuses in one line:
   project's template, after the `TEMPLATE_MARK` comment, does not count), a comment at most 30;
   a code block, the reproducer a maintainer runs, at most `MAX_CODE_LINES` lines;
 - a word of this workspace: its commands, folders and paths mean nothing upstream;
-- a figure typed into the template instead of taken from a result, or one no result holds.
+- the platform of the machine it was measured on: system info is the contributor's to give;
+- a figure typed into the template instead of taken from a result (one no result holds is
+  refused by `review`, naming the session that measures it).
 The identity a patch is sent with is checked by `outbox`, with `placeholder_identity`.
 """
 
@@ -30,6 +32,8 @@ WORKSPACE = re.compile(
     r"hostsync|\bnox\b|issue_drafts|\bprofiles/|\bwork/|\brepro/|\bpatches/"
     r"|/(?:tmp|root|home)/|\bworkspace\b"
 )
+# A machine's platform string (`platform.platform()`): Linux-6.1.0-...-x86_64-with-glibc2.36.
+MACHINE = re.compile(r"\b(?:Linux|Darwin|Windows|macOS)-\d(?:[\w.+\-]*\w)?")
 # A number standing as a word: not part of an identifier, a version, a path, a date or a ref.
 HAND_TYPED = re.compile(r"(?<![\w.#/+\-:])\d+(?:\.\d+)?(?![\w./%+\-:])")
 # What may hold digits in a template's prose: placeholders, code, links, HTML comments,
@@ -83,10 +87,11 @@ def check_draft(name: str, draft_kind: str, text: str) -> None:
             f"{name} has a code block of {longest} lines, over {MAX_CODE_LINES}: cut the"
             " reproducer to what shows the read"
         )
-    if NOT_MEASURED in text:
+    machine = MACHINE.search(text)
+    if machine:
         raise WorkspaceError(
-            f"{name} would say '{NOT_MEASURED}': a figure it cites is in no result; run the"
-            " command that measures it, or drop the figure from the template"
+            f"{name} gives the platform {machine[0]!r}, the machine it was measured on: cite"
+            " releases only; system info is the contributor's own to paste"
         )
     found = WORKSPACE.search(_without_code(text))
     if found:

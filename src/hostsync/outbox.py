@@ -1,21 +1,29 @@
 """`python -m hostsync outbox`: what would be sent upstream for a case, ready for its contributor.
 
-`issue_drafts/<case>/outbox/` holds, made from the drafts `review` writes (it runs first, so a
-stale or failed result is refused there):
-- the drafts the upstream state asks for: an issue and a PR; a review comment on an open PR; a
-  comment on the merged PR of a fixed bug;
+Every outbox is made for one contributor: it is refused, for every case alike, until git's config
+names a real one (`git config user.name` / `user.email`; no placeholder, no reserved domain).
+`review` runs first, so a stale or failed result is refused there. Then
+`issue_drafts/<case>/outbox/` holds either
+- `nothing-to-send.md` alone, when nothing should be sent: upstream fixed the bug in a release,
+  or an open PR takes it on and the series does not carry that PR's own change (figures of
+  another variant are no review of it); it says why, and what was checked; or
+- the drafts the upstream state asks for (an issue and a PR; a review comment on an open PR),
+  without the note a template opens with for the contributor (an HTML comment), which moves to
+  the checklist;
 - with a PR: the series' upstream-bound patches (the card's `workspace_only` ones left out),
-  applied again as commits of the contributor (`git config user.name` / `user.email`), with
-  `Signed-off-by` where the project requires a DCO, and written by `git format-patch`;
+  applied again as the contributor's commits, with `Signed-off-by` where the project requires a
+  DCO, and written by `git format-patch`;
 - with a comment: the files the series' tests add, to attach (a test is attached, not pasted);
-- `checklist.md`: what only the contributor can do before sending.
+- `checklist.md`: what only the contributor can do before sending, written for what is sent: a
+  rewrite in their own words, the project's way of disclosing assistance, their own system info
+  for an issue, the project's PR steps for a PR.
 The committed patches keep a neutral author; nothing is sent from here.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
+import re
 import tempfile
 from pathlib import Path
 
@@ -24,12 +32,16 @@ from hostsync.cases import Case
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.options import add_case, case_layouts
+from hostsync.records import UpstreamState
 from hostsync.upstream.git import git
 from hostsync.upstream.patchqueue import added_files, clone, series, touches_only_tests
 
 OUTBOX = "outbox"
 PATCHES = "patches"
 CHECKLIST = "checklist.md"
+NOTHING_TO_SEND = "nothing-to-send.md"
+# The note a template opens with for its contributor (where to post it): not sent.
+_NOTE = re.compile(r"\A<!--(?P<note>.*?)-->\n", re.DOTALL)
 
 
 def contributor(root: Path) -> tuple[str, str]:
@@ -91,10 +103,66 @@ def attachments(layout: Layout, case: Case, target: Path) -> list[Path]:
     return written
 
 
-def checklist(case: Case, sent: list[str]) -> str:
-    """What only the contributor can do: the project's steps before sending, the case's."""
-    steps = [*case.project.before_sending, *case.upstream.to_do]
-    lines = [f"# Before sending {', '.join(sent)}", ""]
+def why_nothing(case: Case) -> str | None:
+    """Why nothing should be sent for the case, or None when something should."""
+    upstream = case.upstream
+    if upstream.state == UpstreamState.FIXED:
+        fixed = f", released in {case.project.name} {case.fixed.version}" if case.fixed else ""
+        return f"upstream has fixed it (PR #{upstream.pull_request}{fixed})"
+    if upstream.state == UpstreamState.OPEN_PR and not upstream.carries_pr_change:
+        return (
+            f"open PR #{upstream.pull_request} takes it on, and the series does not carry that"
+            " PR's own change: figures of another variant are no review of it (carry its diff as"
+            " a patch and set the card's `carries_pr_change` to measure it)"
+        )
+    return None
+
+
+def nothing_to_send(layout: Layout, case: Case, why: str, written: list[Path]) -> str:
+    """The answer when nothing should be sent: why, and what was checked."""
+    sources = review.latest_sources(layout, case)
+    lines = [
+        f"# Nothing to send: {case.title}",
+        "",
+        f"Why: {why}.",
+        "",
+        "What was checked:",
+        "",
+        f"- upstream's record, as of {case.upstream.seen}",
+        f"- the results the drafts cite, fresh: {', '.join(s.path.name for s in sources.values())}",
+        f"- the drafts, written for reading and not sent: {', '.join(p.name for p in written)}",
+    ]
+    if case.upstream.notes:
+        lines += ["", "What the record says:", "", case.upstream.notes.strip()]
+    return "\n".join(lines) + "\n"
+
+
+def without_note(text: str) -> tuple[str, str]:
+    """A filled draft as sent, and the note it opened with for its contributor ("" if none)."""
+    found = _NOTE.match(text)
+    return (text[found.end() :], " ".join(found["note"].split())) if found else (text, "")
+
+
+def checklist(case: Case, kinds: set[str], notes: dict[str, str], sent: list[str]) -> str:
+    """What only the contributor can do, for what is sent: a comment gets a comment's list."""
+    project = case.project
+    steps = [
+        "Rewrite each draft in your own words; the figures and the quoted output are the"
+        " measured ones, keep them as they are",
+        f"Disclose any assistance the way {project.name} asks: {project.assistance}",
+    ]
+    if "issue" in kinds:
+        steps.append(
+            f"Give your own system info where the issue asks for it: the output of"
+            f" `{project.system_info}` on your machine"
+        )
+    if "pr" in kinds:
+        steps += project.before_sending
+    steps += case.upstream.to_do
+    what = "posting" if kinds <= {"comment", "review-comment"} else "sending"
+    lines = [f"# Before {what} {', '.join(sent)}", ""]
+    lines += [f"{name}: {note}" for name, note in notes.items()]
+    lines += [""] if notes else []
     lines += [f"- [ ] {step}" for step in steps]
     return "\n".join(lines) + "\n"
 
@@ -102,9 +170,8 @@ def checklist(case: Case, sent: list[str]) -> str:
 def outbox(layout: Layout) -> Path:
     """Write the case's outbox; its folder."""
     case = cases.load(layout.root, layout.case)
+    identity = contributor(layout.root)
     written = review.review(layout)  # refuses stale, failed or unchecked drafts first
-    kinds = {path.stem for path in written}
-    identity = contributor(layout.root) if "pr" in kinds else None
     target = layout.issue_drafts / OUTBOX
     if target.exists():  # the contributor may have edited it: it is theirs now
         raise WorkspaceError(
@@ -112,16 +179,24 @@ def outbox(layout: Layout) -> Path:
             " again"
         )
     target.mkdir(parents=True)
-    sent = []
+    why = why_nothing(case)
+    if why is not None:
+        (target / NOTHING_TO_SEND).write_text(nothing_to_send(layout, case, why, written))
+        return target
+    kinds = {path.stem for path in written}
+    sent, notes = [], {}
     for path in written:
-        shutil.copyfile(path, target / path.name)
+        text, note = without_note(path.read_text())
+        (target / path.name).write_text(text)
         sent.append(path.name)
-    if identity is not None:
+        if note:
+            notes[path.name] = note
+    if "pr" in kinds:
         remake_patches(layout, case, identity, target / PATCHES)
         sent.append("the patches")
     if kinds & {"comment", "review-comment"}:
         sent += [path.name for path in attachments(layout, case, target)]
-    (target / CHECKLIST).write_text(checklist(case, sent))
+    (target / CHECKLIST).write_text(checklist(case, kinds, notes, sent))
     return target
 
 
@@ -130,7 +205,7 @@ def main(argv: list[str]) -> int:
         prog="python -m hostsync outbox",
         description="Write what would be sent upstream for a case into issue_drafts/<case>/outbox/:"
         " its drafts, its patches as the contributor's commits, the files to attach, and what"
-        " only the contributor can do.",
+        " only the contributor can do; or nothing-to-send.md, saying why.",
     )
     add_case(parser)
     args = parser.parse_args(argv)

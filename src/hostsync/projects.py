@@ -65,6 +65,10 @@ class Project:
     sign_off: bool = False
     # What a contributor does before sending a PR there (the outbox's checklist).
     before_sending: tuple[str, ...] = ()
+    # How the project asks contributors to disclose assistance (the outbox's checklist).
+    assistance: str = "say in your own text what a tool did (no policy of its own is recorded)"
+    # The command whose output its issue template asks for as system info: the contributor's own.
+    system_info: str = "python -m torch.utils.collect_env"
 
     def version_in(self, root: Path) -> str:
         """The version the tree at `root` says it is, or "unknown"."""
@@ -90,10 +94,14 @@ PROJECTS = {
                           r'"ruff": "ruff==([^"]+)"'),
             reports=("tokenizers", "huggingface_hub"),
             before_sending=(
-                "Fill in the PR template's boxes yourself: the Code Agent Policy confirmation is"
-                " yours alone to give, and 'discussed/approved' needs a link to the discussion",
+                "Fill in the PR template's boxes yourself: 'discussed/approved' needs a link to"
+                " the discussion",
                 "Run `make style` and `make check-repo` in your clone of transformers",
             ),
+            assistance="the Code Agent Policy of its PR template: a PR that reads as fully"
+            " agent-written will probably be closed without review, and its confirmation box is"
+            " yours alone to tick",
+            system_info="transformers env",
         ),
         Project(
             "accelerate", "https://github.com/huggingface/accelerate", "src",
@@ -118,6 +126,7 @@ PROJECTS = {
                 "Check that each commit's Signed-off-by line is you (DCO, checked on every PR)",
                 "Run `pre-commit run --files <changed files>` in your clone of DeepSpeed",
             ),
+            system_info="ds_report",
         ),
         Project(
             "trl", "https://github.com/huggingface/trl", ".", "VERSION", r"^(\S+)\s*$",
@@ -127,10 +136,12 @@ PROJECTS = {
                           r"astral-sh/ruff-pre-commit\s+rev:\s*v([\w.]+)"),
             reports=("datasets",),
             before_sending=(
-                "Fill in the PR template's 'Before submitting' and 'AI writing disclosure' boxes"
-                " yourself: a first-time contributor's PR without them is closed automatically",
+                "Fill in the PR template's 'Before submitting' box yourself",
                 "Run `make precommit` in your clone of trl",
             ),
+            assistance="the 'AI writing disclosure' box of its PR template: a first-time"
+            " contributor's PR without it is closed automatically",
+            system_info="trl env",
         ),
         Project(
             "peft", "https://github.com/huggingface/peft", "src",

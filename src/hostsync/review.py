@@ -22,7 +22,9 @@ profiles/<case>/) are optional: cited when fresh, left out with a warning when s
 is checked before it is written (`hostsync.drafts`): its length, no word of this workspace, no
 figure typed by hand or missing from the results. The same results give byte-identical drafts.
 `--refresh-reference` also makes `profiles/<case>/reference/` hold exactly the results the drafts
-cite, for committing together; without it nothing tracked is touched.
+cite, for committing together; without it nothing tracked is touched. Where profiles/<case>/
+holds no result of its own (a fresh clone), the drafts cite the committed reference set, and
+say so. A figure no result holds is refused naming what produces it (`nox -s bisect`, ...).
 """
 
 from __future__ import annotations
@@ -95,18 +97,27 @@ class Source:
 # --- the results, fresh --------------------------------------------------------------------------
 
 
+def results_folder(layout: Layout) -> Path:
+    """Where the drafts' results are read: profiles/<case>/, or, when it holds none of the
+    results every draft needs (a fresh clone), the committed reference set, whole."""
+    reference = layout.profiles / REFERENCE
+    own = any(results.latest(layout.profiles, kind) for kind in KINDS)
+    return reference if not own and reference.is_dir() else layout.profiles
+
+
 def latest_sources(layout: Layout, case: Case) -> dict[str, Source]:
     """The newest result of each kind the drafts cite (a profile only where the card has one,
     an optional kind where there is one)."""
     found = {}
+    folder = results_folder(layout)
     required = KINDS if case.profile else tuple(k for k in KINDS if k is not ProfileResult)
     for kind in required + OPTIONAL_KINDS:
-        path = results.latest(layout.profiles, kind)
+        path = results.latest(folder, kind)
         if path is None and kind in OPTIONAL_KINDS:
             continue
         if path is None:
             raise WorkspaceError(
-                f"no {kind.KIND} result in profiles/{layout.case}/: run"
+                f"no {kind.KIND} result in {folder.relative_to(layout.root)}/: run"
                 f" `nox -s {kind.KIND} -- --case {layout.case}` first"
             )
         found[kind.KIND] = _source(layout, kind, path)
@@ -256,6 +267,29 @@ def fill(template: str, documents: dict[str, Any]) -> str:
     return PLACEHOLDER.sub(lambda match: figure(match, documents), template)
 
 
+def made_by(source: str, case: str) -> str:
+    """What produces a source's figures: a session, a GPU machine, or the card and series."""
+    if source == GpuResult.KIND:
+        return "gpu/'s script on a GPU machine (README: GPU evidence)"
+    if source in (kind.KIND for kind in KINDS + OPTIONAL_KINDS):
+        return f"`nox -s {source} -- --case {case}`"
+    return f"nothing: the {source} holds no such value, mend the placeholder"
+
+
+def refuse_unmeasured(template: Path, text: str, found: dict[str, Any], case: str) -> None:
+    """Refuse a template citing a figure no result holds, naming what would produce it."""
+    lacking = sorted({
+        match["source"] for match in PLACEHOLDER.finditer(text)
+        if figure(match, found) == drafts.NOT_MEASURED
+    })  # fmt: skip
+    if lacking:
+        raise WorkspaceError(
+            f"{template.name} cites {', '.join(lacking)} figures no result holds: run"
+            f" {'; '.join(made_by(source, case) for source in lacking)}; or drop them from the"
+            " template"
+        )
+
+
 def templates(layout: Layout) -> list[Path]:
     folder = layout.root / "cases" / layout.case
     found = sorted(folder.glob("*.md"))
@@ -317,7 +351,11 @@ def refresh_reference(layout: Layout, sources: dict[str, Source]) -> list[str]:
 def review(layout: Layout, rerun: bool = False, refresh: bool = False) -> list[Path]:
     case = cases.load(layout.root, layout.case)
     sources = fresh_sources(layout, case, rerun)
-    if refresh:
+    if results_folder(layout) != layout.profiles:
+        where = f"profiles/{layout.case}/"
+        log.info("%s holds no result of its own: citing the committed reference set, %s%s/",
+                 where, where, REFERENCE)  # fmt: skip
+    elif refresh:
         for change in refresh_reference(layout, sources):
             log.info("profiles/%s/%s: %s", layout.case, REFERENCE, change)
     found = documents(layout, case, sources)
@@ -325,6 +363,7 @@ def review(layout: Layout, rerun: bool = False, refresh: bool = False) -> list[P
     for template in templates(layout):
         text = template.read_text()
         drafts.check_template(template, text)
+        refuse_unmeasured(template, text, found, layout.case)
         filled[template.name] = drafts.reflow(fill(text, found))
         drafts.check_draft(template.name, drafts.kind(template), filled[template.name])
     layout.issue_drafts.mkdir(parents=True, exist_ok=True)
