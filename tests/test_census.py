@@ -36,8 +36,12 @@ def test_every_setup_of_the_census_loads_and_the_default_matrix_leaves_the_extra
 
     default = matrix.chosen(None)
     assert "smoke" in matrix.setups and "smoke" not in default
-    assert {s.trainer.value for s in default.values()} == {"Trainer", "SFTTrainer"}
+    assert {s.trainer.value for s in default.values()} == {
+        "Trainer", "SFTTrainer", "DPOTrainer", "RewardTrainer", "accelerate-loop",
+    }  # fmt: skip
     assert {s.zero_stage for s in default.values()} == {0, 1, 2, 3}
+    assert any(s.fsdp for s in default.values())
+    assert not any(s.torch_compile for s in default.values())  # opt-in: it measures nothing
 
 
 @pytest.mark.parametrize(
@@ -45,6 +49,11 @@ def test_every_setup_of_the_census_loads_and_the_default_matrix_leaves_the_extra
     [
         ('[setups.x]\nabout = "a"\nzero_stage = 4', "setups.x.zero_stage: must be 0"),
         ('[setups.x]\nabout = "a"\nsp = true', "setups.x.sp: Ulysses SP needs DeepSpeed"),
+        (
+            '[setups.x]\nabout = "a"\nranks = 2\nzero_stage = 2\nfsdp = true',
+            "setups.x.fsdp: FSDP2 shards over 2 ranks, without DeepSpeed (zero 0)",
+        ),
+        ('[setups.x]\nabout = "a"\ntrainer = "PPOTrainer"', "setups.x.trainer: expected one of"),
         ('[setups.x]\nabout = "a"\npacking = true', "setups.x.packing: is an SFTTrainer option"),
         ('[setups.x]\nabout = "a"\nzero = 2', "setups.x: has unknown keys ['zero']"),
         ('[setups.x]\nabout = "a"\nprecision = "fp8"', "setups.x.precision: expected one of"),
@@ -132,6 +141,35 @@ def test_the_report_ranks_sites_by_reads_per_step_summed_over_the_setups(tmp_pat
     text = written[0].read_text()
     assert "carried by case case" in text and "accepted: by design" in text
     assert written[1].suffix == ".png" and written[1].stat().st_size > 0
+    assert results.read(path, CensusResult) == result
+
+
+def test_a_compiled_setup_is_reported_compiled_not_judged_and_fails_nothing(
+    tmp_path: Path,
+) -> None:
+    workspace = make_workspace(tmp_path / "workspace")
+    info = TreeInfo("transformers", "5.24.0", "abc", "a test", "src")
+    compiled = HuntTree(label="c today", tree="today", setup="c", info=info, stacked=(),
+                        seconds=1.0, not_judged="compiled, not judged: fused kernels")  # fmt: skip
+    result = CensusResult(
+        stamp=Stamp.now("census", "census", Provenance("", "", {}, {})),
+        environment=Environment("3.11", {"torch": "2.13.0"}, "linux", "cpu", 0),
+        steps=4,
+        setups={"one": CensusSetup(about="one"), "c": CensusSetup(about="c", torch_compile=True)},
+        columns={"today": CensusTrees(info, (), ())},
+        allowlist=(),
+        runs=(_run("one", "today", (_site("trl/a.py", 2.0),)), compiled),
+        wall_s=10.0,
+    )
+    layout = Layout(workspace.root, "census")
+    path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
+
+    text = report.write_reports(layout, path)[0].read_text()
+
+    (row,) = [line for line in text.splitlines() if line.startswith("| c |")]
+    assert "compiled, not judged" in row and "failed" not in row
+    assert "- c today: compiled, not judged: fused kernels" in text
+    assert not compiled.measured and compiled.error is None
     assert results.read(path, CensusResult) == result
 
 
