@@ -53,6 +53,7 @@ def test_every_setup_of_the_census_loads_and_the_default_matrix_leaves_the_extra
             '[setups.x]\nabout = "a"\nranks = 2\nzero_stage = 2\nfsdp = true',
             "setups.x.fsdp: FSDP2 shards over 2 ranks, without DeepSpeed (zero 0)",
         ),
+        ('[setups.x]\nabout = "a"\nranks = 2\nfsdp = true', "setups.x.fsdp: needs trainer = "),
         ('[setups.x]\nabout = "a"\ntrainer = "PPOTrainer"', "setups.x.trainer: expected one of"),
         ('[setups.x]\nabout = "a"\npacking = true', "setups.x.packing: is an SFTTrainer option"),
         ('[setups.x]\nabout = "a"\nzero = 2', "setups.x: has unknown keys ['zero']"),

@@ -71,6 +71,9 @@ def check(setup: CensusSetup, name: str) -> CensusSetup:
         raise RecordError(f"{name}.sp", "Ulysses SP needs DeepSpeed (zero_stage 1-3) and 2 ranks")
     if setup.fsdp and (setup.zero_stage or setup.ranks < 2):
         raise RecordError(f"{name}.fsdp", "FSDP2 shards over 2 ranks, without DeepSpeed (zero 0)")
+    if setup.fsdp and setup.trainer != TrainerKind.ACCELERATE_LOOP:
+        # accelerate's state sets FSDP up only on accelerators; a CPU world runs as MULTI_CPU.
+        raise RecordError(f"{name}.fsdp", "needs trainer = 'accelerate-loop' (see census.toml)")
     sft_only = [key for key in ("packing", "padding_free") if getattr(setup, key)]
     if sft_only and setup.trainer != TrainerKind.SFT:
         raise RecordError(

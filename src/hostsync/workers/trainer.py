@@ -4,9 +4,8 @@ a plain accelerate loop, set up as users set it.
 Started by `hostsync.trainer_run` (the hunt: `accelerate launch`, DeepSpeed ZeRO, Ulysses SP) or
 by the census (one setup each: ranks forked with the variables torchrun and `accelerate launch`
 give them, or `accelerate launch` itself for SP). It builds a tiny Llama from a config (no
-download), optionally with LoRA adapters or sharded with FSDP2, trains it for a few steps as a
-user would, and returns
-what it saw through `rank_entry`:
+download), optionally with LoRA adapters or sharded with FSDP2 (the loop), trains it for a few
+steps as a user would, and returns what it saw through `rank_entry`:
 
 - the loss and grad norm the Trainer logged at each step;
 - with `--detect-steps N`, every host sync of steps 1..N as `hostsync.detector` records it, each
@@ -224,10 +223,6 @@ def lora_config():
     return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
 
 
-# FSDP2 as the Trainer sets it up from TrainingArguments: each decoder layer sharded on its own.
-FSDP_CONFIG = {"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}
-
-
 def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | None):
     """The Trainer or TRL trainer of the setup, with enough samples for one epoch."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -244,7 +239,6 @@ def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | No
         "include_num_input_tokens_seen": args.num_input_tokens_seen,
         # Set only when asked for: transformers 5.24 deprecates the name, even set to False.
         **({"gradient_checkpointing": True} if args.gradient_checkpointing else {}),
-        **({"fsdp": True, "fsdp_config": dict(FSDP_CONFIG)} if args.fsdp else {}),
         **({"torch_compile": True} if args.torch_compile else {}),
         # Without it accelerate's state has no backend on CPU: each rank trains alone, silently.
         "ddp_backend": args.backend,
@@ -290,28 +284,40 @@ def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | No
     )  # fmt: skip
 
 
+def shard_fsdp2(model) -> None:
+    """`model` sharded with torch's `fully_shard` as accelerate's FSDP2 does on a GPU: each
+    decoder layer, then the root. accelerate sets FSDP up only on accelerators (its state runs a
+    CPU world as MULTI_CPU), so on CPU the loop shards the model itself."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
 def accelerate_loop(args: argparse.Namespace, hunt: SyncHunt | None) -> tuple[Any, dict]:
     """A user's own loop over accelerate, as its docs write one: prepare, backward,
-    clip_grad_norm_ (whose norm is logged), step; DeepSpeed or FSDP2 from the launch's variables
-    or `--fsdp`. Each step is watched from fetching its first batch to its logging."""
-    from accelerate import Accelerator, FullyShardedDataParallelPlugin
+    clip_grad_norm_ (whose norm is logged), step; DeepSpeed from the launch's variables, FSDP2
+    with `--fsdp`. Each step is watched from fetching its first batch to its logging."""
+    from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision={"fp32": "no"}.get(args.precision, args.precision),
-        fsdp_plugin=FullyShardedDataParallelPlugin(
-            fsdp_version=FSDP_CONFIG["version"],
-            transformer_cls_names_to_wrap=FSDP_CONFIG["transformer_layer_cls_to_wrap"],
-        ) if args.fsdp else None,
         # Without it accelerate's state has no backend on CPU: each rank trains alone, silently.
         kwargs_handlers=[InitProcessGroupKwargs(backend=args.backend)],
     )  # fmt: skip
     model = trainer_llama()
+    if args.fsdp:
+        shard_fsdp2(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     per_step = args.batch_size * args.gradient_accumulation_steps * accelerator.num_processes
     loader = torch.utils.data.DataLoader(samples(per_step * args.steps), batch_size=args.batch_size)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if args.fsdp:  # sharded already: accelerate would wrap it in DDP on top
+        optimizer, loader = accelerator.prepare(optimizer, loader)
+    else:
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     model.train()
     batches, logged = iter(loader), {}
     for step in range(1, args.steps + 1):
