@@ -176,13 +176,16 @@ def test_a_compiled_setup_is_reported_compiled_not_judged_and_fails_nothing(
 
 @pytest.mark.distributed
 @pytest.mark.network
-def test_the_census_smoke_setup_runs_and_reports(tmp_path: Path) -> None:
-    """One setup, three steps, today's column: the command end to end, as `nox -s census`."""
+def test_the_census_smoke_setup_runs_and_reports_a_compiled_one_as_not_judged(
+    tmp_path: Path,
+) -> None:
+    """Two setups, three steps, today's column: the command end to end, as `nox -s census`; the
+    compiled setup is reported, not a crash."""
     workspace = make_workspace(tmp_path / "workspace")
 
     done = subprocess.run(
-        [sys.executable, "-m", "hostsync", "census", "--setups", "smoke", "--steps", "3",
-         "--columns", "today"],
+        [sys.executable, "-m", "hostsync", "census", "--setups", "smoke,trainer-compile",
+         "--steps", "3", "--columns", "today"],
         capture_output=True, text=True, timeout=1800,
         env={"PYTHONPATH": str(ROOT / "src"), "HOSTSYNC_ROOT": str(workspace.root),
              "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])},
@@ -191,6 +194,7 @@ def test_the_census_smoke_setup_runs_and_reports(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert "census wall time" in done.stderr
     found = results.latest(workspace.root / "profiles" / "census", CensusResult)
-    result = results.read(found, CensusResult)
-    (run,) = result.runs
-    assert run.measured and run.sites, run.error
+    runs = {run.setup: run for run in results.read(found, CensusResult).runs}
+    assert runs["smoke"].measured and runs["smoke"].sites, runs["smoke"].error
+    compiled = runs["trainer-compile"]
+    assert compiled.error is None and compiled.not_judged.startswith("compiled, not judged")
