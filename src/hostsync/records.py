@@ -807,6 +807,7 @@ class TrainerKind(StrEnum):
     SFT = "SFTTrainer"
     DPO = "DPOTrainer"
     REWARD = "RewardTrainer"
+    GRPO = "GRPOTrainer"
     ACCELERATE_LOOP = "accelerate-loop"
 
 
