@@ -37,7 +37,7 @@ def test_every_setup_of_the_census_loads_and_the_default_matrix_leaves_the_extra
     default = matrix.chosen(None)
     assert "smoke" in matrix.setups and "smoke" not in default
     assert {s.trainer.value for s in default.values()} == {
-        "Trainer", "SFTTrainer", "DPOTrainer", "RewardTrainer", "accelerate-loop",
+        "Trainer", "SFTTrainer", "DPOTrainer", "RewardTrainer", "GRPOTrainer", "accelerate-loop",
     }  # fmt: skip
     assert {s.zero_stage for s in default.values()} == {0, 1, 2, 3}
     assert any(s.fsdp for s in default.values())
