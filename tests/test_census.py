@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import results
+from hostsync import rankkit, results
 from hostsync.census import command, report, setups
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
@@ -86,6 +86,22 @@ def test_a_forked_deepspeed_setup_gets_the_variables_accelerate_launch_gives(
     assert Path(world.env["ACCELERATE_DEEPSPEED_CONFIG_FILE"]).read_text().count('"stage": 3')
     assert "--precision" in world.args and world.ranks == 2
     assert setups.launcher(CensusSetup(about="a", ranks=2, zero_stage=1, sp=True)) == "accelerate"
+
+
+def test_the_preference_texts_tokenize_to_real_words_as_trl_joins_them() -> None:
+    """RewardTrainer joins prompt and completion as strings, DPOTrainer tokenizes them apart: every
+    word must stay a word of the tiny vocabulary (an unknown one becomes <pad>), each completion
+    ending in one <eos>."""
+    tokenizer = rankkit.tiny_tokenizer()
+
+    for row in rankkit.preference_samples(6):
+        for completion in (row["chosen"], row["rejected"]):
+            joined = tokenizer(row["prompt"] + completion)["input_ids"]
+            apart = tokenizer(row["prompt"])["input_ids"] + tokenizer(completion)["input_ids"]
+            assert joined == apart
+            assert tokenizer.pad_token_id not in joined
+            eos = tokenizer.eos_token_id
+            assert joined.count(eos) == 1 and joined[-1] == eos
 
 
 def test_the_fixed_column_stacks_every_case_at_the_newest_release_of_its_project() -> None:
