@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import results
+from hostsync import rankkit, results
 from hostsync.census import command, report, setups
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
@@ -36,8 +36,12 @@ def test_every_setup_of_the_census_loads_and_the_default_matrix_leaves_the_extra
 
     default = matrix.chosen(None)
     assert "smoke" in matrix.setups and "smoke" not in default
-    assert {s.trainer.value for s in default.values()} == {"Trainer", "SFTTrainer"}
+    assert {s.trainer.value for s in default.values()} == {
+        "Trainer", "SFTTrainer", "DPOTrainer", "RewardTrainer", "GRPOTrainer", "accelerate-loop",
+    }  # fmt: skip
     assert {s.zero_stage for s in default.values()} == {0, 1, 2, 3}
+    assert any(s.fsdp for s in default.values())
+    assert not any(s.torch_compile for s in default.values())  # opt-in: it measures nothing
 
 
 @pytest.mark.parametrize(
@@ -45,6 +49,12 @@ def test_every_setup_of_the_census_loads_and_the_default_matrix_leaves_the_extra
     [
         ('[setups.x]\nabout = "a"\nzero_stage = 4', "setups.x.zero_stage: must be 0"),
         ('[setups.x]\nabout = "a"\nsp = true', "setups.x.sp: Ulysses SP needs DeepSpeed"),
+        (
+            '[setups.x]\nabout = "a"\nranks = 2\nzero_stage = 2\nfsdp = true',
+            "setups.x.fsdp: FSDP2 shards over 2 ranks, without DeepSpeed (zero 0)",
+        ),
+        ('[setups.x]\nabout = "a"\nranks = 2\nfsdp = true', "setups.x.fsdp: needs trainer = "),
+        ('[setups.x]\nabout = "a"\ntrainer = "PPOTrainer"', "setups.x.trainer: expected one of"),
         ('[setups.x]\nabout = "a"\npacking = true', "setups.x.packing: is an SFTTrainer option"),
         ('[setups.x]\nabout = "a"\nzero = 2', "setups.x: has unknown keys ['zero']"),
         ('[setups.x]\nabout = "a"\nprecision = "fp8"', "setups.x.precision: expected one of"),
@@ -76,6 +86,22 @@ def test_a_forked_deepspeed_setup_gets_the_variables_accelerate_launch_gives(
     assert Path(world.env["ACCELERATE_DEEPSPEED_CONFIG_FILE"]).read_text().count('"stage": 3')
     assert "--precision" in world.args and world.ranks == 2
     assert setups.launcher(CensusSetup(about="a", ranks=2, zero_stage=1, sp=True)) == "accelerate"
+
+
+def test_the_preference_texts_tokenize_to_real_words_as_trl_joins_them() -> None:
+    """RewardTrainer joins prompt and completion as strings, DPOTrainer tokenizes them apart: every
+    word must stay a word of the tiny vocabulary (an unknown one becomes <pad>), each completion
+    ending in one <eos>."""
+    tokenizer = rankkit.tiny_tokenizer()
+
+    for row in rankkit.preference_samples(6):
+        for completion in (row["chosen"], row["rejected"]):
+            joined = tokenizer(row["prompt"] + completion)["input_ids"]
+            apart = tokenizer(row["prompt"])["input_ids"] + tokenizer(completion)["input_ids"]
+            assert joined == apart
+            assert tokenizer.pad_token_id not in joined
+            eos = tokenizer.eos_token_id
+            assert joined.count(eos) == 1 and joined[-1] == eos
 
 
 def test_the_fixed_column_stacks_every_case_at_the_newest_release_of_its_project() -> None:
@@ -135,15 +161,47 @@ def test_the_report_ranks_sites_by_reads_per_step_summed_over_the_setups(tmp_pat
     assert results.read(path, CensusResult) == result
 
 
+def test_a_compiled_setup_is_reported_compiled_not_judged_and_fails_nothing(
+    tmp_path: Path,
+) -> None:
+    workspace = make_workspace(tmp_path / "workspace")
+    info = TreeInfo("transformers", "5.24.0", "abc", "a test", "src")
+    compiled = HuntTree(label="c today", tree="today", setup="c", info=info, stacked=(),
+                        seconds=1.0, not_judged="compiled, not judged: fused kernels")  # fmt: skip
+    result = CensusResult(
+        stamp=Stamp.now("census", "census", Provenance("", "", {}, {})),
+        environment=Environment("3.11", {"torch": "2.13.0"}, "linux", "cpu", 0),
+        steps=4,
+        setups={"one": CensusSetup(about="one"), "c": CensusSetup(about="c", torch_compile=True)},
+        columns={"today": CensusTrees(info, (), ())},
+        allowlist=(),
+        runs=(_run("one", "today", (_site("trl/a.py", 2.0),)), compiled),
+        wall_s=10.0,
+    )
+    layout = Layout(workspace.root, "census")
+    path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
+
+    text = report.write_reports(layout, path)[0].read_text()
+
+    row = next(line for line in text.splitlines() if line.startswith("| c | c |"))  # the setups
+    assert "compiled, not judged" in row and "failed" not in row
+    assert "- c today: compiled, not judged: fused kernels" in text
+    assert not compiled.measured and compiled.error is None
+    assert results.read(path, CensusResult) == result
+
+
 @pytest.mark.distributed
 @pytest.mark.network
-def test_the_census_smoke_setup_runs_and_reports(tmp_path: Path) -> None:
-    """One setup, three steps, today's column: the command end to end, as `nox -s census`."""
+def test_the_census_smoke_setup_runs_and_reports_a_compiled_one_as_not_judged(
+    tmp_path: Path,
+) -> None:
+    """Two setups, three steps, today's column: the command end to end, as `nox -s census`; the
+    compiled setup is reported, not a crash."""
     workspace = make_workspace(tmp_path / "workspace")
 
     done = subprocess.run(
-        [sys.executable, "-m", "hostsync", "census", "--setups", "smoke", "--steps", "3",
-         "--columns", "today"],
+        [sys.executable, "-m", "hostsync", "census", "--setups", "smoke,trainer-compile",
+         "--steps", "3", "--columns", "today"],
         capture_output=True, text=True, timeout=1800,
         env={"PYTHONPATH": str(ROOT / "src"), "HOSTSYNC_ROOT": str(workspace.root),
              "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])},
@@ -152,6 +210,7 @@ def test_the_census_smoke_setup_runs_and_reports(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert "census wall time" in done.stderr
     found = results.latest(workspace.root / "profiles" / "census", CensusResult)
-    result = results.read(found, CensusResult)
-    (run,) = result.runs
-    assert run.measured and run.sites, run.error
+    runs = {run.setup: run for run in results.read(found, CensusResult).runs}
+    assert runs["smoke"].measured and runs["smoke"].sites, runs["smoke"].error
+    compiled = runs["trainer-compile"]
+    assert compiled.error is None and compiled.not_judged.startswith("compiled, not judged")

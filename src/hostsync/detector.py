@@ -67,7 +67,10 @@ from torch.utils._python_dispatch import (
 from hostsync import sync_ops
 from hostsync.sites import AllowRule, Site, require_reason
 
-__all__ = ["AllowRule", "Site", "SyncEvent", "SyncScope", "SyncScopeError", "package_path"]
+__all__ = [
+    "AllowRule", "CompiledInScope", "Site", "SyncEvent", "SyncScope", "SyncScopeError",
+    "package_path",
+]  # fmt: skip
 
 _TORCH_DIR = str(Path(torch.__file__).parent) + os.sep
 _CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
@@ -263,6 +266,10 @@ _DETECTOR_FILES = (_caller_frame.__code__.co_filename, sync_ops.__file__)
 
 class SyncScopeError(RuntimeError):
     """The scope cannot measure what is asked of it (raised instead of measuring other code)."""
+
+
+class CompiledInScope(SyncScopeError):
+    """A torch.compile'd function ran inside a scope: a survey reports it as not judged."""
 
 
 _COMPILED_IN_SCOPE = (
@@ -828,7 +835,7 @@ def _guarding_compiled_calls() -> Iterator[None]:
     def refusing_in_scope(callback: Any) -> Any:
         resolved = from_stance(callback)
         if resolved is not None and _Observer.current() is not None:
-            raise SyncScopeError(_COMPILED_IN_SCOPE)
+            raise CompiledInScope(_COMPILED_IN_SCOPE)
         return resolved
 
     with _replaced([(eval_frame, "_callback_from_stance", refusing_in_scope)]):

@@ -39,23 +39,27 @@ MODEL_SUMMARY = (
 )
 
 
-def tiny_llama(hidden: int = HIDDEN, intermediate: int = 2 * HIDDEN, **config: Any):
-    """A tiny `LlamaForCausalLM` built from a config (nothing to download), the same weights on
-    every rank (seeded); `config` sets further LlamaConfig fields."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_llama(hidden: int = HIDDEN, intermediate: int = 2 * HIDDEN, head: str = "CausalLM",
+               **config: Any):  # fmt: skip
+    """A tiny `LlamaFor<head>` (CausalLM, or SequenceClassification for a reward model) built
+    from a config (nothing to download), the same weights on every rank (seeded); `config` sets
+    further LlamaConfig fields."""
+    import transformers
 
     torch.manual_seed(0)
-    settings = LlamaConfig(
+    settings = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=hidden, intermediate_size=intermediate,
         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
         attn_implementation="sdpa", **config,
     )  # fmt: skip
-    return LlamaForCausalLM(settings)
+    return getattr(transformers, f"LlamaFor{head}")(settings)
 
 
-def trainer_llama():
-    """The Trainer runs' tiny Llama: positions for its samples' length and a little more."""
-    return tiny_llama(max_position_embeddings=2 * SEQ_LEN)
+def trainer_llama(head: str = "CausalLM"):
+    """The Trainer runs' tiny Llama: positions for its samples' length and a little more; a
+    reward model (`head="SequenceClassification"`) scores with one label."""
+    reward = {"num_labels": 1, "pad_token_id": 0} if head == "SequenceClassification" else {}
+    return tiny_llama(head=head, max_position_embeddings=2 * SEQ_LEN, **reward)
 
 
 def samples(count: int) -> list[dict[str, torch.Tensor]]:
@@ -88,6 +92,26 @@ def sft_samples(count: int, seed: int = 0):
 
 
 _SPECIAL_TOKENS = 2  # <pad> and <eos>, the first ids of the tiny tokenizer's vocabulary
+
+
+def preference_samples(count: int, seed: int = 0):
+    """Prompt, chosen and rejected texts in the tiny tokenizer's words, for TRL's DPOTrainer and
+    RewardTrainer (which tokenize them): prompts end in a space, since RewardTrainer joins the
+    prompt and completion as strings, and completions end in the eos token, so none is added."""
+    import datasets
+
+    generator = torch.Generator().manual_seed(5678 + seed)
+
+    def words(length: int) -> str:
+        ids = torch.randint(_SPECIAL_TOKENS, VOCAB, (length,), generator=generator).tolist()
+        return " ".join(f"t{i}" for i in ids)
+
+    rows: dict[str, list] = {"prompt": [], "chosen": [], "rejected": []}
+    for index in range(count):
+        rows["prompt"].append(words(PROMPT_LENGTHS[index % len(PROMPT_LENGTHS)]) + " ")
+        for column in ("chosen", "rejected"):
+            rows[column].append(f"{words(SEQ_LEN // 2 - 1 - index % 3)} <eos>")
+    return datasets.Dataset.from_dict(rows) if count else None
 
 
 def tiny_tokenizer():

@@ -760,6 +760,8 @@ class HuntTree(Record):
     stacked: tuple[str, ...]
     seconds: float
     error: str | None = field(default=None, metadata=OPTIONAL)
+    # Why its steps were not judged though it ran (a torch.compile'd region): no sites then.
+    not_judged: str | None = field(default=None, metadata=OPTIONAL)
     plan: HuntPlan | None = field(default=None, metadata=OPTIONAL)
     sites: tuple[HuntSite, ...] = ()
     profiler_only: tuple[ProfilerOnly, ...] = ()
@@ -769,7 +771,7 @@ class HuntTree(Record):
 
     @property
     def measured(self) -> bool:
-        return self.error is None
+        return self.error is None and self.not_judged is None
 
 
 @dataclass(frozen=True)
@@ -798,8 +800,15 @@ class HuntResult(Result):
 
 
 class TrainerKind(StrEnum):
+    """Which training loop a census setup runs: the Trainer, one of TRL's trainers, or a loop
+    of a user's own over accelerate (prepare, backward, clip_grad_norm_, step)."""
+
     TRAINER = "Trainer"
     SFT = "SFTTrainer"
+    DPO = "DPOTrainer"
+    REWARD = "RewardTrainer"
+    GRPO = "GRPOTrainer"
+    ACCELERATE_LOOP = "accelerate-loop"
 
 
 class Precision(StrEnum):
@@ -818,6 +827,8 @@ class CensusSetup(Strict):
     trainer: TrainerKind = TrainerKind.TRAINER
     ranks: int = 1
     zero_stage: int = 0
+    # FSDP2 (torch's fully_shard) over the ranks, as the Trainer or accelerate set it up.
+    fsdp: bool = False
     precision: Precision = Precision.FP32
     sp: bool = False
     batch_size: int = 1
@@ -829,6 +840,8 @@ class CensusSetup(Strict):
     logging_steps: int = 1
     eval_steps: int = 0
     num_input_tokens_seen: bool = False
+    # The Trainer compiles the model (torch.compile): reported as compiled, not judged.
+    torch_compile: bool = False
     # Left out of the default matrix (`census --setups NAME` runs it).
     extra: bool = False
 

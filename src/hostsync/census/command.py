@@ -79,10 +79,11 @@ def main(argv: list[str]) -> int:
     print(report.console_summary(result))
     for path in [json_path, *report.write_reports(layout, json_path)]:
         print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
-    failed = [run.label for run in result.runs if not run.measured]
+    failed = [run.label for run in result.runs if run.error]
     for run in result.runs:
         if not run.measured:
-            print(f"error: {run.label}: {run.error}", file=sys.stderr)
+            print(f"{'error' if run.error else 'note'}: {run.label}: {run.error or run.not_judged}",
+                  file=sys.stderr)  # fmt: skip
     print(f"census wall time: {result.wall_s:.0f} s ({len(result.runs)} runs)", file=sys.stderr)
     return 1 if failed else 0
 
@@ -181,6 +182,9 @@ def hunted(layout: Layout, tree: Tree, column: str, name: str,
     )  # fmt: skip
     if isinstance(outcome, RunFailed):
         return dataclasses.replace(record, error=str(outcome))
+    not_judged = next((r["hunt"]["not_judged"] for r in outcome if "not_judged" in r["hunt"]), None)
+    if not_judged:
+        return dataclasses.replace(record, not_judged=not_judged)
     ranks = rank_records(outcome)
     return dataclasses.replace(
         record,

@@ -83,6 +83,7 @@ def render(result: CensusResult, source: str, png: str | None) -> str:
     totals = {column: per_setup(result, column) for column in columns}
     open_reads = {column: per_setup(result, column, unaccepted=True) for column in columns}
     seconds = {(run.setup, run.tree): run.seconds for run in result.runs}
+    unmeasured = {(r.setup, r.tree): "compiled, not judged" for r in result.runs if r.not_judged}
     versions = ", ".join(f"{k} {v}" for k, v in result.environment.versions.items())
     out = [
         "# Host syncs in the training steps users run: the census",
@@ -91,7 +92,8 @@ def render(result: CensusResult, source: str, png: str | None) -> str:
         " `census.md` beside it is regenerated from the newest census result.",
         "",
         f"**What ran.** Each setup of `census.toml` trained a tiny `LlamaForCausalLM` for"
-        f" {result.steps} optimizer steps with the Trainer or TRL's SFTTrainer, every step"
+        f" {result.steps} optimizer steps with the Trainer, one of TRL's trainers or a plain"
+        " accelerate loop (a reward model: a one-label scoring head), every step"
         " under `hostsync.detector` from fetching its batch to the end of its logging (and"
         " evaluation); step 1 is the warm-up. *Reads per step*: the host reads one rank made in"
         " an optimizer step after the warm-up, averaged over ranks and steps (micro-batches of"
@@ -111,9 +113,10 @@ def render(result: CensusResult, source: str, png: str | None) -> str:
              *[f"not accepted {c}" for c in columns], *[f"run s {c}" for c in columns]),
             [
                 (name, result.setups[name].about,
-                 *[_rate(totals[c].get(name)) if name in totals[c] else "failed" for c in columns],
-                 *[_rate(open_reads[c].get(name)) if name in totals[c] else "failed"
-                   for c in columns],
+                 *[_rate(totals[c].get(name)) if name in totals[c]
+                   else unmeasured.get((name, c), "failed") for c in columns],
+                 *[_rate(open_reads[c].get(name)) if name in totals[c]
+                   else unmeasured.get((name, c), "failed") for c in columns],
                  *[seconds.get((name, c)) for c in columns])
                 for name in setups
             ],
@@ -174,7 +177,7 @@ def render(result: CensusResult, source: str, png: str | None) -> str:
     failed = [run for run in result.runs if not run.measured]
     if failed:
         out += ["", "## Not measured", ""]
-        out += [f"- {run.label}: {run.error}" for run in failed]
+        out += [f"- {run.label}: {run.error or run.not_judged}" for run in failed]
     return "\n".join(out) + "\n"
 
 

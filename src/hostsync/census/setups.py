@@ -69,6 +69,11 @@ def check(setup: CensusSetup, name: str) -> CensusSetup:
         raise RecordError(f"{name}.zero_stage", "must be 0 (no DeepSpeed), 1, 2 or 3")
     if setup.sp and (setup.zero_stage == 0 or setup.ranks < 2):
         raise RecordError(f"{name}.sp", "Ulysses SP needs DeepSpeed (zero_stage 1-3) and 2 ranks")
+    if setup.fsdp and (setup.zero_stage or setup.ranks < 2):
+        raise RecordError(f"{name}.fsdp", "FSDP2 shards over 2 ranks, without DeepSpeed (zero 0)")
+    if setup.fsdp and setup.trainer != TrainerKind.ACCELERATE_LOOP:
+        # accelerate's state sets FSDP up only on accelerators; a CPU world runs as MULTI_CPU.
+        raise RecordError(f"{name}.fsdp", "needs trainer = 'accelerate-loop' (see census.toml)")
     sft_only = [key for key in ("packing", "padding_free") if getattr(setup, key)]
     if sft_only and setup.trainer != TrainerKind.SFT:
         raise RecordError(
@@ -101,7 +106,10 @@ def world(setup: CensusSetup, steps: int, run_dir: Path) -> World:
         "--gradient-accumulation-steps", str(setup.gradient_accumulation_steps),
         "--eval-steps", str(setup.eval_steps),
     ]  # fmt: skip
-    flags = ("gradient_checkpointing", "packing", "padding_free", "lora", "num_input_tokens_seen")
+    flags = (
+        "gradient_checkpointing", "packing", "padding_free", "lora", "num_input_tokens_seen",
+        "fsdp", "torch_compile",
+    )  # fmt: skip
     args += [f"--{flag.replace('_', '-')}" for flag in flags if getattr(setup, flag)]
     ds, env = deepspeed(setup), {}
     if launcher(setup) == Launcher.FORK:

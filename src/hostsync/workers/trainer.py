@@ -1,10 +1,11 @@
-"""One rank of a real training run with the Trainer or TRL's SFTTrainer, set up as users set it.
+"""One rank of a real training run with the Trainer, one of TRL's trainers (SFT, DPO, reward) or
+a plain accelerate loop, set up as users set it.
 
 Started by `hostsync.trainer_run` (the hunt: `accelerate launch`, DeepSpeed ZeRO, Ulysses SP) or
 by the census (one setup each: ranks forked with the variables torchrun and `accelerate launch`
 give them, or `accelerate launch` itself for SP). It builds a tiny Llama from a config (no
-download), optionally with LoRA adapters, trains it for a few steps as a user would, and returns
-what it saw through `rank_entry`:
+download), optionally with LoRA adapters or sharded with FSDP2 (the loop), trains it for a few
+steps as a user would, and returns what it saw through `rank_entry`:
 
 - the loss and grad norm the Trainer logged at each step;
 - with `--detect-steps N`, every host sync of steps 1..N as `hostsync.detector` records it, each
@@ -27,10 +28,13 @@ from typing import Any
 
 import torch
 
+from hostsync.detector import CompiledInScope
 from hostsync.protocol import SYNC_OP, SYNC_OPS, rank_entry
 from hostsync.rankkit import (
     MODEL_SUMMARY,
+    SEQ_LEN,
     add_launch_arguments,
+    preference_samples,
     samples,
     sft_samples,
     tiny_tokenizer,
@@ -59,13 +63,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-grad-norm", type=float, default=1.0, help="the Trainer's default")
     parser.add_argument("--detect-steps", type=int, default=0, help="steps 1..N under the detector")
     parser.add_argument("--profile-step", type=int, default=0, help="one step under the profiler")
-    parser.add_argument("--trainer", choices=("Trainer", "SFTTrainer"), default="Trainer")
+    parser.add_argument("--trainer", default="Trainer", choices=(
+        "Trainer", "SFTTrainer", "DPOTrainer", "RewardTrainer", "GRPOTrainer", "accelerate-loop",
+    ))  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=1, help="per device")
     parser.add_argument("--gradient-accumulation-steps", type=int, default=1)
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--packing", action="store_true", help="SFTTrainer: bfd packing")
     parser.add_argument("--padding-free", action="store_true", help="SFTTrainer: one flat row")
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters (PEFT)")
+    parser.add_argument("--fsdp", action="store_true", help="shard with FSDP2 (fully_shard)")
+    parser.add_argument("--torch-compile", action="store_true", help="the Trainer compiles")
     parser.add_argument("--eval-steps", type=int, default=0, help="evaluate every N steps")
     parser.add_argument("--num-input-tokens-seen", action="store_true",
                         help="the Trainer counts the tokens it trained on")  # fmt: skip
@@ -216,8 +224,17 @@ def lora_config():
     return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
 
 
+GENERATIONS = 2  # GRPO's group: completions per prompt
+
+
+def even_words(completions: list[str], **_: Any) -> list[float]:
+    """GRPO's reward: how many of a completion's words are even-numbered tokens, a rule that
+    tells completions apart (so their advantages, and the loss, are not all zero)."""
+    return [float(sum(word[-1:] in "02468" for word in c.split())) for c in completions]
+
+
 def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | None):
-    """The Trainer or SFTTrainer of the setup, with enough samples for one epoch."""
+    """The Trainer or TRL trainer of the setup, with enough samples for one epoch."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     per_step = args.batch_size * args.gradient_accumulation_steps * world_size
     count = per_step * args.steps
@@ -232,34 +249,53 @@ def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | No
         "include_num_input_tokens_seen": args.num_input_tokens_seen,
         # Set only when asked for: transformers 5.24 deprecates the name, even set to False.
         **({"gradient_checkpointing": True} if args.gradient_checkpointing else {}),
+        **({"torch_compile": True} if args.torch_compile else {}),
         # Without it accelerate's state has no backend on CPU: each rank trains alone, silently.
         "ddp_backend": args.backend,
     }  # fmt: skip
-    model = trainer_llama()
-    if args.trainer == "SFTTrainer":
-        from trl import SFTConfig, SFTTrainer
-
-        base, extra = SFTTrainer, {
-            "processing_class": tiny_tokenizer(),
-            "peft_config": lora_config() if args.lora else None,
-        }  # fmt: skip
-        training_args = training_arguments(
-            args.output_dir, kind=SFTConfig, packing=args.packing,
-            padding_free=args.padding_free, dataset_num_proc=None, **settings,
-            # Padding-free batches without packing leave truncation to the data (SFTConfig says).
-            **({"max_length": None} if args.padding_free and not args.packing else {}),
-        )  # fmt: skip
-        train, evaluation = sft_samples(count), sft_samples(eval_count, seed=1) or None
-    else:
+    reward = args.trainer == "RewardTrainer"
+    model = trainer_llama("SequenceClassification" if reward else "CausalLM")
+    peft_config = lora_config() if args.lora else None
+    if args.trainer == "Trainer":
         from transformers import Trainer
 
-        if args.lora:
+        if peft_config:
             from peft import get_peft_model
 
-            model = get_peft_model(model, lora_config())
+            model = get_peft_model(model, peft_config)
         base, extra = Trainer, {}
         training_args = training_arguments(args.output_dir, **settings)
         train, evaluation = samples(count), samples(eval_count) or None
+    else:
+        import trl
+
+        base = getattr(trl, args.trainer)
+        config = getattr(trl, args.trainer.replace("Trainer", "Config"))
+        extra = {"processing_class": tiny_tokenizer(), "peft_config": peft_config}
+        if args.trainer == "SFTTrainer":
+            training_args = training_arguments(
+                args.output_dir, kind=config, packing=args.packing,
+                padding_free=args.padding_free, dataset_num_proc=None, **settings,
+                # Padding-free batches without packing leave truncation to the data (SFTConfig).
+                **({"max_length": None} if args.padding_free and not args.packing else {}),
+            )  # fmt: skip
+            train, evaluation = sft_samples(count), sft_samples(eval_count, seed=1) or None
+        elif args.trainer == "GRPOTrainer":
+            # Two completions per prompt, generated by the tiny model itself, scored by a rule.
+            training_args = training_arguments(
+                args.output_dir, kind=config, num_generations=GENERATIONS,
+                max_completion_length=SEQ_LEN // 2, **settings,
+            )  # fmt: skip
+            train = preference_samples(count).select_columns(["prompt"])
+            evaluation = None
+            extra["reward_funcs"] = even_words
+        else:
+            training_args = training_arguments(args.output_dir, kind=config, **settings)
+            train = preference_samples(count)
+            evaluation = preference_samples(eval_count, seed=1) or None
+        if args.trainer == "DPOTrainer" and not peft_config:
+            # A model built from a config has no path DPOTrainer could load its reference from.
+            extra["ref_model"] = trainer_llama()
     trainer_class = hunting_trainer(hunt, base) if hunt else base
     return trainer_class(
         model=model, args=training_args, train_dataset=train, eval_dataset=evaluation,
@@ -267,27 +303,97 @@ def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | No
     )  # fmt: skip
 
 
+def shard_fsdp2(model) -> None:
+    """`model` sharded with torch's `fully_shard` as accelerate's FSDP2 does on a GPU: each
+    decoder layer, then the root. accelerate sets FSDP up only on accelerators (its state runs a
+    CPU world as MULTI_CPU), so on CPU the loop shards the model itself."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def accelerate_loop(args: argparse.Namespace, hunt: SyncHunt | None) -> tuple[Any, dict]:
+    """A user's own loop over accelerate, as its docs write one: prepare, backward,
+    clip_grad_norm_ (whose norm is logged), step; DeepSpeed from the launch's variables, FSDP2
+    with `--fsdp`. Each step is watched from fetching its first batch to its logging."""
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        mixed_precision={"fp32": "no"}.get(args.precision, args.precision),
+        # Without it accelerate's state has no backend on CPU: each rank trains alone, silently.
+        kwargs_handlers=[InitProcessGroupKwargs(backend=args.backend)],
+    )  # fmt: skip
+    model = trainer_llama()
+    if args.fsdp:
+        shard_fsdp2(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    per_step = args.batch_size * args.gradient_accumulation_steps * accelerator.num_processes
+    loader = torch.utils.data.DataLoader(samples(per_step * args.steps), batch_size=args.batch_size)
+    if args.fsdp:  # sharded already: accelerate would wrap it in DDP on top
+        optimizer, loader = accelerator.prepare(optimizer, loader)
+    else:
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    model.train()
+    batches, logged = iter(loader), {}
+    for step in range(1, args.steps + 1):
+        if hunt:
+            hunt.begin_step(step)
+        for _ in range(args.gradient_accumulation_steps):
+            with accelerator.accumulate(model):
+                loss = model(**next(batches)).loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+        if step % args.logging_steps == 0:
+            logged[step] = {"loss": loss.item(), "grad_norm": float(grad_norm)}
+            if hunt:
+                hunt.on_log(args, None, None)
+    if hunt:
+        hunt.end_step()
+    return accelerator, logged
+
+
 @rank_entry
 def main() -> dict:
     started = time.monotonic()
     args = parse_args()
-    logged = as_callback(LoggedValues)()
     hunting = args.detect_steps or args.profile_step
-    hunt = as_callback(SyncHunt)(args.detect_steps, args.profile_step) if hunting else None
-    trainer = build_trainer(args, [logged, *([hunt] if hunt else [])], hunt)
-    trainer.train()
-    pc = getattr(trainer.accelerator, "parallelism_config", None)
+    not_judged = None
+    if args.trainer == "accelerate-loop":
+        hunt = SyncHunt(args.detect_steps, args.profile_step) if hunting else None
+        accelerator, logged = accelerate_loop(args, hunt)
+        device = accelerator.device
+    else:
+        values = as_callback(LoggedValues)()
+        hunt = as_callback(SyncHunt)(args.detect_steps, args.profile_step) if hunting else None
+        trainer = build_trainer(args, [values, *([hunt] if hunt else [])], hunt)
+        try:
+            trainer.train()
+        except CompiledInScope as error:
+            # Compiled graphs run fused kernels no scope can judge: said so, not measured.
+            hunt.end_step()
+            not_judged = f"compiled, not judged: {error}"
+        accelerator, logged, device = trainer.accelerator, values.by_step, trainer.args.device
+    pc = getattr(accelerator, "parallelism_config", None)
     result = {
-        "world_size": trainer.accelerator.num_processes,
+        "world_size": accelerator.num_processes,
         "sp_size": pc.sp_size if pc is not None and pc.sp_enabled else 1,
-        "device": str(trainer.args.device),
+        "device": str(device),
         "backend": args.backend,
         "model": MODEL_SUMMARY,
-        "logged": {str(step): values for step, values in sorted(logged.by_step.items())},
+        "logged": {str(step): values for step, values in sorted(logged.items())},
         "seconds": round(time.monotonic() - started, 1),
     }
     if hunt:
         result["hunt"] = {"steps": hunt.steps, "profiled": hunt.profiled}
+        if not_judged:
+            result["hunt"]["not_judged"] = not_judged
     return result
 
 
