@@ -16,8 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from hostsync.codec import RecordError
 from hostsync.errors import WorkspaceError
-from hostsync.records import KINDS, SCHEMA_VERSION, RecordError, Result
+from hostsync.records import KINDS, SCHEMA_VERSION, Result
 
 R = TypeVar("R", bound=Result)
 _STAMP = re.compile(r"-(\d{8}T\d{6})Z(?:-(\d+))?$")

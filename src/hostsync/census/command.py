@@ -30,11 +30,10 @@ from hostsync.records import (
     Launcher,
     Provenance,
     Stamp,
-    Tree,
 )
 from hostsync.sites import AllowRule
 from hostsync.upstream.patchqueue import series
-from hostsync.upstream.trees import by_project, stack_trees
+from hostsync.upstream.trees import Tree, by_project, stack_trees
 
 # The folder of profiles/ the census writes into, and the name its results are stamped with.
 CENSUS = "census"
