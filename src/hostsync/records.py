@@ -155,7 +155,13 @@ class Result(Record):
     """A result file: its stamp at the top level, then what its kind measured."""
 
     KIND: ClassVar[str] = ""
+    # What writes this kind of result, so what replaces a bad one; most kinds have a session.
+    MADE_BY: ClassVar[str] = ""
     stamp: Stamp = field(metadata=FLAT)
+
+    @classmethod
+    def made_by(cls) -> str:
+        return cls.MADE_BY or f"`nox -s {cls.KIND}`"
 
     def document(self) -> dict[str, Json]:
         return {"kind": self.KIND, "schema": SCHEMA_VERSION, **self.to_json()}
@@ -470,6 +476,7 @@ class GpuResult(Result):
     """A case's call measured on one GPU (`gpu/`'s scripts), for the drafts' GPU evidence."""
 
     KIND: ClassVar[str] = "gpu"
+    MADE_BY: ClassVar[str] = "`measure` of the `gpu/` script on a GPU machine"
     device: str
     torch: str
     dry_run: bool

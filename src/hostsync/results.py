@@ -73,7 +73,7 @@ def _write_new(folder: Path, stem: str, text: str) -> Path:
 
 def read(path: Path, kind: type[R]) -> R:
     """The result at `path`, which must be a `kind` result of this schema, every field checked."""
-    rerun = f"rerun `nox -s {kind.KIND}` to replace it"
+    rerun = f"rerun {kind.made_by()} to replace it"
     try:
         document = json.loads(path.read_text())
     except (OSError, ValueError) as error:
