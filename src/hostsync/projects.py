@@ -65,6 +65,8 @@ class Project:
     sign_off: bool = False
     # What a contributor does before sending a PR there (the outbox's checklist).
     before_sending: tuple[str, ...] = ()
+    # Its Trainer is what the hunt and the census run: its tree is the one the ranks check.
+    trainer: bool = False
 
     def version_in(self, root: Path) -> str:
         """The version the tree at `root` says it is, or "unknown"."""
@@ -89,6 +91,7 @@ PROJECTS = {
             lint=RuffLint("src/transformers/dependency_versions_table.py",
                           r'"ruff": "ruff==([^"]+)"'),
             reports=("tokenizers", "huggingface_hub"),
+            trainer=True,
             before_sending=(
                 "Fill in the PR template's boxes yourself: the Code Agent Policy confirmation is"
                 " yours alone to give, and 'discussed/approved' needs a link to the discussion",
@@ -150,6 +153,11 @@ def get(name: str) -> Project:
     if name not in PROJECTS:
         raise WorkspaceError(f"unknown project {name!r}: use one of {', '.join(PROJECTS)}")
     return PROJECTS[name]
+
+
+def trainer_project() -> str:
+    """The project whose Trainer the hunt and the census run."""
+    return next(name for name, project in PROJECTS.items() if project.trainer)
 
 
 def probed_packages() -> tuple[str, ...]:
