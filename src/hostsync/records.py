@@ -421,7 +421,9 @@ class Capture(Record):
 
 
 @dataclass(frozen=True)
-class ProfileSetting(Record):
+class ProfiledScenario(Record):
+    """The card's scenario a profile measured, and on how many ranks."""
+
     scenario: str
     ranks: int
 
@@ -439,7 +441,7 @@ class ProfileResult(Result):
     KIND: ClassVar[str] = "profile"
     environment: Environment
     trees: dict[str, TreeInfo]
-    setting: ProfileSetting
+    setting: ProfiledScenario
     labels: RegionLabels
     warmup_steps: int
     steps: int
