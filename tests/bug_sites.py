@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hostsync.records import Tree
+from hostsync.upstream.trees import Tree
 
 DEEPSPEED_PY = "transformers/integrations/deepspeed.py"
 IF_PER_RANK = "if good_tokens_per_rank[rank] > 0"

@@ -17,8 +17,8 @@ from hostsync.records import (
     HuntTree,
     Outcome,
     Presence,
+    ProfiledScenario,
     ProfileResult,
-    ProfileSetting,
     RegionLabels,
     ReleaseEvidence,
     ReproResult,
@@ -93,7 +93,7 @@ def capture(tree: str, host_reads: int, in_forward: int = 0) -> Capture:
 def profile(layout: Layout, *captures: Capture) -> ProfileResult:
     return ProfileResult(
         stamp(layout), ENVIRONMENT, {c.tree: info(c.version) for c in captures},
-        ProfileSetting("all_tokens", 2), RegionLabels("loss aggregation", "model forward"),
+        ProfiledScenario("all_tokens", 2), RegionLabels("loss aggregation", "model forward"),
         2, 3, (), captures,
     )  # fmt: skip
 

@@ -18,14 +18,15 @@ from pathlib import Path
 import pytest
 from local_index import make_sdist, serving
 
-from hostsync import cases, envs, launchers, locks, options, repro, results, review
+from hostsync import cases, launchers, locks, options, repro, results, review
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.launchers import Run, RunFailed, RunHung, Start, World, run_group
 from hostsync.layout import ROOT, Layout
 from hostsync.projects import get
-from hostsync.records import Device, Launcher, Tree, TreeRole, Verdict
-from hostsync.upstream import sdists
+from hostsync.records import Device, Launcher, TreeRole, Verdict
+from hostsync.upstream import envs, sdists
+from hostsync.upstream.trees import Tree
 
 import made
 from conftest import hostsync, make_workspace, one_line_error

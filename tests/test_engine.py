@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, drafts, envs, options, projects, provenance, repro, results, review
+from hostsync import cases, drafts, options, projects, provenance, repro, results, review
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
 from hostsync.pin import load as load_pin
 from hostsync.records import HuntResult, HuntSetup, ReproResult
+from hostsync.upstream import envs
 from hostsync.upstream.patchqueue import series
 
 from conftest import make_workspace

@@ -4,6 +4,7 @@ absent."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hostsync import cases, drafts, provenance, results, review
+from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
 from hostsync.records import GpuResult, GpuTreeFigures
 
@@ -56,6 +58,19 @@ def test_gpu_evidence_is_cited_when_fresh_and_not_measured_when_absent_or_stale(
 
     layout.case_file.write_text(layout.case_file.read_text() + "\n# edited\n")
     assert review.fill(GPU_FIGURE, documents(layout)) == drafts.NOT_MEASURED
+
+
+def test_a_broken_gpu_result_names_the_script_that_remakes_it_not_a_session(
+    workspace: Layout,
+) -> None:
+    path = results.write(workspace.profiles, gpu_result(workspace, copies=2), workspace.unsaved)
+    document = json.loads(path.read_text())
+    path.write_text(json.dumps(document | {"steps": "ten"}))
+
+    complaint = r"steps: expected an integer.*rerun `measure` of the `gpu/` script"
+    with pytest.raises(WorkspaceError, match=complaint) as error:
+        results.read(path, GpuResult)
+    assert "nox -s" not in str(error.value)
 
 
 @pytest.mark.heavy

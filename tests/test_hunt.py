@@ -14,11 +14,11 @@ from hostsync.errors import WorkspaceError
 from hostsync.hunt import allowlist, command, measure, report
 from hostsync.launchers import DeepSpeedSetup
 from hostsync.layout import ROOT, Layout
-from hostsync.records import CrossCheck, HuntResult, HuntSite, HuntTree, Tree, TreeRole
+from hostsync.records import CrossCheck, HuntResult, HuntSite, HuntTree, TreeRole
 from hostsync.sites import AllowRule
 from hostsync.upstream.git import git
 from hostsync.upstream.patchqueue import series
-from hostsync.upstream.trees import prepare_tree, stack_trees
+from hostsync.upstream.trees import Tree, prepare_tree, stack_trees
 
 import made
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line

@@ -27,8 +27,9 @@ from hostsync.patch_proof import (
     judge,
 )
 from hostsync.records import TestOutcome as Case
-from hostsync.records import Tree, TreeRole, Verdict
+from hostsync.records import TreeRole, Verdict
 from hostsync.upstream import sdists
+from hostsync.upstream.trees import Tree
 
 from conftest import make_workspace, own_downloads
 

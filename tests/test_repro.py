@@ -18,8 +18,8 @@ from hostsync import cases, devices, launchers, repro, results
 from hostsync.errors import WorkspaceError
 from hostsync.launchers import Run, RunFailed, Start, World
 from hostsync.layout import Layout
-from hostsync.records import Device, Launcher, ReproResult, Tree
-from hostsync.upstream.trees import prepare_tree, prepare_trees
+from hostsync.records import Device, Launcher, ReproResult
+from hostsync.upstream.trees import Tree, prepare_tree, prepare_trees
 
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line
 from conftest import make_workspace

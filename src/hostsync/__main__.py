@@ -22,7 +22,10 @@ COMMANDS = {
         "hostsync.upstream.command:export_main",
         "write the clone's commits to patches/",
     ),
-    "env": ("hostsync.envs:main", "the environment the commands run in (built if needed)"),
+    "env": (
+        "hostsync.upstream.command:env_main",
+        "the environment the commands run in (built if needed)",
+    ),
     "test-patch": ("hostsync.patch_proof:main", "the series' tests: red on pinned, green patched"),
     "repro": ("hostsync.repro:main", "a case's reproducer on real processes, tree by tree"),
     "bench": ("hostsync.bench:main", "time the reproducer cold and warm, and the detector cost"),

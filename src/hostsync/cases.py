@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hostsync import projects, records
+from hostsync.codec import Json, RecordError, Strict
 from hostsync.errors import WorkspaceError
-from hostsync.records import Json, Launcher, RecordError, Strict, TreeRole, UpstreamState
+from hostsync.records import Launcher, TreeRole, UpstreamState
 from hostsync.sites import AllowRule
 
 # A case's name is a folder name in four places: plain words only, and none that profiles/

@@ -44,7 +44,8 @@ from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout
 from hostsync.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV, free_port
-from hostsync.records import Device, Launcher, Tree
+from hostsync.records import Device, Launcher
+from hostsync.upstream.trees import Tree
 
 log = logging.getLogger(__name__)
 

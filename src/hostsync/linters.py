@@ -21,7 +21,7 @@ from hostsync.cases import LintTool
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.layout import Layout
 from hostsync.projects import PreCommitLint, RuffLint
-from hostsync.records import Tree
+from hostsync.upstream.trees import Tree
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ def case_layouts(name: str | None, layout: Layout | None = None) -> list[Layout]
 
 
 def add_device(parser: argparse.ArgumentParser) -> None:
-    """`--device`, resolved later by `environment.resolve_device`."""
+    """`--device`, resolved later by `devices.resolve_device`."""
     parser.add_argument(
         "--device",
         choices=("auto", "cpu", "cuda"),

@@ -37,14 +37,13 @@ from hostsync.records import (
     Presence,
     TestOutcome,
     TestPatchResult,
-    Tree,
     TreeRef,
     TreeRole,
     Verdict,
 )
 from hostsync.upstream import patchqueue, presence
 from hostsync.upstream.releases import release_for
-from hostsync.upstream.trees import prepare_tree
+from hostsync.upstream.trees import Tree, prepare_tree
 
 log = logging.getLogger(__name__)
 

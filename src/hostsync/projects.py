@@ -69,6 +69,8 @@ class Project:
     assistance: str = "say in your own text what a tool did (no policy of its own is recorded)"
     # The command whose output its issue template asks for as system info: the contributor's own.
     system_info: str = "python -m torch.utils.collect_env"
+    # Its Trainer is what the hunt and the census run: its tree is the one the ranks check.
+    trainer: bool = False
 
     def version_in(self, root: Path) -> str:
         """The version the tree at `root` says it is, or "unknown"."""
@@ -93,6 +95,7 @@ PROJECTS = {
             lint=RuffLint("src/transformers/dependency_versions_table.py",
                           r'"ruff": "ruff==([^"]+)"'),
             reports=("tokenizers", "huggingface_hub"),
+            trainer=True,
             before_sending=(
                 "Fill in the PR template's boxes yourself: 'discussed/approved' needs a link to"
                 " the discussion",
@@ -161,6 +164,11 @@ def get(name: str) -> Project:
     if name not in PROJECTS:
         raise WorkspaceError(f"unknown project {name!r}: use one of {', '.join(PROJECTS)}")
     return PROJECTS[name]
+
+
+def trainer_project() -> str:
+    """The project whose Trainer the hunt and the census run."""
+    return next(name for name, project in PROJECTS.items() if project.trainer)
 
 
 def probed_packages() -> tuple[str, ...]:

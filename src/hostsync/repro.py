@@ -56,10 +56,9 @@ from hostsync.records import (
     RunRow,
     SnippetRuns,
     TrainerComparison,
-    Tree,
     is_site_list,
 )
-from hostsync.upstream.trees import infos, prepare_trees
+from hostsync.upstream.trees import Tree, infos, prepare_trees
 
 
 def run_launch(

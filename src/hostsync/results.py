@@ -16,8 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from hostsync.codec import RecordError
 from hostsync.errors import WorkspaceError
-from hostsync.records import KINDS, SCHEMA_VERSION, RecordError, Result
+from hostsync.records import KINDS, SCHEMA_VERSION, Result
 
 R = TypeVar("R", bound=Result)
 _STAMP = re.compile(r"-(\d{8}T\d{6})Z(?:-(\d+))?$")
@@ -72,7 +73,7 @@ def _write_new(folder: Path, stem: str, text: str) -> Path:
 
 def read(path: Path, kind: type[R]) -> R:
     """The result at `path`, which must be a `kind` result of this schema, every field checked."""
-    rerun = f"rerun `nox -s {kind.KIND}` to replace it"
+    rerun = f"rerun {kind.made_by()} to replace it"
     try:
         document = json.loads(path.read_text())
     except (OSError, ValueError) as error:

@@ -25,7 +25,8 @@ from hostsync.launchers import (
 )
 from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout
-from hostsync.records import Launcher, TrainerComparison, Tree
+from hostsync.records import Launcher, TrainerComparison
+from hostsync.upstream.trees import Tree
 
 SP_SIZE = 2
 WORKER = Path(__file__).parent / "workers" / "trainer.py"

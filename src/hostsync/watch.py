@@ -49,7 +49,7 @@ DEFAULT_HUNT_SETUPS = ("bf16-zero1",)
 
 
 @dataclass(frozen=True)
-class Settings:
+class WatchSettings:
     """What `watch` was asked, read once from the command line."""
 
     tests: bool
@@ -69,7 +69,9 @@ def series_state(layout: Layout, version: str) -> str:
     return "applies"
 
 
-def watch_case(layout: Layout, case: cases.Case, reader: Reader, settings: Settings) -> CaseWatch:
+def watch_case(
+    layout: Layout, case: cases.Case, reader: Reader, settings: WatchSettings
+) -> CaseWatch:
     """The case against the newest releases: its sites, its series, its tests when asked."""
     measured_against = provenance.inputs(layout)
     sites = []
@@ -105,7 +107,7 @@ def watch_project(project: Project, pinned: str, reader: Reader) -> ProjectWatch
     return ProjectWatch(project.name, pinned, releases[-1].version, releases[-1].uploaded, newer)
 
 
-def hunt_new_sites(layout: Layout, watched: ProjectWatch, settings: Settings,
+def hunt_new_sites(layout: Layout, watched: ProjectWatch, settings: WatchSettings,
                    ) -> tuple[str, tuple[HuntSite, ...]]:  # fmt: skip
     """The sites the hunt finds in the project's newest release and not in its pinned one, in
     each setup, and what was hunted; `layout` is a case of the project (its trees' home)."""
@@ -131,7 +133,7 @@ def hunt_new_sites(layout: Layout, watched: ProjectWatch, settings: Settings,
     return said, tuple(found.values())
 
 
-def watch(layout: Layout, settings: Settings) -> WatchResult:
+def watch(layout: Layout, settings: WatchSettings) -> WatchResult:
     pins = {requirement.name: requirement.install for requirement in pin.load(layout.pin_file)
             .requirements}  # fmt: skip
     known = [cases.load(layout.root, name) for name in cases.names(layout.root)]
@@ -187,7 +189,7 @@ def main(argv: list[str]) -> int:
     if args.setups != parser().get_default("setups") and not args.hunt:
         raise WorkspaceError("--setups chooses what --hunt runs: add --hunt")
     layout = Layout()
-    result = watch(layout, Settings(args.tests, args.hunt, setups, args.timeout))
+    result = watch(layout, WatchSettings(args.tests, args.hunt, setups, args.timeout))
     path = results.write(layout.watch, result, keep_elsewhere=layout.unsaved)
     markdown = results.write_markdown(
         path, WatchResult, lambda made, at: digest(made, str(at.relative_to(layout.root)))

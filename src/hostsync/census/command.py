@@ -22,6 +22,7 @@ from hostsync.hunt.measure import rank_records, summarize
 from hostsync.launchers import RunFailed, Start
 from hostsync.layout import Layout
 from hostsync.options import add_timeout, comma_list
+from hostsync.projects import trainer_project
 from hostsync.records import (
     CensusResult,
     CensusTrees,
@@ -30,16 +31,15 @@ from hostsync.records import (
     Launcher,
     Provenance,
     Stamp,
-    Tree,
 )
 from hostsync.sites import AllowRule
 from hostsync.upstream.patchqueue import series
-from hostsync.upstream.trees import by_project, stack_trees
+from hostsync.upstream.trees import Tree, by_project, stack_trees
 
 # The folder of profiles/ the census writes into, and the name its results are stamped with.
 CENSUS = "census"
 # The tree under test: the project of the Trainer, whose tree the ranks import first and check.
-TREE_UNDER_TEST = "transformers"
+TREE_UNDER_TEST = trainer_project()
 
 
 def parser() -> argparse.ArgumentParser:

@@ -17,8 +17,8 @@ from hostsync.launchers import DeepSpeedSetup
 from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout, clear_stale, node_0_first
 from hostsync.options import add_case, add_nodes, add_timeout, case_layouts, comma_list, node_layout
-from hostsync.records import HuntResult, HuntSetup, Tree, TreeRole
-from hostsync.upstream.trees import by_project, prepare_stack, prepare_trees
+from hostsync.records import HuntResult, HuntSetup, TreeRole
+from hostsync.upstream.trees import Tree, by_project, prepare_stack, prepare_trees
 
 DEFAULT_TREES = (TreeRole.PINNED.value, TreeRole.PATCHED.value)
 DEFAULT_STEPS = 7

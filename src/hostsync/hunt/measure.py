@@ -30,9 +30,9 @@ from hostsync.records import (
     HuntTree,
     NodeShare,
     ProfilerOnly,
-    Tree,
 )
 from hostsync.sites import AllowRule, Site
+from hostsync.upstream.trees import Tree
 
 LOGGING_STEPS = 3
 

@@ -31,7 +31,8 @@ from hostsync.profiling import nsys
 from hostsync.profiling.nsys import NsysFailed
 from hostsync.profiling.traces import analyse_trace, combine_ranks, load_trace
 from hostsync.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV
-from hostsync.records import Capture, Device, Launcher, Tree
+from hostsync.records import Capture, Device, Launcher
+from hostsync.upstream.trees import Tree
 
 log = logging.getLogger(__name__)
 

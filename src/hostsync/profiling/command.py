@@ -24,7 +24,7 @@ from hostsync.options import (
 )
 from hostsync.profiling.capture import ProfileSettings, capture_with_fallback, choose_profiler
 from hostsync.profiling.report import publish, summary_table
-from hostsync.records import ProfileResult, ProfileSetting, RegionLabels
+from hostsync.records import ProfiledScenario, ProfileResult, RegionLabels
 from hostsync.results import attachments
 from hostsync.upstream.trees import infos, prepare_trees
 
@@ -100,7 +100,7 @@ def profile_case(layout: Layout, settings: ProfileSettings) -> None:
         stamp=provenance.stamp(layout, measured_against),
         environment=devices.describe(trees[0].python),
         trees=infos(layout, trees),
-        setting=ProfileSetting(settings.scenario, settings.ranks),
+        setting=ProfiledScenario(settings.scenario, settings.ranks),
         labels=RegionLabels(case.profile.measured, case.profile.excluded),
         warmup_steps=settings.warmup,
         steps=settings.steps,

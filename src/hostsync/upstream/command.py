@@ -1,12 +1,13 @@
-"""`python -m hostsync clone` and `export-patches`: the patch queue's two commands."""
+"""`python -m hostsync clone`, `export-patches` and `env`: the commands that need no torch."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 
-from hostsync import locks
+from hostsync import cases, locks
 from hostsync.options import add_case, case_layouts
+from hostsync.upstream.envs import python_for
 from hostsync.upstream.patchqueue import clone, export_patches
 
 log = logging.getLogger(__name__)
@@ -48,4 +49,17 @@ def export_main(argv: list[str]) -> int:
                 log.info("%s patches/%s/%s", change, layout.case, name)
         if not any(report[change] for change in ("added", "changed", "removed")):
             log.info("patches/%s already matches the clone: nothing changed", layout.case)
+    return 0
+
+
+def env_main(argv: list[str]) -> int:
+    """Print the interpreter the commands run in: the environment of the default case's pinned
+    release (pin.toml's own pins), built first if needed."""
+    argparse.ArgumentParser(
+        prog="python -m hostsync env",
+        description="Print the interpreter of the environment the workspace's commands run in.",
+    ).parse_args(argv)
+    (layout,) = case_layouts(None)
+    case = cases.load(layout.root, layout.case)
+    print(python_for(layout, case.project, case.pin))
     return 0

@@ -12,14 +12,17 @@ import dataclasses
 import logging
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from hostsync import cases, envs
+from hostsync import cases
 from hostsync.cases import Release
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.layout import Layout
-from hostsync.records import Tree, TreeInfo, TreeRole
+from hostsync.projects import Project
+from hostsync.records import TreeInfo, TreeRole
+from hostsync.upstream import envs
 from hostsync.upstream.git import (
     INTERRUPTED_AM,
     git,
@@ -43,6 +46,37 @@ from hostsync.upstream.releases import materialise, release_for
 log = logging.getLogger(__name__)
 
 EXTRAS = ("", "tests", "series")
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One source tree under test, imported by path, run by the interpreter `python`."""
+
+    label: str
+    role: TreeRole
+    root: Path
+    version: str
+    commit: str
+    origin: str
+    project: Project
+    python: str = ""
+    # Other cases' patched trees imported with it (other projects), e.g. to hunt with every
+    # carried fix applied.
+    stacked: tuple[Path, ...] = ()
+
+    @property
+    def src(self) -> Path:
+        """What goes first on PYTHONPATH to import the project from this tree."""
+        return (self.root / self.project.import_root).resolve()
+
+    def info(self, workspace: Path) -> TreeInfo:
+        return TreeInfo(
+            project=self.project.name,
+            version=self.version,
+            commit=self.commit,
+            origin=self.origin,
+            src=str(self.src.relative_to(workspace.resolve())),
+        )
 
 
 def prepare_tree(layout: Layout, name: str) -> Tree:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from hostsync.detector import CompiledInScope
+from hostsync.projects import PROJECTS
 from hostsync.protocol import SYNC_OP, SYNC_OPS, rank_entry
 from hostsync.rankkit import (
     MODEL_SUMMARY,
@@ -42,10 +43,10 @@ from hostsync.rankkit import (
     training_arguments,
 )
 
-# Imported here, once, when the fork launcher imports this script: each forked rank then starts
-# with them loaded. An import error of the tree under test is raised again in `main`, where
-# `rank_entry` reports it with the rank.
-for _name in ("transformers", "deepspeed", "peft", "trl"):
+# Every project's package, imported here, once, when the fork launcher imports this script: each
+# forked rank then starts with them loaded. An import error of the tree under test is raised
+# again in `main`, where `rank_entry` reports it with the rank.
+for _name in PROJECTS:
     with contextlib.suppress(ImportError):
         importlib.import_module(_name)
 

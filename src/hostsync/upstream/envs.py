@@ -14,7 +14,6 @@ requirements, never changed.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -30,12 +29,10 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from hostsync import cases
 from hostsync import pin as pinning
 from hostsync.cases import Release
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.layout import Layout
-from hostsync.options import case_layouts
 from hostsync.projects import Project
 from hostsync.upstream.sdists import egg_info_requires, fetch_sdist, pkg_info, requires_dist
 
@@ -218,16 +215,3 @@ def build(
     record = {"python": "bin/python", "specs": specs, "installed": installed}
     (target / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return usable_python(target, record)
-
-
-def main(argv: list[str]) -> int:
-    """Print the interpreter the commands run in: the environment of the default case's pinned
-    release (pin.toml's own pins), built first if needed."""
-    argparse.ArgumentParser(
-        prog="python -m hostsync env",
-        description="Print the interpreter of the environment the workspace's commands run in.",
-    ).parse_args(argv)
-    (layout,) = case_layouts(None)
-    case = cases.load(layout.root, layout.case)
-    print(python_for(layout, case.project, case.pin))
-    return 0

@@ -1,0 +1,172 @@
+"""The engine's structure, read from its source: its import graph by the README's floors, and
+the signatures that take or return untyped data. `python tests/engine_structure.py` prints the
+figures; tests/test_structure.py holds the floors and the cycles to zero."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE = ROOT / "src" / "hostsync"
+TABLE_OPENS = "The engine, from the bottom of its imports up"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ENGINE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def engine_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(ENGINE.rglob("*.py"))}
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The engine modules `path` imports anywhere in it (functions included): `from a import b`
+    names module `a.b` where that is a module, else `a`."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                inner = f"{node.module}.{alias.name}"
+                found.add(inner if inner in modules else node.module)
+    return {name for name in found if name in modules}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = engine_modules()
+    return {name: imports_of(path, set(modules)) - {name} for name, path in modules.items()}
+
+
+def floors() -> list[list[str]]:
+    """The first column of each row of the README's engine table, as module names or package
+    prefixes (`upstream/` stands for every module under it), bottom floor first."""
+    text = (ROOT / "README.md").read_text()
+    rows = text[text.index(TABLE_OPENS) :].split("\n\n")[1].splitlines()[2:]
+    return [
+        [
+            "hostsync." + entry.removesuffix(".py").removesuffix("/").replace("/", ".")
+            for entry in re.findall(r"`([^`]+)`", row.split("|")[1])
+        ]
+        for row in rows
+    ]
+
+
+def floor_of(module: str, table: list[list[str]]) -> int | None:
+    """The floor of the most specific entry naming `module`; the package `hostsync` itself
+    imports nothing and stands on the ground."""
+    if module == "hostsync":
+        return 0
+    named = [
+        (len(entry), level)
+        for level, entries in enumerate(table)
+        for entry in entries
+        if module == entry or module.startswith(entry + ".")
+    ]
+    return max(named)[1] if named else None
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One path round each import cycle found by a depth-first walk."""
+    found, state = [], {}
+    for start in sorted(graph):
+        stack = [(start, iter(sorted(graph[start])))]
+        path = [start]
+        state[start] = "open"
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                state[node] = "done"
+                stack.pop()
+                path.pop()
+            elif state.get(child) == "open":
+                found.append([*path[path.index(child) :], child])
+            elif child not in state:
+                state[child] = "open"
+                stack.append((child, iter(sorted(graph[child]))))
+                path.append(child)
+    return found
+
+
+# An annotation naming one of these takes or returns data whose shape no type states.
+UNTYPED = {"dict", "Dict", "Mapping", "MutableMapping", "Any", "Json"}
+
+
+def _names_in(annotation: ast.expr | None) -> set[str]:
+    if annotation is None:
+        return set()
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        annotation = ast.parse(annotation.value, mode="eval").body
+    return {node.id for node in ast.walk(annotation) if isinstance(node, ast.Name)} | {
+        node.attr for node in ast.walk(annotation) if isinstance(node, ast.Attribute)
+    }
+
+
+def _untyped_aliases(trees: list[ast.Module]) -> set[str]:
+    """Module-level type aliases that stand for untyped data (`RankResults = list[dict]`)."""
+    found = set(UNTYPED)
+    for tree in trees:
+        for node in tree.body:
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Subscript | ast.Name | ast.BinOp)
+                and _names_in(node.value) & UNTYPED
+            ):
+                found.add(node.targets[0].id)
+    return found
+
+
+def untyped_signatures() -> tuple[list[str], int]:
+    """Every engine function whose parameters or return name untyped data, as `module:line
+    name`, and how many functions there are in all."""
+    modules = engine_modules()
+    trees = {name: ast.parse(path.read_text(), str(path)) for name, path in modules.items()}
+    untyped = _untyped_aliases(list(trees.values()))
+    found, total = [], 0
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            total += 1
+            arguments = node.args
+            every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+            every += [a for a in (arguments.vararg, arguments.kwarg) if a is not None]
+            named = set().union(_names_in(node.returns), *(_names_in(a.annotation) for a in every))
+            if named & untyped:
+                found.append(f"{name}:{node.lineno} {node.name}")
+    return found, total
+
+
+def back_edges() -> list[str]:
+    """Each import that climbs from a module's floor to a higher one."""
+    table = floors()
+    floored = {m for m in engine_modules() if floor_of(m, table) is not None}
+    return [
+        f"{module} (floor {floor_of(module, table)}) imports {imported}"
+        f" (floor {floor_of(imported, table)})"
+        for module, imported_modules in sorted(import_graph().items())
+        for imported in sorted(imported_modules & floored)
+        if module in floored and floor_of(imported, table) > floor_of(module, table)
+    ]
+
+
+def main() -> int:
+    graph = import_graph()
+    untyped, total = untyped_signatures()
+    if "--list" in sys.argv:
+        print("\n".join(untyped))
+    print(f"modules: {len(graph)}, imports between them: {sum(map(len, graph.values()))}")
+    print(f"floors: {len(floors())}, back-edges: {len(back_edges())}, cycles: {len(cycles(graph))}")
+    print(f"untyped signatures: {len(untyped)} of {total} functions (--list names them)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""The engine's imports, read from its source: each module imports only from its own floor and
+the floors below it (the README's engine table, bottom up), and no import cycle exists, so that
+a lower floor can be read, tested and changed without the ones above it."""
+
+from __future__ import annotations
+
+from engine_structure import back_edges, cycles, engine_modules, floor_of, floors, import_graph
+
+
+def test_every_engine_module_has_a_floor_in_the_readme() -> None:
+    table = floors()
+    assert [m for m in engine_modules() if floor_of(m, table) is None] == []
+
+
+def test_no_engine_module_imports_from_a_floor_above_its_own() -> None:
+    assert back_edges() == []
+
+
+def test_the_engine_has_no_import_cycle() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_checks_see_a_back_edge_and_a_cycle() -> None:
+    """The measure itself: a graph with a loop and an import that climbs are both caught."""
+    looped = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(looped) == [["a", "b", "c", "a"]]
+    table = [["hostsync.codec"], ["hostsync.records"], ["hostsync.upstream"]]
+    assert floor_of("hostsync.upstream.trees", table) == 2
+    assert floor_of("hostsync.codec", table) < floor_of("hostsync.records", table)
