@@ -303,3 +303,130 @@ def test_a_bisect_asked_wrongly_is_refused_before_any_download(
 
     assert complaint in line
     assert not (workspace.root / "profiles" / "sites").exists()
+
+
+# --- labelled site histories: the read followed by what it does, not by its text ---------------
+
+METRICS = "trl/trainer/sft_trainer.py"
+# Each release of a planted TRL: how the trainer reads its token accuracy, under which names.
+ACCURACY = """
+    class SFTTrainer:
+        def {function}(self, model, inputs):
+            correct = {counts}(inputs["correct"]).sum()
+            {valid} = {counts}(inputs["mask"]).sum()
+            self._metrics["accuracy"].append(
+                (correct / {valid}).item() if {valid} > 0 else 0.0
+            )
+            return model(inputs)
+"""
+
+
+UNMEASURED = "class SFTTrainer:\n    def compute_loss(self, model, inputs):\n        return 0\n"
+
+
+def trl_release(function: str = "compute_loss", valid: str = "num_valid", file: str = METRICS,
+                counts: str = "self.accelerator.gather_for_metrics") -> dict[str, str]:  # fmt: skip
+    """A TRL package whose trainer reads its accuracy in `function` of `file`."""
+    text = ACCURACY.format(function=function, valid=valid, counts=counts)
+    return {"trl/__init__.py": "", file: textwrap.dedent(text)}
+
+
+def history_over(tmp_path: Path, monkeypatch, project: str, releases: dict[str, dict],
+                 site: AllowRule):  # fmt: skip
+    """The site's history over `releases` (version: files), served as sdists on loopback."""
+    for version, files in releases.items():
+        make_sdist(tmp_path / "index" / "files" / project, project, version, files)
+    target = Target(site, get(project), None)
+    with serving(tmp_path / "index") as url:
+        monkeypatch.setenv(sdists.INDEX_ENV, url)
+        reader = Reader(Layout(tmp_path / "workspace"), [target], get(project))
+        return bisect.history(reader, target)
+
+
+def test_a_read_under_other_local_names_is_the_same_read(tmp_path: Path, monkeypatch) -> None:
+    releases = {
+        "0.1.0": trl_release(valid="self.valid"),
+        "0.2.0": trl_release(valid="total_sum"),
+        "0.3.0": trl_release(valid="total_tokens"),
+        "1.0.0": trl_release(),
+    }
+    site = AllowRule(METRICS, "asked", function="compute_loss", code="num_valid > 0")
+    found = history_over(tmp_path, monkeypatch, "trl", releases, site)
+
+    # An attribute compared with 0 is no local value read: 0.1.0 lacks the read.
+    assert (found.first, found.before_first, found.contiguous) == ("0.2.0", "0.1.0", True)
+    evidence = {release.version: release.finding for release in found.releases}
+    (where,) = evidence["0.2.0"].found
+    assert where.function == "SFTTrainer.compute_loss"
+    assert where.code == "(correct / total_sum).item() if total_sum > 0 else 0.0"
+
+
+def test_a_renamed_function_is_followed_by_its_body(tmp_path: Path, monkeypatch) -> None:
+    releases = {
+        "0.1.0": {"trl/__init__.py": "", METRICS: UNMEASURED},
+        "0.2.0": trl_release(function="_loss_and_metrics"),
+        "0.3.0": trl_release(function="_loss_and_metrics"),
+        "1.0.0": trl_release(),
+    }
+    site = AllowRule(METRICS, "asked", function="compute_loss", code="num_valid > 0")
+    found = history_over(tmp_path, monkeypatch, "trl", releases, site)
+
+    assert (found.first, found.before_first) == ("0.2.0", "0.1.0")
+    evidence = {release.version: release.finding for release in found.releases}
+    assert evidence["0.2.0"].presence == Presence.ELSEWHERE
+    (where,) = evidence["0.2.0"].found
+    assert where.function == "SFTTrainer._loss_and_metrics"
+
+
+def test_a_function_moved_and_renamed_is_followed_to_its_file(tmp_path: Path, monkeypatch) -> None:
+    moved = "trl/trainer/utils.py"
+    releases = {
+        "0.1.0": {"trl/__init__.py": "", METRICS: "class SFTTrainer:\n    pass\n"},
+        "0.2.0": trl_release(function="metrics_of", file=moved) | {METRICS: "X = 1\n"},
+        "1.0.0": trl_release(),
+    }
+    site = AllowRule(METRICS, "asked", function="compute_loss")
+    found = history_over(tmp_path, monkeypatch, "trl", releases, site)
+
+    assert (found.first, found.before_first) == ("0.2.0", "0.1.0")
+    evidence = {release.version: release.finding for release in found.releases}
+    (where,) = evidence["0.2.0"].found
+    assert (where.file, where.function) == (moved, "SFTTrainer.metrics_of")
+    assert evidence["0.1.0"].presence == Presence.MISSING
+
+
+def test_a_read_of_an_inlined_function_is_found_in_its_caller(tmp_path: Path,
+                                                               monkeypatch) -> None:  # fmt: skip
+    helper = """
+        class Trainer:
+            def train(self, model):
+                for step in range(3):
+                    norm = model.step()
+                    {inline}
+                    self.log(norm)
+
+            {helper}
+    """
+    read = 'if hasattr(norm, "item"):\n                        norm = norm.item()'
+    own = ('def _get_grad_norm(self, norm, model=None):\n                if model is None:\n'
+           '                    return None\n                if hasattr(norm, "item"):\n'
+           '                    norm = norm.item()\n                return norm')  # fmt: skip
+    file = "transformers/trainer.py"
+
+    def release(inline: str, helper_text: str) -> dict[str, str]:
+        text = textwrap.dedent(helper.format(inline=inline, helper=helper_text))
+        return {"src/transformers/__init__.py": "", f"src/{file}": text}
+
+    releases = {
+        "4.38.0": release("norm = float(norm)", ""),
+        "4.39.0": release(read, ""),
+        "5.2.0": release(read, ""),
+        "5.3.0": release("norm = self._get_grad_norm(norm, model)", own),
+    }
+    site = AllowRule(file, "asked", function="_get_grad_norm")
+    found = history_over(tmp_path, monkeypatch, "transformers", releases, site)
+
+    assert (found.first, found.before_first) == ("4.39.0", "4.38.0")
+    evidence = {release.version: release.finding for release in found.releases}
+    (where,) = evidence["4.39.0"].found
+    assert (where.function, where.code) == ("Trainer.train", 'if hasattr(norm, "item"):')

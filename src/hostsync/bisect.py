@@ -92,16 +92,19 @@ class Target:
 
 class Reader:
     """The releases of each project and each site's finding in each release, each read once
-    per run (the sdists once per cache): the sites of one project are judged together. The
-    bounds apply to the releases of `bounded` (the project a case pins, or --project): a case's
-    sites in another project are searched through all its releases."""
+    per run (the sdists once per cache). The bounds apply to the releases of `bounded` (the
+    project a case pins, or --project): a case's sites in another project are searched through
+    all its releases. A site whose function was read in a release that carries it (`follow`) is
+    followed by that body where the function is renamed, moved or inlined."""
 
     def __init__(self, layout: Layout, targets: list[Target], bounded: Project | None,
                  since: str | None = None, until: str | None = None) -> None:  # fmt: skip
         self.layout, self.targets = layout, targets
         self.bounded, self.since, self.until = bounded, since, until
         self._releases: dict[str, list[Published]] = {}
-        self._findings: dict[tuple[str, str], dict[AllowRule, Finding]] = {}
+        self._findings: dict[tuple[str, str, AllowRule], Finding] = {}
+        self._references: dict[AllowRule, presence.Body | None] = {}
+        self._last: tuple[tuple[str, str], presence.Sources] | None = None
 
     def releases(self, project: Project) -> list[Published]:
         if project.name not in self._releases:
@@ -115,19 +118,32 @@ class Reader:
             self._releases[project.name] = found
         return self._releases[project.name]
 
-    def finding(self, project: Project, release: Published, site: AllowRule) -> Finding:
+    def sources(self, project: Project, release: Published) -> presence.Sources:
+        """The release's package source; the last one read is kept (a transformers release's
+        is tens of megabytes)."""
         key = (project.name, release.version)
-        if key not in self._findings:
-            sources = presence.sdist_sources(self.layout, release.sdist, project)
-            self._findings[key] = {
-                target.site: presence.locate(target.site, sources, project)
-                for target in self.targets
-                if target.project == project
-            }
-        return self._findings[key][site]
+        if self._last is None or self._last[0] != key:
+            self._last = (key, presence.sdist_sources(self.layout, release.sdist, project))
+        return self._last[1]
 
-    def was_read(self, project: Project, version: str) -> bool:
-        return (project.name, version) in self._findings
+    def follow(self, project: Project, release: Published, site: AllowRule) -> None:
+        """Follow the site's function by the body it has in `release` (which carries it)."""
+        body = presence.body_of(site, self.sources(project, release), project)
+        self._references[site] = body
+
+    def finding(self, project: Project, release: Published, site: AllowRule) -> Finding:
+        key = (project.name, release.version, site)
+        if key not in self._findings:
+            sources = self.sources(project, release)
+            reference = self._references.get(site)
+            self._findings[key] = presence.locate(site, sources, project, reference)
+        return self._findings[key]
+
+    def reference(self, site: AllowRule) -> presence.Body | None:
+        return self._references.get(site)
+
+    def was_read(self, project: Project, version: str, site: AllowRule) -> bool:
+        return (project.name, version, site) in self._findings
 
 
 def _anchor(target: Target, versions: list[str], notes: list[str]) -> str:
@@ -160,6 +176,7 @@ def history(reader: Reader, target: Target) -> SiteHistory:
             f" {presence.described(target.site)} ({finding(place).presence}): name a release"
             " that does with --anchor, or check the site"
         )
+    reader.follow(target.project, releases[place], target.site)
     first, last = bisect_run(len(releases), place, lambda i: finding(i).presence.carried)
     breaks = [
         f"{versions[i]} {'carries' if finding(i).presence.carried else 'lacks'} the site though it"
@@ -184,7 +201,7 @@ def history(reader: Reader, target: Target) -> SiteHistory:
         releases=tuple(
             ReleaseEvidence(r.version, r.uploaded, r.sdist.sha256, finding(i))
             for i, r in enumerate(releases)
-            if reader.was_read(target.project, r.version)
+            if reader.was_read(target.project, r.version, target.site)
         ),
     )
 
@@ -193,10 +210,10 @@ def history(reader: Reader, target: Target) -> SiteHistory:
 
 
 def narrow(remote: Path, project: Project, site: AllowRule, older: str, newer: str,
-           change: Change) -> GitNarrowing:  # fmt: skip
+           change: Change, reference: presence.Body | None = None) -> GitNarrowing:  # fmt: skip
     """The first commit on the first-parent path from tag `older` to tag `newer` whose tree is
-    in `newer`'s state (the site added, or removed), bisected on presence, and its pull
-    request."""
+    in `newer`'s state (the site added, or removed), bisected on presence (the site's function
+    followed by `reference`), and its pull request."""
     narrowing = GitNarrowing(str(remote), older, newer, change, 0, (), None, None)
     missing = [tag for tag in (older, newer) if not rev(remote, tag)]
     if missing:
@@ -211,7 +228,7 @@ def narrow(remote: Path, project: Project, site: AllowRule, older: str, newer: s
                                     revision).stdout.strip().split("\0")  # fmt: skip
         if commit not in probed:
             sources = presence.git_sources(remote, commit, project)
-            found = presence.locate(site, sources, project).presence
+            found = presence.locate(site, sources, project, reference).presence
             probed[commit] = CommitEvidence(commit, date, subject, found)
         return probed[commit]
 
@@ -319,7 +336,7 @@ def bisect_sites(layout: Layout, reader: Reader, targets: list[Target], settings
                           (made.last, made.after_last, Change.REMOVED))  # fmt: skip
             narrowed = tuple(
                 narrow(settings.remote, home, target.site, tags.format(version=older),
-                       tags.format(version=newer), change)
+                       tags.format(version=newer), change, reader.reference(target.site))
                 for older, newer, change in boundaries
                 if older and newer
             )  # fmt: skip
