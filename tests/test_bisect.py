@@ -430,3 +430,73 @@ def test_a_read_of_an_inlined_function_is_found_in_its_caller(tmp_path: Path,
     evidence = {release.version: release.finding for release in found.releases}
     (where,) = evidence["4.39.0"].found
     assert (where.function, where.code) == ("Trainer.train", 'if hasattr(norm, "item"):')
+
+
+# --- judged by running: a value that turns from a float into a tensor ---------------------------
+
+CLIP_UTILS = "deepspeed/runtime/utils.py"
+# The global norm is a Python float until the release that keeps it on the device (as before
+# and after DeepSpeed #5125): the clip's `if clip_coef < 1` reads the device only after it.
+NORMS = """
+    import torch
+
+
+    def get_global_norm_of_tensors(input_tensors):
+        norm = torch.linalg.vector_norm(torch.stack([t.norm() for t in input_tensors]))
+        return norm{item}
+
+
+    def clip_tensors_by_global_norm(input_tensors, max_norm=1.0, global_norm=None, eps=1e-6):
+        if global_norm is None:
+            global_norm = get_global_norm_of_tensors(input_tensors)
+        clip_coef = max_norm / (global_norm + eps)
+        if clip_coef < 1:
+            for tensor in input_tensors:
+                tensor.mul_(clip_coef)
+        return global_norm
+"""
+
+
+def clip_release(item: str | None) -> dict[str, str]:
+    text = textwrap.dedent(NORMS.format(item=item)) if item is not None else "import torch\n"
+    return {"deepspeed/__init__.py": "", "deepspeed/runtime/__init__.py": "", CLIP_UTILS: text}
+
+
+@pytest.mark.distributed  # a process per judged release
+def test_a_value_that_turns_from_float_to_tensor_is_judged_by_running(tmp_path: Path) -> None:
+    releases = {"0.1.0": None, "0.2.0": ".item()", "0.3.0": ".item()", "0.4.0": "",
+                "0.5.0": ""}  # fmt: skip
+    for version, item in releases.items():
+        make_sdist(tmp_path / "index" / "files" / "deepspeed", "deepspeed", version,
+                   clip_release(item), requires=("torch",))  # fmt: skip
+    layout = own_downloads(make_workspace(tmp_path / "workspace"))
+    with serving(tmp_path / "index") as url:
+        # The test's own interpreter is the environment (a prepared one): nothing is installed.
+        done = hostsync(
+            layout,
+            "bisect",
+            "--project",
+            "deepspeed",
+            "--file",
+            CLIP_UTILS,
+            "--function",
+            "clip_tensors_by_global_norm",
+            "--code",
+            "clip_coef < 1",
+            "--judge",
+            env_extra={sdists.INDEX_ENV: url, "HOSTSYNC_PREPARED": "1"},
+        )
+
+    assert done.returncode == 0, done.stderr
+    (path,) = layout.sites.glob("bisect-*.json")
+    site = history_of(path)
+    assert (site["first"], site["before_first"]) == ("0.2.0", "0.1.0")  # the text's boundary
+    (boundary,) = site["boundaries"]
+    assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
+        "0.3.0", "0.4.0", "judged run",
+    )  # fmt: skip
+    verdicts = {run["version"]: run["verdict"] for run in boundary["judged"]}
+    assert verdicts["0.2.0"] == verdicts["0.3.0"] == "line present, no device read"
+    assert verdicts["0.4.0"] == verdicts["0.5.0"] == "device read"
+    report = (layout.sites / "bisect.md").read_text()
+    assert "The reads begin between 0.3.0 and 0.4.0, by judged run" in report

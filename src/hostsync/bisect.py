@@ -24,32 +24,41 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from packaging.version import InvalidVersion, Version
 
-from hostsync import cases, locks, patch_proof, projects, provenance, results, table
+from hostsync import cases, envs, locks, patch_proof, probe, projects, provenance, results, table
 from hostsync.errors import WorkspaceError
+from hostsync.launchers import Run, RunFailed, run_group
 from hostsync.layout import Layout
 from hostsync.options import add_case, add_timeout, case_layouts
 from hostsync.projects import Project
 from hostsync.records import (
     BisectResult,
+    Boundary,
     Change,
     CommitEvidence,
+    Decided,
     Finding,
     GitNarrowing,
+    Judgement,
+    ProbeRun,
+    ProbeVerdict,
     ReleaseEvidence,
     SiteHistory,
+    Tree,
+    TreeRole,
 )
 from hostsync.sites import AllowRule
 from hostsync.upstream import presence, sdists
 from hostsync.upstream.git import git, rev
 from hostsync.upstream.releases import tag_format
-from hostsync.upstream.sdists import Published
+from hostsync.upstream.sdists import Published, fetch_sdist
 
 ASSUMPTION = (
     "bisected on presence, assuming the site is there in one contiguous run of releases; the"
@@ -320,6 +329,92 @@ def judged(layout: Layout, case: cases.Case, made: SiteHistory, settings: Settin
     return dataclasses.replace(made, releases=releases)
 
 
+class _NotRun(Exception):
+    """A judged search stopped at a release its probe could not run."""
+
+
+def judge_release(layout: Layout, project: Project, release: Published, finding: Finding,
+                  snippet: Path | None, timeout: float) -> Judgement:  # fmt: skip
+    """The site's lines in `release` run under the detector in an environment built for it."""
+    at = finding.found[0]
+    file = str(PurePosixPath(at.file).relative_to(PurePosixPath(project.import_root)))
+    function = at.function if "." not in at.function else None
+    what = f"a generated call of {function}" if function else f"the snippet {snippet}"
+    not_run = ProbeVerdict.NOT_RUN
+    if not function and snippet is None:
+        return Judgement(release.version, not_run, what, "a method and no snippet")
+    published = cases.Release(release.version, f"v{release.version}", release.sdist)
+    try:
+        python = envs.python_for(layout, project, published)
+    except WorkspaceError as error:
+        return Judgement(release.version, not_run, what, f"does not install here: {error}")
+    root = probe.unpacked(fetch_sdist(layout, release.sdist),
+                          layout.work / "probes" / f"{project.name}-{release.version}")  # fmt: skip
+    tree = Tree(f"probe-{release.version}", TreeRole.RELEASE, root, release.version, "",
+                "the PyPI sdist", project, python)  # fmt: skip
+    run = Run(layout.new_run_dir(f"probe-{project.name}-{release.version}"), tree, layout)
+    out = run.run_dir / "probe.json"
+    lines = sorted({place.line for place in finding.found if place.file == at.file})
+    command = [python, "-m", "hostsync.probe", "--file", file, "--out", str(out), "--lines",
+               *map(str, lines)]  # fmt: skip
+    command += ["--function", function] if function else ["--snippet", str(snippet)]
+    try:
+        status = run_group(run, command, timeout=timeout)
+    except RunFailed as error:
+        return Judgement(release.version, not_run, what, str(error))
+    if status != 0 or not out.exists():
+        return Judgement(release.version, not_run, what,
+                         f"the probe exited with status {status}: see {run.log_file}")  # fmt: skip
+    return verdict_of(release.version, what, ProbeRun.from_json(json.loads(out.read_text())),
+                      lines)  # fmt: skip
+
+
+def verdict_of(version: str, what: str, seen: ProbeRun, lines: list[int]) -> Judgement:
+    """A probe's run as a verdict: a read at one of the site's `lines`, a line that ran and
+    read nothing, or not run (an error, or the lines never reached)."""
+    if seen.error:
+        return Judgement(version, ProbeVerdict.NOT_RUN, what, seen.error)
+    if not seen.reached:
+        return Judgement(version, ProbeVerdict.NOT_RUN, what,
+                         f"the probe did not reach line {', '.join(map(str, lines))}")  # fmt: skip
+    read = [r for r in seen.reads if int(r.rpartition(":")[2]) in seen.reached]
+    verdict = ProbeVerdict.READ if read else ProbeVerdict.NO_READ
+    return Judgement(version, verdict, what, "; ".join(read) or "ran, read nothing")
+
+
+def judged_boundaries(reader: Reader, target: Target, made: SiteHistory, snippet: Path | None,
+                      timeout: float) -> SiteHistory:  # fmt: skip
+    """Where the site's reads begin, judged by running: the text's first release, and where
+    its line runs without reading a device value there, the first later release whose line
+    does (bisected up to the anchor). A release that cannot run leaves the text's boundary."""
+    releases = reader.releases(target.project)
+    versions = [r.version for r in releases]
+    runs: dict[int, Judgement] = {}
+
+    def reads(index: int) -> bool:
+        if index not in runs:
+            finding = reader.finding(target.project, releases[index], target.site)
+            runs[index] = judge_release(reader.layout, target.project, releases[index], finding,
+                                        snippet, timeout)  # fmt: skip
+        if runs[index].verdict == ProbeVerdict.NOT_RUN:
+            raise _NotRun
+        return runs[index].verdict == ProbeVerdict.READ
+
+    first, anchor = versions.index(made.first), versions.index(made.anchor)
+    decided, older, newer = Decided.TEXT, made.before_first, made.first
+    try:
+        if reads(first):
+            decided = Decided.JUDGED
+        elif reads(anchor):
+            span = range(first, anchor + 1)
+            start, _ = bisect_run(len(span), len(span) - 1, lambda i: reads(span[i]))
+            decided, older, newer = Decided.JUDGED, versions[span[start] - 1], versions[span[start]]
+    except _NotRun:
+        pass
+    judged = tuple(runs[i] for i in sorted(runs))
+    return dataclasses.replace(made, boundaries=(Boundary("first", older, newer, decided, judged),))
+
+
 def bisect_sites(layout: Layout, reader: Reader, targets: list[Target], settings: Settings,
                  case: cases.Case | None) -> BisectResult:  # fmt: skip
     """Each target's history, narrowed to a commit in the home project's `--remote`, judged by
@@ -343,6 +438,13 @@ def bisect_sites(layout: Layout, reader: Reader, targets: list[Target], settings
             made = dataclasses.replace(made, narrowed=narrowed)
         if settings.judge and case and target.project == home:
             made = judged(layout, case, made, settings, checks)
+        if settings.judge:
+            snippet = case and case.card.repro.snippet and layout.repro / case.card.repro.snippet
+            made = judged_boundaries(reader, target, made, snippet or None, settings.timeout)
+        else:
+            made = dataclasses.replace(
+                made, boundaries=(Boundary("first", made.before_first, made.first, Decided.TEXT),)
+            )
         histories.append(made)
     return BisectResult(
         stamp=provenance.stamp(layout, measured_against),
@@ -379,9 +481,11 @@ def parser() -> argparse.ArgumentParser:
                         help="the remote's release tags (default: as the case's pinned tag,"
                         f" else {DEFAULT_TAG_FORMAT})")  # fmt: skip
     parser.add_argument("--judge", action="store_true",
-                        help="also run the case's tests on the boundary releases, as test-patch"
-                        " --release does (expensive: a tree and an environment each)")  # fmt: skip
-    add_timeout(parser, "one pytest run (--judge)")
+                        help="judge where the reads begin by running: the site under the detector"
+                        " on the boundary releases, each in an environment built for it, and with"
+                        " --case the case's tests there too, as test-patch --release does"
+                        " (expensive: a tree and an environment each)")  # fmt: skip
+    add_timeout(parser, "one pytest run or probe (--judge)")
     return parser
 
 
@@ -393,8 +497,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise WorkspaceError("--project needs --file and --code or --function: name the site")
     if not args.project and (args.file or args.code or args.function):
         raise WorkspaceError("--file, --code and --function name a site of --project: add it")
-    if args.project and args.judge:
-        raise WorkspaceError("--judge runs a case's tests: use it with --case")
     if args.remote and not _is_repository(args.remote):
         raise WorkspaceError(
             f"--remote {args.remote} is no git repository: give a local clone or mirror of the"
@@ -451,7 +553,7 @@ def report(layout: Layout, folder: Path, result: BisectResult) -> None:
 
 
 SUMMARY = ("site", "project", "first", "last", "before first", "after last", "contiguous",
-           "added by", "removed by")  # fmt: skip
+           "reads since", "added by", "removed by")  # fmt: skip
 
 
 def _summary(history: SiteHistory) -> list[object]:
@@ -463,8 +565,11 @@ def _summary(history: SiteHistory) -> list[object]:
         else None
         for change in (Change.ADDED, Change.REMOVED)
     ]
+    since = next((f"{b.newer} ({b.decided})" for b in history.boundaries if b.side == "first"),
+                 None)  # fmt: skip
     return [presence.described(history.site), history.project, history.first, history.last,
-            history.before_first, history.after_last, history.contiguous, *commits]  # fmt: skip
+            history.before_first, history.after_last, history.contiguous, since,
+            *commits]  # fmt: skip
 
 
 def render(result: BisectResult, source: str) -> str:
@@ -480,6 +585,7 @@ def render(result: BisectResult, source: str) -> str:
         out += ["", f"## {history.project}: {presence.described(history.site)}", ""]
         out.append(_sentence(history))
         out += ["", *[f"- {note}" for note in history.notes]]
+        out += [line for boundary in history.boundaries for line in ("", _boundary(boundary))]
         out += [line for narrowed in history.narrowed for line in ("", _narrowed(narrowed))]
         rows = [
             (release.version, release.uploaded, release.finding.presence,
@@ -506,6 +612,15 @@ def _sentence(history: SiteHistory) -> str:
         else f"through {history.last}, the newest"
     )
     return f"There {since}, {until}; in {history.first} at {where}."
+
+
+def _boundary(boundary: Boundary) -> str:
+    """How a boundary was decided, and each run tried for it."""
+    older = f"{boundary.older} and " if boundary.older else ""
+    runs = "; ".join(f"{run.version}: {run.verdict} ({run.probe}: {run.reason})"
+                     for run in boundary.judged)  # fmt: skip
+    tried = f" Runs: {runs}." if runs else " Not judged by running (bisect --judge runs it)."
+    return f"The reads begin between {older}{boundary.newer}, by {boundary.decided}.{tried}"
 
 
 def _narrowed(narrowed: GitNarrowing) -> str:
