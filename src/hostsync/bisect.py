@@ -412,7 +412,17 @@ def judged_boundaries(reader: Reader, target: Target, made: SiteHistory, snippet
     except _NotRun:
         pass
     judged = tuple(runs[i] for i in sorted(runs))
-    return dataclasses.replace(made, boundaries=(Boundary("first", older, newer, decided, judged),))
+    return dataclasses.replace(made, boundaries=(first_boundary(older, newer, decided, judged),))
+
+
+def first_boundary(older: str | None, newer: str, decided: Decided,
+                   judged: tuple[Judgement, ...] = ()) -> Boundary:  # fmt: skip
+    """Where the reads begin, with the words a draft says it in."""
+    if decided == Decided.JUDGED:
+        how = "run under a sync detector"
+    else:
+        how = "from the source text; it did not run here" if judged else "from the source text"
+    return Boundary("first", older, newer, decided, f"{newer} ({how})", judged)
 
 
 def bisect_sites(layout: Layout, reader: Reader, targets: list[Target], settings: Settings,
@@ -442,9 +452,8 @@ def bisect_sites(layout: Layout, reader: Reader, targets: list[Target], settings
             snippet = case and case.card.repro.snippet and layout.repro / case.card.repro.snippet
             made = judged_boundaries(reader, target, made, snippet or None, settings.timeout)
         else:
-            made = dataclasses.replace(
-                made, boundaries=(Boundary("first", made.before_first, made.first, Decided.TEXT),)
-            )
+            boundary = first_boundary(made.before_first, made.first, Decided.TEXT)
+            made = dataclasses.replace(made, boundaries=(boundary,))
         histories.append(made)
     return BisectResult(
         stamp=provenance.stamp(layout, measured_against),
@@ -585,7 +594,7 @@ def render(result: BisectResult, source: str) -> str:
         out += ["", f"## {history.project}: {presence.described(history.site)}", ""]
         out.append(_sentence(history))
         out += ["", *[f"- {note}" for note in history.notes]]
-        out += [line for boundary in history.boundaries for line in ("", _boundary(boundary))]
+        out += [line for boundary in history.boundaries for line in ("", _decided(boundary))]
         out += [line for narrowed in history.narrowed for line in ("", _narrowed(narrowed))]
         rows = [
             (release.version, release.uploaded, release.finding.presence,
@@ -614,7 +623,7 @@ def _sentence(history: SiteHistory) -> str:
     return f"There {since}, {until}; in {history.first} at {where}."
 
 
-def _boundary(boundary: Boundary) -> str:
+def _decided(boundary: Boundary) -> str:
     """How a boundary was decided, and each run tried for it."""
     older = f"{boundary.older} and " if boundary.older else ""
     runs = "; ".join(f"{run.version}: {run.verdict} ({run.probe}: {run.reason})"

@@ -1009,12 +1009,14 @@ class Decided(StrEnum):
 class Boundary(Record):
     """Where a site's reads begin (`side` first) or end (last), between the releases `older`
     (None: the oldest searched) and `newer`, and how that was decided: a judged run on both
-    sides, else the source's text (its syntax tree) alone, with the runs tried."""
+    sides, else the source's text (its syntax tree) alone, with the runs tried; `stated` is
+    how a draft says it: the release and what it rests on."""
 
     side: str
     older: str | None
     newer: str
     decided: Decided
+    stated: str
     judged: tuple[Judgement, ...] = ()
 
 
