@@ -344,7 +344,23 @@ def history_over(tmp_path: Path, monkeypatch, project: str, releases: dict[str, 
 
 
 def test_a_read_under_other_local_names_is_the_same_read(tmp_path: Path, monkeypatch) -> None:
+    elsewhere = textwrap.dedent("""
+        class DPOTrainer:
+            def __init__(self, smoothing):
+                if smoothing > 0:
+                    self.smoothing = smoothing
+
+            def compute_loss(self, model, inputs):
+                return 0
+    """)
     releases = {
+        # Before the trainer has the function: a local compared with 0 in another trainer is
+        # no copy of the read (only its literal text would be).
+        "0.0.1": {
+            "trl/__init__.py": "",
+            "trl/trainer/dpo_trainer.py": elsewhere,
+            METRICS: "class SFTTrainer:\n    pass\n",
+        },
         "0.1.0": trl_release(valid="self.valid"),
         "0.2.0": trl_release(valid="total_sum"),
         "0.3.0": trl_release(valid="total_tokens"),
@@ -356,6 +372,7 @@ def test_a_read_under_other_local_names_is_the_same_read(tmp_path: Path, monkeyp
     # An attribute compared with 0 is no local value read: 0.1.0 lacks the read.
     assert (found.first, found.before_first, found.contiguous) == ("0.2.0", "0.1.0", True)
     evidence = {release.version: release.finding for release in found.releases}
+    assert evidence["0.0.1"].presence == Presence.MISSING
     (where,) = evidence["0.2.0"].found
     assert where.function == "SFTTrainer.compute_loss"
     assert where.code == "(correct / total_sum).item() if total_sum > 0 else 0.0"

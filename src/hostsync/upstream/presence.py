@@ -219,12 +219,12 @@ def _structural_lines(pattern: ast.AST, parsed: _Parsed) -> Iterator[int]:
                 yield node.lineno
 
 
-def _candidates(rule: AllowRule, parsed: _Parsed) -> Iterator[int]:
+def _candidates(rule: AllowRule, parsed: _Parsed, literal: bool = False) -> Iterator[int]:
     """The lines of `parsed` that may hold the rule's site: those holding its code (its syntax
-    tree where it parses, else its text), else the first line of each function of its name
-    (the rule names the whole function)."""
+    tree where it parses and not `literal`, else its text), else the first line of each
+    function of its name (the rule names the whole function)."""
     pattern = _pattern(rule.code)
-    if pattern is not None and parsed.parses:
+    if pattern is not None and parsed.parses and not literal:
         yield from sorted(set(_structural_lines(pattern, parsed)))
     elif rule.code:
         yield from (n for n, line in enumerate(parsed.lines, 1) if rule.code in line)
@@ -234,15 +234,18 @@ def _candidates(rule: AllowRule, parsed: _Parsed) -> Iterator[int]:
 
 def _sites(rule: AllowRule, files: list[_Parsed], anywhere: bool) -> list[tuple[_Parsed, Site]]:
     """The lines of `files` the rule, its caller aside, accepts. `anywhere` looks past the place
-    it names: its code in any file and function, or without code its function in any file."""
+    it names: its code's text in any file and function (its syntax tree, less particular, only
+    in a function of the rule's name), or without code its function in any file."""
     found = []
     for parsed in files:
         # The candidates hold the code already, as text or as a syntax tree.
         own = dataclasses.replace(rule, caller=None, line=None, code=None)
+        literal = False
         if anywhere:
-            function = None if rule.code else rule.function
+            literal = bool(rule.code) and any(rule.code in line for line in parsed.lines)
+            function = None if literal else rule.function
             own = dataclasses.replace(own, file=parsed.file, function=function)
-        found += [(parsed, site) for site in map(parsed.site, _candidates(rule, parsed))
+        found += [(parsed, site) for site in map(parsed.site, _candidates(rule, parsed, literal))
                   if own.matches(site)]  # fmt: skip
     return found
 
