@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from hostsync import cases, envs, locks, patch_proof, probe, projects, provenance, results, table
+from hostsync import cases, judge, locks, patch_proof, projects, provenance, results, table
 from hostsync.errors import WorkspaceError
-from hostsync.launchers import Run, RunFailed, run_group
 from hostsync.layout import Layout
 from hostsync.options import add_case, add_timeout, case_layouts
 from hostsync.projects import Project
@@ -47,18 +45,15 @@ from hostsync.records import (
     Finding,
     GitNarrowing,
     Judgement,
-    ProbeRun,
     ProbeVerdict,
     ReleaseEvidence,
     SiteHistory,
-    Tree,
-    TreeRole,
 )
 from hostsync.sites import AllowRule
 from hostsync.upstream import presence, sdists
 from hostsync.upstream.git import git, rev
 from hostsync.upstream.releases import tag_format
-from hostsync.upstream.sdists import Published, fetch_sdist
+from hostsync.upstream.sdists import Published
 
 ASSUMPTION = (
     "bisected on presence, assuming the site is there in one contiguous run of releases; the"
@@ -333,55 +328,6 @@ class _NotRun(Exception):
     """A judged search stopped at a release its probe could not run."""
 
 
-def judge_release(layout: Layout, project: Project, release: Published, finding: Finding,
-                  snippet: Path | None, timeout: float) -> Judgement:  # fmt: skip
-    """The site's lines in `release` run under the detector in an environment built for it."""
-    at = finding.found[0]
-    file = str(PurePosixPath(at.file).relative_to(PurePosixPath(project.import_root)))
-    function = at.function if "." not in at.function else None
-    what = f"a generated call of {function}" if function else f"the snippet {snippet}"
-    not_run = ProbeVerdict.NOT_RUN
-    if not function and snippet is None:
-        return Judgement(release.version, not_run, what, "a method and no snippet")
-    published = cases.Release(release.version, f"v{release.version}", release.sdist)
-    try:
-        python = envs.python_for(layout, project, published)
-    except WorkspaceError as error:
-        return Judgement(release.version, not_run, what, f"does not install here: {error}")
-    root = probe.unpacked(fetch_sdist(layout, release.sdist),
-                          layout.work / "probes" / f"{project.name}-{release.version}")  # fmt: skip
-    tree = Tree(f"probe-{release.version}", TreeRole.RELEASE, root, release.version, "",
-                "the PyPI sdist", project, python)  # fmt: skip
-    run = Run(layout.new_run_dir(f"probe-{project.name}-{release.version}"), tree, layout)
-    out = run.run_dir / "probe.json"
-    lines = sorted({place.line for place in finding.found if place.file == at.file})
-    command = [python, "-m", "hostsync.probe", "--file", file, "--out", str(out), "--lines",
-               *map(str, lines)]  # fmt: skip
-    command += ["--function", function] if function else ["--snippet", str(snippet)]
-    try:
-        status = run_group(run, command, timeout=timeout)
-    except RunFailed as error:
-        return Judgement(release.version, not_run, what, str(error))
-    if status != 0 or not out.exists():
-        return Judgement(release.version, not_run, what,
-                         f"the probe exited with status {status}: see {run.log_file}")  # fmt: skip
-    return verdict_of(release.version, what, ProbeRun.from_json(json.loads(out.read_text())),
-                      lines)  # fmt: skip
-
-
-def verdict_of(version: str, what: str, seen: ProbeRun, lines: list[int]) -> Judgement:
-    """A probe's run as a verdict: a read at one of the site's `lines`, a line that ran and
-    read nothing, or not run (an error, or the lines never reached)."""
-    if seen.error:
-        return Judgement(version, ProbeVerdict.NOT_RUN, what, seen.error)
-    if not seen.reached:
-        return Judgement(version, ProbeVerdict.NOT_RUN, what,
-                         f"the probe did not reach line {', '.join(map(str, lines))}")  # fmt: skip
-    read = [r for r in seen.reads if int(r.rpartition(":")[2]) in seen.reached]
-    verdict = ProbeVerdict.READ if read else ProbeVerdict.NO_READ
-    return Judgement(version, verdict, what, "; ".join(read) or "ran, read nothing")
-
-
 def judged_boundaries(reader: Reader, target: Target, made: SiteHistory, snippet: Path | None,
                       timeout: float) -> SiteHistory:  # fmt: skip
     """Where the site's reads begin, judged by running: the text's first release, and where
@@ -393,9 +339,10 @@ def judged_boundaries(reader: Reader, target: Target, made: SiteHistory, snippet
 
     def reads(index: int) -> bool:
         if index not in runs:
-            finding = reader.finding(target.project, releases[index], target.site)
-            runs[index] = judge_release(reader.layout, target.project, releases[index], finding,
-                                        snippet, timeout)  # fmt: skip
+            release = releases[index]
+            finding = reader.finding(target.project, release, target.site)
+            runs[index] = judge.release(reader.layout, target.project, release.version,
+                                        release.sdist, finding, snippet, timeout)  # fmt: skip
         if runs[index].verdict == ProbeVerdict.NOT_RUN:
             raise _NotRun
         return runs[index].verdict == ProbeVerdict.READ
@@ -449,8 +396,8 @@ def bisect_sites(layout: Layout, reader: Reader, targets: list[Target], settings
         if settings.judge and case and target.project == home:
             made = judged(layout, case, made, settings, checks)
         if settings.judge:
-            snippet = case and case.card.repro.snippet and layout.repro / case.card.repro.snippet
-            made = judged_boundaries(reader, target, made, snippet or None, settings.timeout)
+            snippet = judge.snippet_of(layout, case)
+            made = judged_boundaries(reader, target, made, snippet, settings.timeout)
         else:
             boundary = first_boundary(made.before_first, made.first, Decided.TEXT)
             made = dataclasses.replace(made, boundaries=(boundary,))

@@ -1064,10 +1064,14 @@ class ProjectWatch(Record):
 
 @dataclass(frozen=True)
 class SiteWatch(Record):
+    """One of a case's sites in its project's newest release; judged by running there when
+    asked (`watch --tests`), as bisect --judge judges a release."""
+
     project: str
     version: str
     site: AllowRule
     finding: Finding = field(metadata=FLAT)
+    judged: Judgement | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
