@@ -475,45 +475,59 @@ NORMS = """
 
 
 def clip_release(item: str | None) -> dict[str, str]:
+    """The release's files; `item` "broken" fails at import, as an old release does with a
+    newer torch."""
     text = textwrap.dedent(NORMS.format(item=item)) if item is not None else "import torch\n"
+    if item == "broken":
+        text = "raise ImportError('an older torch')\n" + textwrap.dedent(NORMS.format(item=""))
     return {"deepspeed/__init__.py": "", "deepspeed/runtime/__init__.py": "", CLIP_UTILS: text}
 
 
-@pytest.mark.distributed  # a process per judged release
-def test_a_value_that_turns_from_float_to_tensor_is_judged_by_running(tmp_path: Path) -> None:
-    releases = {"0.1.0": None, "0.2.0": ".item()", "0.3.0": ".item()", "0.4.0": "",
-                "0.5.0": ""}  # fmt: skip
+def judged_history(tmp_path: Path, releases: dict[str, str | None]) -> dict:
+    """`bisect --judge` of the clip's `clip_coef < 1` over `releases` (version: how the norm
+    is returned; None: no clip), in the test's own interpreter as a prepared environment."""
     for version, item in releases.items():
         make_sdist(tmp_path / "index" / "files" / "deepspeed", "deepspeed", version,
                    clip_release(item), requires=("torch",))  # fmt: skip
     layout = own_downloads(make_workspace(tmp_path / "workspace"))
     with serving(tmp_path / "index") as url:
-        # The test's own interpreter is the environment (a prepared one): nothing is installed.
-        done = hostsync(
-            layout,
-            "bisect",
-            "--project",
-            "deepspeed",
-            "--file",
-            CLIP_UTILS,
-            "--function",
-            "clip_tensors_by_global_norm",
-            "--code",
-            "clip_coef < 1",
-            "--judge",
-            env_extra={sdists.INDEX_ENV: url, "HOSTSYNC_PREPARED": "1"},
-        )
-
+        done = hostsync(layout, "bisect", "--project", "deepspeed", "--file", CLIP_UTILS,
+                        "--function", "clip_tensors_by_global_norm", "--code", "clip_coef < 1",
+                        "--judge", env_extra={sdists.INDEX_ENV: url, "HOSTSYNC_PREPARED": "1"},
+                        )  # fmt: skip
     assert done.returncode == 0, done.stderr
     (path,) = layout.sites.glob("bisect-*.json")
-    site = history_of(path)
+    return history_of(path) | {"report": (layout.sites / "bisect.md").read_text()}
+
+
+@pytest.mark.distributed  # a process per judged release
+def test_a_value_that_turns_from_float_to_tensor_is_judged_by_running(tmp_path: Path) -> None:
+    site = judged_history(tmp_path, {"0.1.0": None, "0.2.0": ".item()", "0.3.0": ".item()",
+                                     "0.4.0": "", "0.5.0": ""})  # fmt: skip
+
     assert (site["first"], site["before_first"]) == ("0.2.0", "0.1.0")  # the text's boundary
     (boundary,) = site["boundaries"]
     assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
         "0.3.0", "0.4.0", "judged run",
     )  # fmt: skip
+    assert boundary["stated"] == "0.4.0 (run under a sync detector)"
     verdicts = {run["version"]: run["verdict"] for run in boundary["judged"]}
-    assert verdicts["0.2.0"] == verdicts["0.3.0"] == "line present, no device read"
+    assert verdicts["0.3.0"] == "line present, no device read"
     assert verdicts["0.4.0"] == verdicts["0.5.0"] == "device read"
-    report = (layout.sites / "bisect.md").read_text()
-    assert "The reads begin between 0.3.0 and 0.4.0, by judged run" in report
+    assert "The reads begin between 0.3.0 and 0.4.0, by judged run" in site["report"]
+
+
+@pytest.mark.distributed  # a process per judged release
+def test_a_release_that_does_not_run_leaves_the_texts_boundary(tmp_path: Path) -> None:
+    site = judged_history(tmp_path, {"0.1.0": None, "0.2.0": ".item()", "0.3.0": "broken",
+                                     "0.4.0": "", "0.5.0": ""})  # fmt: skip
+
+    (boundary,) = site["boundaries"]
+    assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
+        "0.1.0", "0.2.0", "text match",
+    )  # fmt: skip
+    assert boundary["stated"].startswith("0.2.0 (by the source text; run under a sync detector,"
+                                         " 0.4.0 reads")  # fmt: skip
+    (not_run,) = [run for run in boundary["judged"] if run["version"] == "0.3.0"]
+    assert not_run["verdict"] == "not run"
+    assert "ImportError: an older torch" in not_run["reason"]

@@ -324,52 +324,56 @@ def judged(layout: Layout, case: cases.Case, made: SiteHistory, settings: Settin
     return dataclasses.replace(made, releases=releases)
 
 
-class _NotRun(Exception):
-    """A judged search stopped at a release its probe could not run."""
-
-
 def judged_boundaries(reader: Reader, target: Target, made: SiteHistory, snippet: Path | None,
                       timeout: float) -> SiteHistory:  # fmt: skip
-    """Where the site's reads begin, judged by running: the text's first release, and where
-    its line runs without reading a device value there, the first later release whose line
-    does (bisected up to the anchor). A release that cannot run leaves the text's boundary."""
+    """Where the site's reads begin, judged by running, between the text's first release and
+    the anchor (which must read): bisected on "device read", a release that runs its line
+    without one, or does not run here, counting as before the reads. The boundary is judged
+    where the release before the oldest that reads ran and read nothing (or, before the text's
+    first release, lacks the line); else it stays the text's, with the runs tried."""
     releases = reader.releases(target.project)
     versions = [r.version for r in releases]
     runs: dict[int, Judgement] = {}
 
-    def reads(index: int) -> bool:
+    def verdict(index: int) -> ProbeVerdict:
         if index not in runs:
             release = releases[index]
             finding = reader.finding(target.project, release, target.site)
             runs[index] = judge.release(reader.layout, target.project, release.version,
                                         release.sdist, finding, snippet, timeout)  # fmt: skip
-        if runs[index].verdict == ProbeVerdict.NOT_RUN:
-            raise _NotRun
-        return runs[index].verdict == ProbeVerdict.READ
+        return runs[index].verdict
 
     first, anchor = versions.index(made.first), versions.index(made.anchor)
-    decided, older, newer = Decided.TEXT, made.before_first, made.first
-    try:
-        if reads(first):
-            decided = Decided.JUDGED
-        elif reads(anchor):
-            span = range(first, anchor + 1)
-            start, _ = bisect_run(len(span), len(span) - 1, lambda i: reads(span[i]))
-            decided, older, newer = Decided.JUDGED, versions[span[start] - 1], versions[span[start]]
-    except _NotRun:
-        pass
+    boundary = first_boundary(made.before_first, made.first, Decided.TEXT)
+    if verdict(anchor) == ProbeVerdict.READ:
+        low, high = first, anchor
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (
+                (low, middle) if verdict(middle) == ProbeVerdict.READ else (middle + 1, high)
+            )
+        if high == first or verdict(high - 1) == ProbeVerdict.NO_READ:
+            older = versions[high - 1] if high > 0 else None
+            boundary = first_boundary(older, versions[high], Decided.JUDGED)
+        else:
+            boundary = first_boundary(made.before_first, made.first, Decided.TEXT,
+                                      reading=versions[high])  # fmt: skip
     judged = tuple(runs[i] for i in sorted(runs))
-    return dataclasses.replace(made, boundaries=(first_boundary(older, newer, decided, judged),))
+    return dataclasses.replace(made, boundaries=(dataclasses.replace(boundary, judged=judged),))
 
 
 def first_boundary(older: str | None, newer: str, decided: Decided,
-                   judged: tuple[Judgement, ...] = ()) -> Boundary:  # fmt: skip
-    """Where the reads begin, with the words a draft says it in."""
+                   reading: str | None = None) -> Boundary:  # fmt: skip
+    """Where the reads begin, with the words a draft says it in; `reading`: the oldest release
+    a run saw read, where the releases before it could not be judged."""
     if decided == Decided.JUDGED:
         how = "run under a sync detector"
+    elif reading:
+        how = (f"by the source text; run under a sync detector, {reading} reads, older releases"
+               " did not run here")  # fmt: skip
     else:
-        how = "from the source text; it did not run here" if judged else "from the source text"
-    return Boundary("first", older, newer, decided, f"{newer} ({how})", judged)
+        how = "by the source text, not run"
+    return Boundary("first", older, newer, decided, f"{newer} ({how})")
 
 
 def bisect_sites(layout: Layout, reader: Reader, targets: list[Target], settings: Settings,

@@ -31,6 +31,8 @@ def release(layout: Layout, project: Project, version: str, sdist: Sdist, findin
             snippet: Path | None, timeout: float) -> Judgement:  # fmt: skip
     """The site's lines (as `finding` places them) run under the detector on `version`, in an
     environment built for it."""
+    if not finding.found:
+        return Judgement(version, ProbeVerdict.NOT_RUN, "no probe", "its source lacks the site")
     at = finding.found[0]
     file = str(PurePosixPath(at.file).relative_to(PurePosixPath(project.import_root)))
     function = at.function if "." not in at.function else None

@@ -58,10 +58,12 @@ def _run(args: argparse.Namespace) -> ProbeRun:
         return None
 
     module = str(PurePosixPath(args.file).with_suffix("")).replace("/", ".")
-    call = generated_call(module, args.function) if args.function else None
-    namespace = vars(importlib.import_module(module)) | {"torch": torch}
-    sys.settrace(trace)
-    try:
+    what = args.function or Path(args.snippet).name
+    try:  # old releases fail anywhere here: at import, in the call
+        call = generated_call(module, args.function) if args.function else None
+        namespace = vars(importlib.import_module(module)) | {"torch": torch} if call else {}
+        what = call or what
+        sys.settrace(trace)
         with SyncScope() as scope:
             if call:
                 eval(call, namespace)
@@ -70,7 +72,7 @@ def _run(args: argparse.Namespace) -> ProbeRun:
     except BaseException as error:
         sys.settrace(None)
         line = traceback.format_exception_only(error)[-1].strip()
-        return ProbeRun(tuple(sorted(reached)), (), f"{call or Path(args.snippet).name}: {line}")
+        return ProbeRun(tuple(sorted(reached)), (), f"{what}: {line}")
     sys.settrace(None)
     reads = [f"{site.file}:{site.line}" for site in scope.counts()
              if suffix_matches(site.file, args.file)]  # fmt: skip
