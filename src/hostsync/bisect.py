@@ -11,10 +11,19 @@ and went is noticed (`contiguous` false, and the notes say where). Each sdist is
 once into the shared cache, verified against the index's sha256, and read without unpacking
 (`upstream.presence`).
 
+A site is found by what it does (`upstream.presence`): its code on the syntax tree, local names
+abstracted, and its function followed, from the anchor's body, where it was renamed, moved or
+inlined. That is still text: `--judge` decides where the reads begin by running them
+(`hostsync.judge`): the site under the detector on the releases between the text's first and
+the anchor, bisected on "device read", each in an environment built for it; a release whose line
+runs without a device read (a value still a Python number there) moves the boundary on, one
+that does not install or run is "not run" and leaves the text's boundary. Each boundary records
+which it rests on, and the words a draft says it in (`stated`). `--judge` also runs the case's
+tests on the boundary releases through test-patch's checks (expensive).
+
 `--remote` (a local clone or mirror with the release tags) narrows each boundary to the commits
 between its two releases (the first-parent path), bisected the same way, down to the commit that
-added (or removed) the site and the pull request its subject names. `--judge` runs
-the case's tests on the boundary releases through test-patch's checks (expensive).
+added (or removed) the site and the pull request its subject names.
 
 Writes profiles/<case>/bisect-<time>.json (profiles/sites/ for a site named on the command line)
 with its Markdown beside it, and bisect.md from the newest.
