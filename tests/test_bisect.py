@@ -531,3 +531,52 @@ def test_a_release_that_does_not_run_leaves_the_texts_boundary(tmp_path: Path) -
     (not_run,) = [run for run in boundary["judged"] if run["version"] == "0.3.0"]
     assert not_run["verdict"] == "not run"
     assert "ImportError: an older torch" in not_run["reason"]
+
+
+@pytest.mark.distributed  # a process per judged release and commit
+def test_the_commit_that_made_the_read_is_found_by_running(tmp_path: Path) -> None:
+    repo, index = tmp_path / "deepspeed.git", tmp_path / "index"
+    repo.mkdir()
+    git(repo, "init", "--quiet", "--initial-branch=master")
+    history = (
+        ("Initial import", None, "0.1.0"),
+        ("Add global norm clipping (#5)", ".item()", "0.2.0"),
+        ("Tidy the clip (#6)", ".item()  # a float", None),
+        ("Keep the global norm on the device (#77)", "", None),
+        ("Log the clip (#78)", "  # a tensor", "0.3.0"),
+        ("Release (#80)", "  # a tensor", "0.4.0"),
+    )
+    for number, (subject, item, version) in enumerate(history):
+        files = clip_release(item)
+        for path, text in files.items():
+            (repo / path).parent.mkdir(parents=True, exist_ok=True)
+            (repo / path).write_text(text)
+        date = f"@{1_700_000_000 + 86400 * number} +0000"
+        git(repo, "add", "--all")
+        git(repo, "commit", "--quiet", "--allow-empty", "-m", subject,
+            env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
+        if version:
+            git(repo, "tag", f"v{version}")
+            make_sdist(index / "files" / "deepspeed", "deepspeed", version, files,
+                       requires=("torch",))  # fmt: skip
+    layout = own_downloads(make_workspace(tmp_path / "workspace"))
+    with serving(index) as url:
+        done = hostsync(layout, "bisect", "--project", "deepspeed", "--file", CLIP_UTILS,
+                        "--function", "clip_tensors_by_global_norm", "--code", "clip_coef < 1",
+                        "--judge", "--remote", str(repo),
+                        env_extra={sdists.INDEX_ENV: url, "HOSTSYNC_PREPARED": "1"})  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    (path,) = layout.sites.glob("bisect-*.json")
+    site = history_of(path)
+    (boundary,) = site["boundaries"]
+    assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
+        "0.2.0", "0.3.0", "judged run",
+    )  # fmt: skip
+    (reading,) = [n for n in site["narrowed"] if n["change"] == "made a device read"]
+    assert (reading["older"], reading["newer"], reading["commits"]) == ("v0.2.0", "v0.3.0", 3)
+    assert reading["first"]["subject"] == "Keep the global norm on the device (#77)"
+    assert (reading["first"]["verdict"], reading["pull_request"]) == ("device read", 77)
+    # The text's own narrowing finds the commit that added the line.
+    (added,) = [n for n in site["narrowed"] if n["change"] == "added"]
+    assert added["pull_request"] == 5

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from hostsync import cases, judge, locks, patch_proof, projects, provenance, results, table
+from hostsync import cases, envs, judge, locks, patch_proof, projects, provenance, results, table
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.options import add_case, add_timeout, case_layouts
@@ -223,10 +223,12 @@ def history(reader: Reader, target: Target) -> SiteHistory:
 
 
 def narrow(remote: Path, project: Project, site: AllowRule, older: str, newer: str,
-           change: Change, reference: presence.Body | None = None) -> GitNarrowing:  # fmt: skip
+           change: Change, reference: presence.Body | None = None,
+           run: Callable[[str, Finding], Judgement] | None = None) -> GitNarrowing:  # fmt: skip
     """The first commit on the first-parent path from tag `older` to tag `newer` whose tree is
-    in `newer`'s state (the site added, or removed), bisected on presence (the site's function
-    followed by `reference`), and its pull request."""
+    in `newer`'s state (the site added, removed, or with `run` its line made a device read),
+    bisected on that state (the site's function followed by `reference`), and its pull
+    request."""
     narrowing = GitNarrowing(str(remote), older, newer, change, 0, (), None, None)
     missing = [tag for tag in (older, newer) if not rev(remote, tag)]
     if missing:
@@ -241,25 +243,48 @@ def narrow(remote: Path, project: Project, site: AllowRule, older: str, newer: s
                                     revision).stdout.strip().split("\0")  # fmt: skip
         if commit not in probed:
             sources = presence.git_sources(remote, commit, project)
-            found = presence.locate(site, sources, project, reference).presence
-            probed[commit] = CommitEvidence(commit, date, subject, found)
+            found = presence.locate(site, sources, project, reference)
+            verdict = run(commit, found).verdict if run and found.presence.carried else None
+            probed[commit] = CommitEvidence(commit, date, subject, found.presence, verdict)
         return probed[commit]
 
-    def changed(index: int) -> bool:
-        return probe(commits[index]).presence.carried == (change == Change.ADDED)
+    def in_newer_state(evidence: CommitEvidence) -> bool:
+        if change == Change.READING:
+            return evidence.verdict == ProbeVerdict.READ
+        return evidence.presence.carried == (change == Change.ADDED)
 
-    ends = tuple(probe(tag).presence.carried for tag in (older, newer))
+    ends = tuple(in_newer_state(probe(tag)) for tag in (older, newer))
     narrowing = dataclasses.replace(narrowing, commits=len(commits))
-    if ends != (change == Change.REMOVED, change == Change.ADDED) or not commits:
-        states = [
-            f"{tag} {'carries' if end else 'lacks'} it"
-            for tag, end in zip((older, newer), ends, strict=True)
-        ]
-        note = f"the tags differ from the sdists ({', '.join(states)}): nothing narrowed"
+    if ends != (False, True) or not commits:
+        states = [f"{tag}: {probe(tag).verdict or probe(tag).presence}" for tag in (older, newer)]
+        note = f"the tags differ from the releases ({', '.join(states)}): nothing narrowed"
         return dataclasses.replace(narrowing, probed=tuple(probed.values()), note=note)
+    changed = lambda index: in_newer_state(probe(commits[index]))  # noqa: E731
     found = probe(commits[bisect_run(len(commits), len(commits) - 1, changed)[0]])
     return dataclasses.replace(narrowing, probed=tuple(probed.values()), first=found,
                                pull_request=pull_request(found.subject))  # fmt: skip
+
+
+def narrow_reads(layout: Layout, reader: Reader, target: Target, made: SiteHistory,
+                 settings: Settings, tags: str, snippet: Path | None) -> SiteHistory:  # fmt: skip
+    """Where a judged boundary's older release runs the line without a device read, the commit
+    that made it read: its value turned into a device tensor with the same text."""
+    (boundary,) = [b for b in made.boundaries if b.side == "first"]
+    ran = {run.version: run.verdict for run in boundary.judged}
+    if boundary.decided != Decided.JUDGED or ran.get(boundary.older) != ProbeVerdict.NO_READ:
+        return made
+    newer = next(r for r in reader.releases(target.project) if r.version == boundary.newer)
+    release = cases.Release(newer.version, tags.format(version=newer.version), newer.sdist)
+    python = envs.python_for(layout, target.project, release)
+
+    def run(commit: str, finding: Finding) -> Judgement:
+        return judge.revision(layout, target.project, settings.remote, commit, python, finding,
+                              snippet, settings.timeout)  # fmt: skip
+
+    narrowed = narrow(settings.remote, target.project, target.site,
+                      tags.format(version=boundary.older), tags.format(version=boundary.newer),
+                      Change.READING, reader.reference(target.site), run)  # fmt: skip
+    return dataclasses.replace(made, narrowed=(*made.narrowed, narrowed))
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -411,6 +436,8 @@ def bisect_sites(layout: Layout, reader: Reader, targets: list[Target], settings
         if settings.judge:
             snippet = judge.snippet_of(layout, case)
             made = judged_boundaries(reader, target, made, snippet, settings.timeout)
+            if settings.remote and target.project == home:
+                made = narrow_reads(layout, reader, target, made, settings, tags, snippet)
         else:
             boundary = first_boundary(made.before_first, made.first, Decided.TEXT)
             made = dataclasses.replace(made, boundaries=(boundary,))

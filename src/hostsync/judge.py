@@ -10,6 +10,9 @@ line). `bisect --judge`, `test_patch --release` and `watch --tests` judge the sa
 from __future__ import annotations
 
 import json
+import shutil
+import tarfile
+import tempfile
 from pathlib import Path, PurePosixPath
 
 from hostsync import cases, envs, probe
@@ -19,6 +22,7 @@ from hostsync.launchers import Run, RunFailed, run_group
 from hostsync.layout import Layout
 from hostsync.projects import Project
 from hostsync.records import Finding, Judgement, ProbeRun, ProbeVerdict, Tree, TreeRole
+from hostsync.upstream.git import git
 from hostsync.upstream.sdists import fetch_sdist
 
 
@@ -31,26 +35,55 @@ def release(layout: Layout, project: Project, version: str, sdist: Sdist, findin
             snippet: Path | None, timeout: float) -> Judgement:  # fmt: skip
     """The site's lines (as `finding` places them) run under the detector on `version`, in an
     environment built for it."""
-    if not finding.found:
-        return Judgement(version, ProbeVerdict.NOT_RUN, "no probe", "its source lacks the site")
-    at = finding.found[0]
-    file = str(PurePosixPath(at.file).relative_to(PurePosixPath(project.import_root)))
-    function = at.function if "." not in at.function else None
-    named = snippet.name if snippet else None
-    what = f"a generated call of {function}" if function else f"the snippet {named}"
-    not_run = ProbeVerdict.NOT_RUN
-    if not function and snippet is None:
-        return Judgement(version, not_run, what, "a method and no snippet")
-    published = cases.Release(version, f"v{version}", sdist)
     try:
-        python = envs.python_for(layout, project, published)
+        python = envs.python_for(layout, project, cases.Release(version, f"v{version}", sdist))
     except WorkspaceError as error:
-        return Judgement(version, not_run, what, f"does not install here: {error}")
+        what = _probe_of(finding, snippet)[1]
+        return Judgement(version, ProbeVerdict.NOT_RUN, what, f"does not install here: {error}")
     root = probe.unpacked(fetch_sdist(layout, sdist),
                           layout.work / "probes" / f"{project.name}-{version}")  # fmt: skip
-    tree = Tree(f"probe-{version}", TreeRole.RELEASE, root, version, "",
-                "the PyPI sdist", project, python)  # fmt: skip
-    run = Run(layout.new_run_dir(f"probe-{project.name}-{version}"), tree, layout)
+    return tree(layout, project, version, root, python, finding, snippet, timeout)
+
+
+def revision(layout: Layout, project: Project, repo: Path, commit: str, python: str,
+             finding: Finding, snippet: Path | None, timeout: float) -> Judgement:  # fmt: skip
+    """The site's lines run under the detector at `commit` of the git repository `repo`, with
+    the interpreter `python` (the environment of the release after it)."""
+    root = layout.work / "probes" / f"{project.name}-{commit[:12]}"
+    if not root.exists():
+        partial = root.with_name(root.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        with tempfile.NamedTemporaryFile(suffix=".tar") as archive:
+            git(repo, "archive", "--format=tar", f"--output={archive.name}", commit)
+            with tarfile.open(archive.name) as tar:
+                tar.extractall(partial, filter="data")
+        partial.rename(root)
+    return tree(layout, project, commit[:12], root, python, finding, snippet, timeout)
+
+
+def _probe_of(finding: Finding, snippet: Path | None) -> tuple[str | None, str]:
+    """The function the probe calls (None: it runs the snippet), and the probe in words."""
+    function = finding.found[0].function if finding.found else None
+    function = function if function and "." not in function else None
+    named = snippet.name if snippet else None
+    return function, f"a generated call of {function}" if function else f"the snippet {named}"
+
+
+def tree(layout: Layout, project: Project, label: str, root: Path, python: str,
+         finding: Finding, snippet: Path | None, timeout: float) -> Judgement:  # fmt: skip
+    """The site's lines run under the detector in the source tree `root` (`label`: its
+    release or commit), by the interpreter `python`, as a process group of its own."""
+    function, what = _probe_of(finding, snippet)
+    not_run = ProbeVerdict.NOT_RUN
+    if not finding.found:
+        return Judgement(label, not_run, what, "its source lacks the site")
+    if not function and snippet is None:
+        return Judgement(label, not_run, what, "a method and no snippet")
+    at = finding.found[0]
+    file = str(PurePosixPath(at.file).relative_to(PurePosixPath(project.import_root)))
+    source = Tree(f"probe-{label}", TreeRole.RELEASE, root, label, "", "probed", project, python)
+    run = Run(layout.new_run_dir(f"probe-{project.name}-{label}"), source, layout)
     out = run.run_dir / "probe.json"
     lines = sorted({place.line for place in finding.found if place.file == at.file})
     command = [python, "-m", "hostsync.probe", "--file", file, "--out", str(out), "--lines",
@@ -59,12 +92,11 @@ def release(layout: Layout, project: Project, version: str, sdist: Sdist, findin
     try:
         status = run_group(run, command, timeout=timeout)
     except RunFailed as error:
-        return Judgement(version, not_run, what, str(error))
+        return Judgement(label, not_run, what, str(error))
     if status != 0 or not out.exists():
-        return Judgement(version, not_run, what,
+        return Judgement(label, not_run, what,
                          f"the probe exited with status {status}: see {run.log_file}")  # fmt: skip
-    return verdict_of(version, what, ProbeRun.from_json(json.loads(out.read_text())),
-                      lines)  # fmt: skip
+    return verdict_of(label, what, ProbeRun.from_json(json.loads(out.read_text())), lines)
 
 
 def verdict_of(version: str, what: str, seen: ProbeRun, lines: list[int]) -> Judgement:

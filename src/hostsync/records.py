@@ -935,12 +935,24 @@ class ReleaseEvidence(Record):
     judged: tuple[CheckRecord, ...] = field(default=(), metadata=OPTIONAL)
 
 
+class ProbeVerdict(StrEnum):
+    """What a probe of a site showed when run on one release: the line read a device value, it
+    ran and read none (the value was a Python number there), or it could not be run."""
+
+    READ = "device read"
+    NO_READ = "line present, no device read"
+    NOT_RUN = "not run"
+
+
 @dataclass(frozen=True)
 class CommitEvidence(Record):
+    """One commit a narrowing read: the site's presence, and where it was run, the verdict."""
+
     commit: str
     date: str
     subject: str
     presence: Presence
+    verdict: ProbeVerdict | None = field(default=None, metadata=OPTIONAL)
 
 
 class Change(StrEnum):
@@ -948,6 +960,7 @@ class Change(StrEnum):
 
     ADDED = "added"
     REMOVED = "removed"
+    READING = "made a device read"  # the line was there; its value became a device tensor
 
 
 @dataclass(frozen=True)
@@ -965,15 +978,6 @@ class GitNarrowing(Record):
     first: CommitEvidence | None
     pull_request: int | None
     note: str = field(default="", metadata=OPTIONAL)
-
-
-class ProbeVerdict(StrEnum):
-    """What a probe of a site showed when run on one release: the line read a device value, it
-    ran and read none (the value was a Python number there), or it could not be run."""
-
-    READ = "device read"
-    NO_READ = "line present, no device read"
-    NOT_RUN = "not run"
 
 
 @dataclass(frozen=True)
