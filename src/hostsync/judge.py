@@ -38,7 +38,7 @@ def release(layout: Layout, project: Project, version: str, sdist: Sdist, findin
     try:
         python = envs.python_for(layout, project, cases.Release(version, f"v{version}", sdist))
     except WorkspaceError as error:
-        what = _probe_of(finding, snippet)[1]
+        what = " then ".join(words for _, words in _probes(finding, snippet)) or "no probe"
         return Judgement(version, ProbeVerdict.NOT_RUN, what, f"does not install here: {error}")
     root = probe.unpacked(fetch_sdist(layout, sdist),
                           layout.work / "probes" / f"{project.name}-{version}")  # fmt: skip
@@ -62,41 +62,51 @@ def revision(layout: Layout, project: Project, repo: Path, commit: str, python: 
     return tree(layout, project, commit[:12], root, python, finding, snippet, timeout)
 
 
-def _probe_of(finding: Finding, snippet: Path | None) -> tuple[str | None, str]:
-    """The function the probe calls (None: it runs the snippet), and the probe in words."""
-    function = finding.found[0].function if finding.found else None
-    function = function if function and "." not in function else None
-    named = snippet.name if snippet else None
-    return function, f"a generated call of {function}" if function else f"the snippet {named}"
+def _probes(finding: Finding, snippet: Path | None) -> list[tuple[list[str], str]]:
+    """The probes to try, in order, as their options and in words: a generated call of the
+    site's function where it is a function of its module, then the case's snippet."""
+    function = finding.found[0].function if finding.found else ""
+    probes = []
+    if function and "." not in function:
+        probes.append((["--function", function], f"a generated call of {function}"))
+    if snippet is not None:
+        probes.append((["--snippet", str(snippet)], f"the snippet {snippet.name}"))
+    return probes
 
 
 def tree(layout: Layout, project: Project, label: str, root: Path, python: str,
          finding: Finding, snippet: Path | None, timeout: float) -> Judgement:  # fmt: skip
     """The site's lines run under the detector in the source tree `root` (`label`: its
-    release or commit), by the interpreter `python`, as a process group of its own."""
-    function, what = _probe_of(finding, snippet)
-    not_run = ProbeVerdict.NOT_RUN
-    if not finding.found:
-        return Judgement(label, not_run, what, "its source lacks the site")
-    if not function and snippet is None:
-        return Judgement(label, not_run, what, "a method and no snippet")
+    release or commit), by the interpreter `python`, each probe as a process group of its
+    own until one runs: a generated call may fail where the snippet runs."""
+    probes = _probes(finding, snippet)
+    if not finding.found or not probes:
+        reason = "its source lacks the site" if not finding.found else "a method and no snippet"
+        return Judgement(label, ProbeVerdict.NOT_RUN, "no probe", reason)
     at = finding.found[0]
     file = str(PurePosixPath(at.file).relative_to(PurePosixPath(project.import_root)))
     source = Tree(f"probe-{label}", TreeRole.RELEASE, root, label, "", "probed", project, python)
-    run = Run(layout.new_run_dir(f"probe-{project.name}-{label}"), source, layout)
-    out = run.run_dir / "probe.json"
     lines = sorted({place.line for place in finding.found if place.file == at.file})
-    command = [python, "-m", "hostsync.probe", "--file", file, "--out", str(out), "--lines",
-               *map(str, lines)]  # fmt: skip
-    command += ["--function", function] if function else ["--snippet", str(snippet)]
-    try:
-        status = run_group(run, command, timeout=timeout)
-    except RunFailed as error:
-        return Judgement(label, not_run, what, str(error))
-    if status != 0 or not out.exists():
-        return Judgement(label, not_run, what,
-                         f"the probe exited with status {status}: see {run.log_file}")  # fmt: skip
-    return verdict_of(label, what, ProbeRun.from_json(json.loads(out.read_text())), lines)
+    tried = []
+    for options, what in probes:
+        run = Run(layout.new_run_dir(f"probe-{project.name}-{label}"), source, layout)
+        out = run.run_dir / "probe.json"
+        command = [python, "-m", "hostsync.probe", "--file", file, "--out", str(out), *options,
+                   "--lines", *map(str, lines)]  # fmt: skip
+        try:
+            status = run_group(run, command, timeout=timeout)
+        except RunFailed as error:
+            judged = Judgement(label, ProbeVerdict.NOT_RUN, what, str(error))
+        else:
+            failed = f"the probe exited with status {status}: see {run.log_file}"
+            seen = ProbeRun.from_json(json.loads(out.read_text())) if out.exists() else None
+            judged = (verdict_of(label, what, seen, lines) if status == 0 and seen
+                      else Judgement(label, ProbeVerdict.NOT_RUN, what, failed))  # fmt: skip
+        if judged.verdict != ProbeVerdict.NOT_RUN:
+            return judged
+        tried.append(judged)
+    reasons = "; ".join(f"{run.probe}: {run.reason}" for run in tried)
+    return Judgement(label, ProbeVerdict.NOT_RUN, " then ".join(w for _, w in probes), reasons)
 
 
 def verdict_of(version: str, what: str, seen: ProbeRun, lines: list[int]) -> Judgement:
