@@ -4,12 +4,14 @@ reads results (review, the reports, storage). The real ones come from the comman
 from __future__ import annotations
 
 from hostsync import provenance
+from hostsync.bisect import first_boundary
 from hostsync.files import sha256
 from hostsync.layout import Layout
 from hostsync.records import (
     BisectResult,
     Capture,
     CheckRecord,
+    Decided,
     Environment,
     Finding,
     HuntResult,
@@ -111,6 +113,7 @@ def bisect(layout: Layout, first: str) -> BisectResult:
         ReleaseEvidence("4.57.6", "2026-01-16", "0" * 64, Finding(Presence.ABSENT)),
         ReleaseEvidence(first, "2026-01-26", "1" * 64, Finding(Presence.PRESENT)),
     )
+    boundary = first_boundary("4.57.6", first, Decided.TEXT)
     history = SiteHistory("transformers", site, ("4.57.6", first), first, first, first, "4.57.6",
-                          None, True, (), releases)  # fmt: skip
+                          None, True, (), releases, boundaries=(boundary,))  # fmt: skip
     return BisectResult(stamp(layout), "https://pypi.org/simple", (history,))

@@ -303,3 +303,280 @@ def test_a_bisect_asked_wrongly_is_refused_before_any_download(
 
     assert complaint in line
     assert not (workspace.root / "profiles" / "sites").exists()
+
+
+# --- labelled site histories: the read followed by what it does, not by its text ---------------
+
+METRICS = "trl/trainer/sft_trainer.py"
+# Each release of a planted TRL: how the trainer reads its token accuracy, under which names.
+ACCURACY = """
+    class SFTTrainer:
+        def {function}(self, model, inputs):
+            correct = {counts}(inputs["correct"]).sum()
+            {valid} = {counts}(inputs["mask"]).sum()
+            self._metrics["accuracy"].append(
+                (correct / {valid}).item() if {valid} > 0 else 0.0
+            )
+            return model(inputs)
+"""
+
+
+UNMEASURED = "class SFTTrainer:\n    def compute_loss(self, model, inputs):\n        return 0\n"
+
+
+def trl_release(function: str = "compute_loss", valid: str = "num_valid", file: str = METRICS,
+                counts: str = "self.accelerator.gather_for_metrics") -> dict[str, str]:  # fmt: skip
+    """A TRL package whose trainer reads its accuracy in `function` of `file`."""
+    text = ACCURACY.format(function=function, valid=valid, counts=counts)
+    return {"trl/__init__.py": "", file: textwrap.dedent(text)}
+
+
+def history_over(tmp_path: Path, monkeypatch, project: str, releases: dict[str, dict],
+                 site: AllowRule):  # fmt: skip
+    """The site's history over `releases` (version: files), served as sdists on loopback."""
+    for version, files in releases.items():
+        make_sdist(tmp_path / "index" / "files" / project, project, version, files)
+    target = Target(site, get(project), None)
+    with serving(tmp_path / "index") as url:
+        monkeypatch.setenv(sdists.INDEX_ENV, url)
+        reader = Reader(Layout(tmp_path / "workspace"), [target], get(project))
+        return bisect.history(reader, target)
+
+
+def test_a_read_under_other_local_names_is_the_same_read(tmp_path: Path, monkeypatch) -> None:
+    elsewhere = textwrap.dedent("""
+        class DPOTrainer:
+            def __init__(self, smoothing):
+                if smoothing > 0:
+                    self.smoothing = smoothing
+
+            def compute_loss(self, model, inputs):
+                return 0
+    """)
+    releases = {
+        # Before the trainer has the function: a local compared with 0 in another trainer is
+        # no copy of the read (only its literal text would be).
+        "0.0.1": {
+            "trl/__init__.py": "",
+            "trl/trainer/dpo_trainer.py": elsewhere,
+            METRICS: "class SFTTrainer:\n    pass\n",
+        },
+        "0.1.0": trl_release(valid="self.valid"),
+        "0.2.0": trl_release(valid="total_sum"),
+        "0.3.0": trl_release(valid="total_tokens"),
+        "1.0.0": trl_release(),
+    }
+    site = AllowRule(METRICS, "asked", function="compute_loss", code="num_valid > 0")
+    found = history_over(tmp_path, monkeypatch, "trl", releases, site)
+
+    # An attribute compared with 0 is no local value read: 0.1.0 lacks the read.
+    assert (found.first, found.before_first, found.contiguous) == ("0.2.0", "0.1.0", True)
+    evidence = {release.version: release.finding for release in found.releases}
+    assert evidence["0.0.1"].presence == Presence.MISSING
+    (where,) = evidence["0.2.0"].found
+    assert where.function == "SFTTrainer.compute_loss"
+    assert where.code == "(correct / total_sum).item() if total_sum > 0 else 0.0"
+
+
+def test_a_renamed_function_is_followed_by_its_body(tmp_path: Path, monkeypatch) -> None:
+    releases = {
+        "0.1.0": {"trl/__init__.py": "", METRICS: UNMEASURED},
+        "0.2.0": trl_release(function="_loss_and_metrics"),
+        "0.3.0": trl_release(function="_loss_and_metrics"),
+        "1.0.0": trl_release(),
+    }
+    site = AllowRule(METRICS, "asked", function="compute_loss", code="num_valid > 0")
+    found = history_over(tmp_path, monkeypatch, "trl", releases, site)
+
+    assert (found.first, found.before_first) == ("0.2.0", "0.1.0")
+    evidence = {release.version: release.finding for release in found.releases}
+    assert evidence["0.2.0"].presence == Presence.ELSEWHERE
+    (where,) = evidence["0.2.0"].found
+    assert where.function == "SFTTrainer._loss_and_metrics"
+
+
+def test_a_function_moved_and_renamed_is_followed_to_its_file(tmp_path: Path, monkeypatch) -> None:
+    moved = "trl/trainer/utils.py"
+    releases = {
+        "0.1.0": {"trl/__init__.py": "", METRICS: "class SFTTrainer:\n    pass\n"},
+        "0.2.0": trl_release(function="metrics_of", file=moved) | {METRICS: "X = 1\n"},
+        "1.0.0": trl_release(),
+    }
+    site = AllowRule(METRICS, "asked", function="compute_loss")
+    found = history_over(tmp_path, monkeypatch, "trl", releases, site)
+
+    assert (found.first, found.before_first) == ("0.2.0", "0.1.0")
+    evidence = {release.version: release.finding for release in found.releases}
+    (where,) = evidence["0.2.0"].found
+    assert (where.file, where.function) == (moved, "SFTTrainer.metrics_of")
+    assert evidence["0.1.0"].presence == Presence.MISSING
+
+
+def test_a_read_of_an_inlined_function_is_found_in_its_caller(tmp_path: Path,
+                                                               monkeypatch) -> None:  # fmt: skip
+    helper = """
+        class Trainer:
+            def train(self, model):
+                for step in range(3):
+                    norm = model.step()
+                    {inline}
+                    self.log(norm)
+
+            {helper}
+    """
+    read = 'if hasattr(norm, "item"):\n                        norm = norm.item()'
+    own = ('def _get_grad_norm(self, norm, model=None):\n                if model is None:\n'
+           '                    return None\n                if hasattr(norm, "item"):\n'
+           '                    norm = norm.item()\n                return norm')  # fmt: skip
+    file = "transformers/trainer.py"
+
+    def release(inline: str, helper_text: str) -> dict[str, str]:
+        text = textwrap.dedent(helper.format(inline=inline, helper=helper_text))
+        return {"src/transformers/__init__.py": "", f"src/{file}": text}
+
+    releases = {
+        "4.38.0": release("norm = float(norm)", ""),
+        "4.39.0": release(read, ""),
+        "5.2.0": release(read, ""),
+        "5.3.0": release("norm = self._get_grad_norm(norm, model)", own),
+    }
+    site = AllowRule(file, "asked", function="_get_grad_norm")
+    found = history_over(tmp_path, monkeypatch, "transformers", releases, site)
+
+    assert (found.first, found.before_first) == ("4.39.0", "4.38.0")
+    evidence = {release.version: release.finding for release in found.releases}
+    (where,) = evidence["4.39.0"].found
+    assert (where.function, where.code) == ("Trainer.train", 'if hasattr(norm, "item"):')
+
+
+# --- judged by running: a value that turns from a float into a tensor ---------------------------
+
+CLIP_UTILS = "deepspeed/runtime/utils.py"
+# The global norm is a Python float until the release that keeps it on the device (as before
+# and after DeepSpeed #5125): the clip's `if clip_coef < 1` reads the device only after it.
+NORMS = """
+    import torch
+
+
+    def get_global_norm_of_tensors(input_tensors):
+        norm = torch.linalg.vector_norm(torch.stack([t.norm() for t in input_tensors]))
+        return norm{item}
+
+
+    def clip_tensors_by_global_norm(input_tensors, max_norm=1.0, global_norm=None, eps=1e-6):
+        if global_norm is None:
+            global_norm = get_global_norm_of_tensors(input_tensors)
+        clip_coef = max_norm / (global_norm + eps)
+        if clip_coef < 1:
+            for tensor in input_tensors:
+                tensor.mul_(clip_coef)
+        return global_norm
+"""
+
+
+def clip_release(item: str | None) -> dict[str, str]:
+    """The release's files; `item` "broken" fails at import, as an old release does with a
+    newer torch."""
+    text = textwrap.dedent(NORMS.format(item=item)) if item is not None else "import torch\n"
+    if item == "broken":
+        text = "raise ImportError('an older torch')\n" + textwrap.dedent(NORMS.format(item=""))
+    return {"deepspeed/__init__.py": "", "deepspeed/runtime/__init__.py": "", CLIP_UTILS: text}
+
+
+def judged_history(tmp_path: Path, releases: dict[str, str | None]) -> dict:
+    """`bisect --judge` of the clip's `clip_coef < 1` over `releases` (version: how the norm
+    is returned; None: no clip), in the test's own interpreter as a prepared environment."""
+    for version, item in releases.items():
+        make_sdist(tmp_path / "index" / "files" / "deepspeed", "deepspeed", version,
+                   clip_release(item), requires=("torch",))  # fmt: skip
+    layout = own_downloads(make_workspace(tmp_path / "workspace"))
+    with serving(tmp_path / "index") as url:
+        done = hostsync(layout, "bisect", "--project", "deepspeed", "--file", CLIP_UTILS,
+                        "--function", "clip_tensors_by_global_norm", "--code", "clip_coef < 1",
+                        "--judge", env_extra={sdists.INDEX_ENV: url, "HOSTSYNC_PREPARED": "1"},
+                        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (path,) = layout.sites.glob("bisect-*.json")
+    return history_of(path) | {"report": (layout.sites / "bisect.md").read_text()}
+
+
+@pytest.mark.distributed  # a process per judged release
+def test_a_value_that_turns_from_float_to_tensor_is_judged_by_running(tmp_path: Path) -> None:
+    site = judged_history(tmp_path, {"0.1.0": None, "0.2.0": ".item()", "0.3.0": ".item()",
+                                     "0.4.0": "", "0.5.0": ""})  # fmt: skip
+
+    assert (site["first"], site["before_first"]) == ("0.2.0", "0.1.0")  # the text's boundary
+    (boundary,) = site["boundaries"]
+    assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
+        "0.3.0", "0.4.0", "judged run",
+    )  # fmt: skip
+    assert boundary["stated"] == "0.4.0 (run under a sync detector)"
+    verdicts = {run["version"]: run["verdict"] for run in boundary["judged"]}
+    assert verdicts["0.3.0"] == "line present, no device read"
+    assert verdicts["0.4.0"] == verdicts["0.5.0"] == "device read"
+    assert "The reads begin between 0.3.0 and 0.4.0, by judged run" in site["report"]
+
+
+@pytest.mark.distributed  # a process per judged release
+def test_a_release_that_does_not_run_leaves_the_texts_boundary(tmp_path: Path) -> None:
+    site = judged_history(tmp_path, {"0.1.0": None, "0.2.0": ".item()", "0.3.0": "broken",
+                                     "0.4.0": "", "0.5.0": ""})  # fmt: skip
+
+    (boundary,) = site["boundaries"]
+    assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
+        "0.1.0", "0.2.0", "text match",
+    )  # fmt: skip
+    assert boundary["stated"].startswith("0.2.0 (by the source text; run under a sync detector,"
+                                         " 0.4.0 reads")  # fmt: skip
+    (not_run,) = [run for run in boundary["judged"] if run["version"] == "0.3.0"]
+    assert not_run["verdict"] == "not run"
+    assert "ImportError: an older torch" in not_run["reason"]
+
+
+@pytest.mark.distributed  # a process per judged release and commit
+def test_the_commit_that_made_the_read_is_found_by_running(tmp_path: Path) -> None:
+    repo, index = tmp_path / "deepspeed.git", tmp_path / "index"
+    repo.mkdir()
+    git(repo, "init", "--quiet", "--initial-branch=master")
+    history = (
+        ("Initial import", None, "0.1.0"),
+        ("Add global norm clipping (#5)", ".item()", "0.2.0"),
+        ("Tidy the clip (#6)", ".item()  # a float", None),
+        ("Keep the global norm on the device (#77)", "", None),
+        ("Log the clip (#78)", "  # a tensor", "0.3.0"),
+        ("Release (#80)", "  # a tensor", "0.4.0"),
+    )
+    for number, (subject, item, version) in enumerate(history):
+        files = clip_release(item)
+        for path, text in files.items():
+            (repo / path).parent.mkdir(parents=True, exist_ok=True)
+            (repo / path).write_text(text)
+        date = f"@{1_700_000_000 + 86400 * number} +0000"
+        git(repo, "add", "--all")
+        git(repo, "commit", "--quiet", "--allow-empty", "-m", subject,
+            env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
+        if version:
+            git(repo, "tag", f"v{version}")
+            make_sdist(index / "files" / "deepspeed", "deepspeed", version, files,
+                       requires=("torch",))  # fmt: skip
+    layout = own_downloads(make_workspace(tmp_path / "workspace"))
+    with serving(index) as url:
+        done = hostsync(layout, "bisect", "--project", "deepspeed", "--file", CLIP_UTILS,
+                        "--function", "clip_tensors_by_global_norm", "--code", "clip_coef < 1",
+                        "--judge", "--remote", str(repo),
+                        env_extra={sdists.INDEX_ENV: url, "HOSTSYNC_PREPARED": "1"})  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    (path,) = layout.sites.glob("bisect-*.json")
+    site = history_of(path)
+    (boundary,) = site["boundaries"]
+    assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
+        "0.2.0", "0.3.0", "judged run",
+    )  # fmt: skip
+    (reading,) = [n for n in site["narrowed"] if n["change"] == "made a device read"]
+    assert (reading["older"], reading["newer"], reading["commits"]) == ("v0.2.0", "v0.3.0", 3)
+    assert reading["first"]["subject"] == "Keep the global norm on the device (#77)"
+    assert (reading["first"]["verdict"], reading["pull_request"]) == ("device read", 77)
+    # The text's own narrowing finds the commit that added the line.
+    (added,) = [n for n in site["narrowed"] if n["change"] == "added"]
+    assert added["pull_request"] == 5

@@ -396,3 +396,24 @@ def test_the_deepspeed_case_is_red_on_its_release_green_patched_and_formatted(
     (lint,) = [check for check in checks if check["expected"] == "clean"]
     assert lint["check"] == "yapf 0.43.0, flake8 5.0.4, codespell 2.1.0"
     assert (lint["verdict"], [t["outcome"] for t in lint["tests"]]) == (OK, [PASSED] * 3)
+
+
+@pytest.mark.distributed  # a probe process per try
+def test_another_release_is_judged_by_running_and_a_probe_that_cannot_run_changes_nothing(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The sites' lines run under the detector, as bisect --judge runs them: here neither the
+    generated call (its values are not what the function takes) nor the snippet (it needs the
+    real transformers) runs on this planted release, which stays red on its text, saying so."""
+    make_sdist(tmp_path / "index" / "files" / "transformers", "transformers", "5.13.0",
+               transformers_files("5.13.0", SP_LOSS), requires=("torch",))  # fmt: skip
+    layout = own_downloads(make_workspace(tmp_path / "workspace"))
+    case = cases.load(layout.root, "sp-loss")
+    with serving(tmp_path / "index") as url:
+        monkeypatch.setenv(sdists.INDEX_ENV, url)
+        monkeypatch.setenv("HOSTSYNC_PREPARED", "1")  # the test's interpreter is the environment
+        expect, said = patch_proof.release_expectation(layout, case, "5.13.0", timeout=120)
+
+    assert expect == patch_proof.red(case)
+    assert said.startswith("judged by running a generated call of deepspeed_sp_compute_loss then"
+                           " the snippet issue_snippet.py: not run")  # fmt: skip

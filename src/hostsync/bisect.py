@@ -11,10 +11,19 @@ and went is noticed (`contiguous` false, and the notes say where). Each sdist is
 once into the shared cache, verified against the index's sha256, and read without unpacking
 (`upstream.presence`).
 
+A site is found by what it does (`upstream.presence`): its code on the syntax tree, local names
+abstracted, and its function followed, from the anchor's body, where it was renamed, moved or
+inlined. That is still text: `--judge` decides where the reads begin by running them
+(`hostsync.judge`): the site under the detector on the releases between the text's first and
+the anchor, bisected on "device read", each in an environment built for it; a release whose line
+runs without a device read (a value still a Python number there) moves the boundary on, one
+that does not install or run is "not run" and leaves the text's boundary. Each boundary records
+which it rests on, and the words a draft says it in (`stated`). `--judge` also runs the case's
+tests on the boundary releases through test-patch's checks (expensive).
+
 `--remote` (a local clone or mirror with the release tags) narrows each boundary to the commits
 between its two releases (the first-parent path), bisected the same way, down to the commit that
-added (or removed) the site and the pull request its subject names. `--judge` runs
-the case's tests on the boundary releases through test-patch's checks (expensive).
+added (or removed) the site and the pull request its subject names.
 
 Writes profiles/<case>/bisect-<time>.json (profiles/sites/ for a site named on the command line)
 with its Markdown beside it, and bisect.md from the newest.
@@ -31,17 +40,21 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from hostsync import cases, locks, patch_proof, projects, provenance, results, table
+from hostsync import cases, envs, judge, locks, patch_proof, projects, provenance, results, table
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.options import add_case, add_timeout, case_layouts
 from hostsync.projects import Project
 from hostsync.records import (
     BisectResult,
+    Boundary,
     Change,
     CommitEvidence,
+    Decided,
     Finding,
     GitNarrowing,
+    Judgement,
+    ProbeVerdict,
     ReleaseEvidence,
     SiteHistory,
 )
@@ -92,16 +105,19 @@ class Target:
 
 class Reader:
     """The releases of each project and each site's finding in each release, each read once
-    per run (the sdists once per cache): the sites of one project are judged together. The
-    bounds apply to the releases of `bounded` (the project a case pins, or --project): a case's
-    sites in another project are searched through all its releases."""
+    per run (the sdists once per cache). The bounds apply to the releases of `bounded` (the
+    project a case pins, or --project): a case's sites in another project are searched through
+    all its releases. A site whose function was read in a release that carries it (`follow`) is
+    followed by that body where the function is renamed, moved or inlined."""
 
     def __init__(self, layout: Layout, targets: list[Target], bounded: Project | None,
                  since: str | None = None, until: str | None = None) -> None:  # fmt: skip
         self.layout, self.targets = layout, targets
         self.bounded, self.since, self.until = bounded, since, until
         self._releases: dict[str, list[Published]] = {}
-        self._findings: dict[tuple[str, str], dict[AllowRule, Finding]] = {}
+        self._findings: dict[tuple[str, str, AllowRule], Finding] = {}
+        self._references: dict[AllowRule, presence.Body | None] = {}
+        self._last: tuple[tuple[str, str], presence.Sources] | None = None
 
     def releases(self, project: Project) -> list[Published]:
         if project.name not in self._releases:
@@ -115,19 +131,32 @@ class Reader:
             self._releases[project.name] = found
         return self._releases[project.name]
 
-    def finding(self, project: Project, release: Published, site: AllowRule) -> Finding:
+    def sources(self, project: Project, release: Published) -> presence.Sources:
+        """The release's package source; the last one read is kept (a transformers release's
+        is tens of megabytes)."""
         key = (project.name, release.version)
-        if key not in self._findings:
-            sources = presence.sdist_sources(self.layout, release.sdist, project)
-            self._findings[key] = {
-                target.site: presence.locate(target.site, sources, project)
-                for target in self.targets
-                if target.project == project
-            }
-        return self._findings[key][site]
+        if self._last is None or self._last[0] != key:
+            self._last = (key, presence.sdist_sources(self.layout, release.sdist, project))
+        return self._last[1]
 
-    def was_read(self, project: Project, version: str) -> bool:
-        return (project.name, version) in self._findings
+    def follow(self, project: Project, release: Published, site: AllowRule) -> None:
+        """Follow the site's function by the body it has in `release` (which carries it)."""
+        body = presence.body_of(site, self.sources(project, release), project)
+        self._references[site] = body
+
+    def finding(self, project: Project, release: Published, site: AllowRule) -> Finding:
+        key = (project.name, release.version, site)
+        if key not in self._findings:
+            sources = self.sources(project, release)
+            reference = self._references.get(site)
+            self._findings[key] = presence.locate(site, sources, project, reference)
+        return self._findings[key]
+
+    def reference(self, site: AllowRule) -> presence.Body | None:
+        return self._references.get(site)
+
+    def was_read(self, project: Project, version: str, site: AllowRule) -> bool:
+        return (project.name, version, site) in self._findings
 
 
 def _anchor(target: Target, versions: list[str], notes: list[str]) -> str:
@@ -160,6 +189,7 @@ def history(reader: Reader, target: Target) -> SiteHistory:
             f" {presence.described(target.site)} ({finding(place).presence}): name a release"
             " that does with --anchor, or check the site"
         )
+    reader.follow(target.project, releases[place], target.site)
     first, last = bisect_run(len(releases), place, lambda i: finding(i).presence.carried)
     breaks = [
         f"{versions[i]} {'carries' if finding(i).presence.carried else 'lacks'} the site though it"
@@ -184,7 +214,7 @@ def history(reader: Reader, target: Target) -> SiteHistory:
         releases=tuple(
             ReleaseEvidence(r.version, r.uploaded, r.sdist.sha256, finding(i))
             for i, r in enumerate(releases)
-            if reader.was_read(target.project, r.version)
+            if reader.was_read(target.project, r.version, target.site)
         ),
     )
 
@@ -193,9 +223,11 @@ def history(reader: Reader, target: Target) -> SiteHistory:
 
 
 def narrow(remote: Path, project: Project, site: AllowRule, older: str, newer: str,
-           change: Change) -> GitNarrowing:  # fmt: skip
+           change: Change, reference: presence.Body | None = None,
+           run: Callable[[str, Finding], Judgement] | None = None) -> GitNarrowing:  # fmt: skip
     """The first commit on the first-parent path from tag `older` to tag `newer` whose tree is
-    in `newer`'s state (the site added, or removed), bisected on presence, and its pull
+    in `newer`'s state (the site added, removed, or with `run` its line made a device read),
+    bisected on that state (the site's function followed by `reference`), and its pull
     request."""
     narrowing = GitNarrowing(str(remote), older, newer, change, 0, (), None, None)
     missing = [tag for tag in (older, newer) if not rev(remote, tag)]
@@ -211,25 +243,48 @@ def narrow(remote: Path, project: Project, site: AllowRule, older: str, newer: s
                                     revision).stdout.strip().split("\0")  # fmt: skip
         if commit not in probed:
             sources = presence.git_sources(remote, commit, project)
-            found = presence.locate(site, sources, project).presence
-            probed[commit] = CommitEvidence(commit, date, subject, found)
+            found = presence.locate(site, sources, project, reference)
+            verdict = run(commit, found).verdict if run and found.presence.carried else None
+            probed[commit] = CommitEvidence(commit, date, subject, found.presence, verdict)
         return probed[commit]
 
-    def changed(index: int) -> bool:
-        return probe(commits[index]).presence.carried == (change == Change.ADDED)
+    def in_newer_state(evidence: CommitEvidence) -> bool:
+        if change == Change.READING:
+            return evidence.verdict == ProbeVerdict.READ
+        return evidence.presence.carried == (change == Change.ADDED)
 
-    ends = tuple(probe(tag).presence.carried for tag in (older, newer))
+    ends = tuple(in_newer_state(probe(tag)) for tag in (older, newer))
     narrowing = dataclasses.replace(narrowing, commits=len(commits))
-    if ends != (change == Change.REMOVED, change == Change.ADDED) or not commits:
-        states = [
-            f"{tag} {'carries' if end else 'lacks'} it"
-            for tag, end in zip((older, newer), ends, strict=True)
-        ]
-        note = f"the tags differ from the sdists ({', '.join(states)}): nothing narrowed"
+    if ends != (False, True) or not commits:
+        states = [f"{tag}: {probe(tag).verdict or probe(tag).presence}" for tag in (older, newer)]
+        note = f"the tags differ from the releases ({', '.join(states)}): nothing narrowed"
         return dataclasses.replace(narrowing, probed=tuple(probed.values()), note=note)
+    changed = lambda index: in_newer_state(probe(commits[index]))  # noqa: E731
     found = probe(commits[bisect_run(len(commits), len(commits) - 1, changed)[0]])
     return dataclasses.replace(narrowing, probed=tuple(probed.values()), first=found,
                                pull_request=pull_request(found.subject))  # fmt: skip
+
+
+def narrow_reads(layout: Layout, reader: Reader, target: Target, made: SiteHistory,
+                 settings: Settings, tags: str, snippet: Path | None) -> SiteHistory:  # fmt: skip
+    """Where a judged boundary's older release runs the line without a device read, the commit
+    that made it read: its value turned into a device tensor with the same text."""
+    (boundary,) = [b for b in made.boundaries if b.side == "first"]
+    ran = {run.version: run.verdict for run in boundary.judged}
+    if boundary.decided != Decided.JUDGED or ran.get(boundary.older) != ProbeVerdict.NO_READ:
+        return made
+    newer = next(r for r in reader.releases(target.project) if r.version == boundary.newer)
+    release = cases.Release(newer.version, tags.format(version=newer.version), newer.sdist)
+    python = envs.python_for(layout, target.project, release)
+
+    def run(commit: str, finding: Finding) -> Judgement:
+        return judge.revision(layout, target.project, settings.remote, commit, python, finding,
+                              snippet, settings.timeout)  # fmt: skip
+
+    narrowed = narrow(settings.remote, target.project, target.site,
+                      tags.format(version=boundary.older), tags.format(version=boundary.newer),
+                      Change.READING, reader.reference(target.site), run)  # fmt: skip
+    return dataclasses.replace(made, narrowed=(*made.narrowed, narrowed))
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -303,6 +358,58 @@ def judged(layout: Layout, case: cases.Case, made: SiteHistory, settings: Settin
     return dataclasses.replace(made, releases=releases)
 
 
+def judged_boundaries(reader: Reader, target: Target, made: SiteHistory, snippet: Path | None,
+                      timeout: float) -> SiteHistory:  # fmt: skip
+    """Where the site's reads begin, judged by running, between the text's first release and
+    the anchor (which must read): bisected on "device read", a release that runs its line
+    without one, or does not run here, counting as before the reads. The boundary is judged
+    where the release before the oldest that reads ran and read nothing (or, before the text's
+    first release, lacks the line); else it stays the text's, with the runs tried."""
+    releases = reader.releases(target.project)
+    versions = [r.version for r in releases]
+    runs: dict[int, Judgement] = {}
+
+    def verdict(index: int) -> ProbeVerdict:
+        if index not in runs:
+            release = releases[index]
+            finding = reader.finding(target.project, release, target.site)
+            runs[index] = judge.release(reader.layout, target.project, release.version,
+                                        release.sdist, finding, snippet, timeout)  # fmt: skip
+        return runs[index].verdict
+
+    first, anchor = versions.index(made.first), versions.index(made.anchor)
+    boundary = first_boundary(made.before_first, made.first, Decided.TEXT)
+    if verdict(anchor) == ProbeVerdict.READ:
+        low, high = first, anchor
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (
+                (low, middle) if verdict(middle) == ProbeVerdict.READ else (middle + 1, high)
+            )
+        if high == first or verdict(high - 1) == ProbeVerdict.NO_READ:
+            older = versions[high - 1] if high > 0 else None
+            boundary = first_boundary(older, versions[high], Decided.JUDGED)
+        else:
+            boundary = first_boundary(made.before_first, made.first, Decided.TEXT,
+                                      reading=versions[high])  # fmt: skip
+    judged = tuple(runs[i] for i in sorted(runs))
+    return dataclasses.replace(made, boundaries=(dataclasses.replace(boundary, judged=judged),))
+
+
+def first_boundary(older: str | None, newer: str, decided: Decided,
+                   reading: str | None = None) -> Boundary:  # fmt: skip
+    """Where the reads begin, with the words a draft says it in; `reading`: the oldest release
+    a run saw read, where the releases before it could not be judged."""
+    if decided == Decided.JUDGED:
+        how = "run under a sync detector"
+    elif reading:
+        how = (f"by the source text; run under a sync detector, {reading} reads, older releases"
+               " did not run here")  # fmt: skip
+    else:
+        how = "by the source text, not run"
+    return Boundary("first", older, newer, decided, f"{newer} ({how})")
+
+
 def bisect_sites(layout: Layout, reader: Reader, targets: list[Target], settings: Settings,
                  case: cases.Case | None) -> BisectResult:  # fmt: skip
     """Each target's history, narrowed to a commit in the home project's `--remote`, judged by
@@ -319,13 +426,21 @@ def bisect_sites(layout: Layout, reader: Reader, targets: list[Target], settings
                           (made.last, made.after_last, Change.REMOVED))  # fmt: skip
             narrowed = tuple(
                 narrow(settings.remote, home, target.site, tags.format(version=older),
-                       tags.format(version=newer), change)
+                       tags.format(version=newer), change, reader.reference(target.site))
                 for older, newer, change in boundaries
                 if older and newer
             )  # fmt: skip
             made = dataclasses.replace(made, narrowed=narrowed)
         if settings.judge and case and target.project == home:
             made = judged(layout, case, made, settings, checks)
+        if settings.judge:
+            snippet = judge.snippet_of(layout, case)
+            made = judged_boundaries(reader, target, made, snippet, settings.timeout)
+            if settings.remote and target.project == home:
+                made = narrow_reads(layout, reader, target, made, settings, tags, snippet)
+        else:
+            boundary = first_boundary(made.before_first, made.first, Decided.TEXT)
+            made = dataclasses.replace(made, boundaries=(boundary,))
         histories.append(made)
     return BisectResult(
         stamp=provenance.stamp(layout, measured_against),
@@ -362,9 +477,11 @@ def parser() -> argparse.ArgumentParser:
                         help="the remote's release tags (default: as the case's pinned tag,"
                         f" else {DEFAULT_TAG_FORMAT})")  # fmt: skip
     parser.add_argument("--judge", action="store_true",
-                        help="also run the case's tests on the boundary releases, as test-patch"
-                        " --release does (expensive: a tree and an environment each)")  # fmt: skip
-    add_timeout(parser, "one pytest run (--judge)")
+                        help="judge where the reads begin by running: the site under the detector"
+                        " on the boundary releases, each in an environment built for it, and with"
+                        " --case the case's tests there too, as test-patch --release does"
+                        " (expensive: a tree and an environment each)")  # fmt: skip
+    add_timeout(parser, "one pytest run or probe (--judge)")
     return parser
 
 
@@ -376,8 +493,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise WorkspaceError("--project needs --file and --code or --function: name the site")
     if not args.project and (args.file or args.code or args.function):
         raise WorkspaceError("--file, --code and --function name a site of --project: add it")
-    if args.project and args.judge:
-        raise WorkspaceError("--judge runs a case's tests: use it with --case")
     if args.remote and not _is_repository(args.remote):
         raise WorkspaceError(
             f"--remote {args.remote} is no git repository: give a local clone or mirror of the"
@@ -434,7 +549,7 @@ def report(layout: Layout, folder: Path, result: BisectResult) -> None:
 
 
 SUMMARY = ("site", "project", "first", "last", "before first", "after last", "contiguous",
-           "added by", "removed by")  # fmt: skip
+           "reads since", "added by", "removed by")  # fmt: skip
 
 
 def _summary(history: SiteHistory) -> list[object]:
@@ -446,8 +561,11 @@ def _summary(history: SiteHistory) -> list[object]:
         else None
         for change in (Change.ADDED, Change.REMOVED)
     ]
+    since = next((f"{b.newer} ({b.decided})" for b in history.boundaries if b.side == "first"),
+                 None)  # fmt: skip
     return [presence.described(history.site), history.project, history.first, history.last,
-            history.before_first, history.after_last, history.contiguous, *commits]  # fmt: skip
+            history.before_first, history.after_last, history.contiguous, since,
+            *commits]  # fmt: skip
 
 
 def render(result: BisectResult, source: str) -> str:
@@ -463,6 +581,7 @@ def render(result: BisectResult, source: str) -> str:
         out += ["", f"## {history.project}: {presence.described(history.site)}", ""]
         out.append(_sentence(history))
         out += ["", *[f"- {note}" for note in history.notes]]
+        out += [line for boundary in history.boundaries for line in ("", _decided(boundary))]
         out += [line for narrowed in history.narrowed for line in ("", _narrowed(narrowed))]
         rows = [
             (release.version, release.uploaded, release.finding.presence,
@@ -489,6 +608,15 @@ def _sentence(history: SiteHistory) -> str:
         else f"through {history.last}, the newest"
     )
     return f"There {since}, {until}; in {history.first} at {where}."
+
+
+def _decided(boundary: Boundary) -> str:
+    """How a boundary was decided, and each run tried for it."""
+    older = f"{boundary.older} and " if boundary.older else ""
+    runs = "; ".join(f"{run.version}: {run.verdict} ({run.probe}: {run.reason})"
+                     for run in boundary.judged)  # fmt: skip
+    tried = f" Runs: {runs}." if runs else " Not judged by running (bisect --judge runs it)."
+    return f"The reads begin between {older}{boundary.newer}, by {boundary.decided}.{tried}"
 
 
 def _narrowed(narrowed: GitNarrowing) -> str:

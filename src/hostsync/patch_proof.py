@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hostsync import cases, linters, locks, provenance, results, table
+from hostsync import judge as judged_run
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.launchers import Run, run_group
 from hostsync.layout import Layout
@@ -35,6 +36,7 @@ from hostsync.records import (
     CheckRecord,
     Outcome,
     Presence,
+    ProbeVerdict,
     TestOutcome,
     TestPatchResult,
     TreeRef,
@@ -286,12 +288,16 @@ def check_lint(layout: Layout, workdir: Path, tree: Tree) -> Check:
 
 
 def release_expectation(layout: Layout, case: cases.Case, version: str,
+                        timeout: float | None = None,
                         ) -> tuple[Expectation | None, str]:  # fmt: skip
     """What the series' tests must show on another release, read from its source: red where it
     carries the case's sites, green where the code they lie in is there without them; and where
     a site lives when not where the card names it. None, and why, where the tests cannot judge
-    the release: the code they import or exercise is not in it."""
-    sources = presence.sdist_sources(layout, release_for(case, version).sdist, case.project)
+    the release: the code they import or exercise is not in it. With `timeout`, the sites its
+    source carries are judged by running them (`hostsync.judge`), as bisect --judge does: green
+    where each line runs there without a device read."""
+    release = release_for(case, version)
+    sources = presence.sdist_sources(layout, release.sdist, case.project)
     where = f"{case.project.name} {version}"
     texts = [
         text
@@ -312,7 +318,16 @@ def release_expectation(layout: Layout, case: cases.Case, version: str,
     said = "; ".join(lacking + (moved if elsewhere else []))
     if lacking:
         return None, said
-    return (red(case) if any(f.presence.carried for f in findings) else GREEN), said
+    carried = [finding for finding in findings if finding.presence.carried]
+    if timeout is None or not carried:
+        return (red(case) if carried else GREEN), said
+    snippet = judged_run.snippet_of(layout, case)
+    runs = [judged_run.release(layout, case.project, version, release.sdist, finding, snippet,
+                               timeout) for finding in carried]  # fmt: skip
+    judged = [f"judged by running {run.probe}: {run.verdict} ({run.reason})" for run in runs]
+    said = "; ".join(part for part in (said, *judged) if part)
+    no_read = all(run.verdict == ProbeVerdict.NO_READ for run in runs)
+    return (GREEN if no_read else red(case)), said
 
 
 def other_release_checks(
@@ -320,7 +335,7 @@ def other_release_checks(
 ) -> list[Check]:
     """Whether the series applies to another release, and how its tests go there; neither is
     run where its tests cannot judge that release (not comparable, which is no failure)."""
-    expect, said = release_expectation(layout, case, version)
+    expect, said = release_expectation(layout, case, version, timeout)
     if expect is None:
         return [
             Check("series tests", f"{version}{extra}", "comparable", verdict=NOT_COMPARABLE,

@@ -743,12 +743,24 @@ class ReleaseEvidence(Record):
     judged: tuple[CheckRecord, ...] = field(default=(), metadata=OPTIONAL)
 
 
+class ProbeVerdict(StrEnum):
+    """What a probe of a site showed when run on one release: the line read a device value, it
+    ran and read none (the value was a Python number there), or it could not be run."""
+
+    READ = "device read"
+    NO_READ = "line present, no device read"
+    NOT_RUN = "not run"
+
+
 @dataclass(frozen=True)
 class CommitEvidence(Record):
+    """One commit a narrowing read: the site's presence, and where it was run, the verdict."""
+
     commit: str
     date: str
     subject: str
     presence: Presence
+    verdict: ProbeVerdict | None = field(default=None, metadata=OPTIONAL)
 
 
 class Change(StrEnum):
@@ -756,6 +768,7 @@ class Change(StrEnum):
 
     ADDED = "added"
     REMOVED = "removed"
+    READING = "made a device read"  # the line was there; its value became a device tensor
 
 
 @dataclass(frozen=True)
@@ -776,6 +789,50 @@ class GitNarrowing(Record):
 
 
 @dataclass(frozen=True)
+class Judgement(Record):
+    """One release's site run under the detector: the verdict, what ran, and why it reads that
+    way (the reads it saw, or why it did not run)."""
+
+    version: str
+    verdict: ProbeVerdict
+    probe: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ProbeRun(Record):
+    """What `hostsync.probe` saw in the release's environment: whether the site's lines ran,
+    the reads the detector recorded in the site's file (`file:line`), and the error that
+    stopped the probe, if one did."""
+
+    reached: tuple[int, ...]
+    reads: tuple[str, ...]
+    error: str
+
+
+class Decided(StrEnum):
+    """What a boundary of a site's history rests on."""
+
+    TEXT = "text match"
+    JUDGED = "judged run"
+
+
+@dataclass(frozen=True)
+class Boundary(Record):
+    """Where a site's reads begin (`side` first) or end (last), between the releases `older`
+    (None: the oldest searched) and `newer`, and how that was decided: a judged run on both
+    sides, else the source's text (its syntax tree) alone, with the runs tried; `stated` is
+    how a draft says it: the release and what it rests on."""
+
+    side: str
+    older: str | None
+    newer: str
+    decided: Decided
+    stated: str
+    judged: tuple[Judgement, ...] = ()
+
+
+@dataclass(frozen=True)
 class SiteHistory(Record):
     """Since which release a site is there, and until which: the releases searched (final
     ones with an sdist, oldest first), the one the search started from, the boundaries with
@@ -793,6 +850,7 @@ class SiteHistory(Record):
     notes: tuple[str, ...]
     releases: tuple[ReleaseEvidence, ...]
     narrowed: tuple[GitNarrowing, ...] = field(default=(), metadata=OPTIONAL)
+    boundaries: tuple[Boundary, ...] = field(default=(), metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -818,10 +876,14 @@ class ProjectWatch(Record):
 
 @dataclass(frozen=True)
 class SiteWatch(Record):
+    """One of a case's sites in its project's newest release; judged by running there when
+    asked (`watch --tests`), as bisect --judge judges a release."""
+
     project: str
     version: str
     site: AllowRule
     finding: Finding = field(metadata=FLAT)
+    judged: Judgement | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)

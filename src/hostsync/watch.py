@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from hostsync import cases, locks, patch_proof, pin, provenance, results
+from hostsync import cases, judge, locks, patch_proof, pin, provenance, results
 from hostsync.bisect import Reader, case_targets
 from hostsync.errors import WorkspaceError
 from hostsync.hunt.allowlist import carried_rules, load_allowlist
@@ -76,9 +76,17 @@ def watch_case(
     measured_against = provenance.inputs(layout)
     sites = []
     for target in case_targets(case, None):
-        newest = reader.releases(target.project)[-1]
+        releases = reader.releases(target.project)
+        pinned = [r for r in releases if r.version == case.pin.version]
+        if target.project == case.project and pinned:  # followed by its body where it moved
+            reader.follow(target.project, pinned[0], target.site)
+        newest = releases[-1]
         finding = reader.finding(target.project, newest, target.site)
-        sites.append(SiteWatch(target.project.name, newest.version, target.site, finding))
+        run = None
+        if settings.tests and finding.presence.carried:
+            run = judge.release(layout, target.project, newest.version, newest.sdist, finding,
+                                judge.snippet_of(layout, case), settings.timeout)  # fmt: skip
+        sites.append(SiteWatch(target.project.name, newest.version, target.site, finding, run))
     newest = reader.releases(case.project)[-1].version
     with locks.case(layout):
         state = series_state(layout, newest)
@@ -171,8 +179,9 @@ def parser() -> argparse.ArgumentParser:
         " hunt's new sites. Writes a short Markdown digest.",
     )
     parser.add_argument("--tests", action="store_true",
-                        help="also run each case's tests on its project's newest release, as"
-                        " test-patch --release does (a tree and an environment each)")  # fmt: skip
+                        help="also run each case's tests on its project's newest release, and its"
+                        " sites there under the detector, as test-patch --release does (a tree"
+                        " and an environment each)")  # fmt: skip
     parser.add_argument("--hunt", action="store_true",
                         help="also hunt each project's pinned and newest release through the"
                         " training step and list the sites new in the newest (expensive)",
@@ -251,7 +260,8 @@ def _case(watched: CaseWatch) -> Iterator[str]:
     for site in watched.sites:
         where = ", ".join(str(at) for at in site.finding.found)
         state = f"{_STATES[site.finding.presence]} {where}".strip()
-        yield f"  - {site.project} {site.version}: {presence.described(site.site)} {state}."
+        run = f"; run there: {site.judged.verdict} ({site.judged.reason})" if site.judged else ""
+        yield f"  - {site.project} {site.version}: {presence.described(site.site)} {state}{run}."
     yield f"  - series on {watched.newest}: {watched.series}."
     for check in watched.tests:
         yield f"  - {check.check} on {check.label}: {check.verdict} ({check.reason})."

@@ -11,6 +11,14 @@ function), since code moves: a method of the Trainer becomes a function of an in
 a loop is split into functions of other names. A function still in place without the code has
 lost the site, whatever other files hold.
 
+Code is matched on its syntax tree, not its text, where the rule's code parses: local names (a
+function's parameters and the names it assigns) are abstracted, so `num_valid > 0` is also found
+as `total_tokens > 0`, though not as `self.num_virtual_tokens > 0`. A function renamed or moved
+is followed by its body: given the body it has in a release that carries the site (`reference`),
+the function of the package most like it stands in for it, and where none is like it, the
+anchor's reads (its statements that call `.item()`, `.tolist()`, `float`, `int` or `bool`) are
+looked for in the rule's file, where an inlined function left them.
+
 Only the project's package is read (not its tests, which may quote the code), and nothing is
 unpacked or built: sdists are read as they are cached, git revisions through `git archive`.
 """
@@ -18,7 +26,10 @@ unpacked or built: sdists are read as they are cached, git revisions through `gi
 from __future__ import annotations
 
 import ast
+import builtins
 import dataclasses
+import difflib
+import re
 import tarfile
 import tempfile
 from collections.abc import Iterator
@@ -78,12 +89,14 @@ def git_sources(repo: Path, revision: str, project: Project) -> Sources:
 
 @dataclass(frozen=True)
 class _Scope:
-    """A function of a file: its name, its name with its classes (`Trainer.train`), its lines."""
+    """A function of a file: its name, its name with its classes (`Trainer.train`), its lines,
+    its syntax tree."""
 
     name: str
     qualname: str
     start: int
     end: int
+    node: ast.FunctionDef | ast.AsyncFunctionDef = dataclasses.field(compare=False, repr=False)
 
 
 @dataclass
@@ -95,6 +108,8 @@ class _Parsed:
     lines: list[str]
     scopes: list[_Scope]
     calls: list[tuple[str, int]]  # (the name called, its line)
+    module_names: frozenset[str]  # what the module defines or imports: never abstracted
+    parses: bool  # False: the file is searched as text
 
     def scope_at(self, line: int) -> _Scope | None:
         """The innermost function holding `line`."""
@@ -117,11 +132,11 @@ def _import_path(path: str, project: Project) -> str:
 
 
 def _parse(path: str, text: str, project: Project) -> _Parsed:
-    scopes, calls = [], []
+    scopes, calls, parses = [], [], True
     try:
         tree = ast.parse(text)
     except SyntaxError:  # Python 2 or a newer grammar: searched as text, without functions
-        tree = ast.Module(body=[], type_ignores=[])
+        tree, parses = ast.Module(body=[], type_ignores=[]), False
 
     def visit(node: ast.AST, outer: str) -> None:
         for child in ast.iter_child_nodes(node):
@@ -129,7 +144,7 @@ def _parse(path: str, text: str, project: Project) -> _Parsed:
             if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 inner = f"{outer}.{child.name}" if outer else child.name
                 if not isinstance(child, ast.ClassDef):
-                    scopes.append(_Scope(child.name, inner, child.lineno, child.end_lineno))
+                    scopes.append(_Scope(child.name, inner, child.lineno, child.end_lineno, child))
             elif isinstance(child, ast.Call):
                 func = child.func
                 name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
@@ -138,13 +153,80 @@ def _parse(path: str, text: str, project: Project) -> _Parsed:
             visit(child, inner)
 
     visit(tree, "")
-    return _Parsed(path, _import_path(path, project), text.splitlines(), scopes, calls)
+    module_names = frozenset(_defined_names(tree.body) - {"__getattr__"})
+    return _Parsed(path, _import_path(path, project), text.splitlines(), scopes, calls,
+                   module_names, parses)  # fmt: skip
 
 
-def _candidates(rule: AllowRule, parsed: _Parsed) -> Iterator[int]:
-    """The lines of `parsed` that may hold the rule's site: those holding its code, else the
-    first line of each function of its name (the rule names the whole function)."""
-    if rule.code:
+# --- code as a syntax tree, local names abstracted -----------------------------------------------
+
+_LOCAL = "_"
+_READS = frozenset({"item", "tolist"})
+_READING_BUILTINS = frozenset({"float", "int", "bool"})
+# How alike two bodies must be (difflib's ratio of their normalised tokens) to be one function.
+SIMILAR = 0.75
+
+
+def _pattern(code: str | None) -> ast.AST | None:
+    """The rule's code as a syntax tree, or None where it is a fragment that does not parse (it
+    is then matched as text)."""
+    if not code:
+        return None
+    for mode in ("eval", "exec"):
+        try:
+            tree = ast.parse(code.strip(), mode=mode)
+        except SyntaxError:
+            continue
+        body = tree.body
+        return body if mode == "eval" else (body[0] if len(body) == 1 else None)
+    return None
+
+
+def _local_names(function: ast.AST) -> set[str]:
+    """A function's parameters and the names it binds."""
+    names = {arg.arg for arg in ast.walk(function) if isinstance(arg, ast.arg)}
+    names |= {node.id for node in ast.walk(function)
+              if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)}  # fmt: skip
+    return names
+
+
+class _Abstract(ast.NodeTransformer):
+    def __init__(self, local: set[str] | None, keep: frozenset[str]) -> None:
+        self.local, self.keep = local, keep
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        abstract = node.id in self.local if self.local is not None else node.id not in self.keep
+        return ast.Name(_LOCAL, ast.Load()) if abstract else ast.Name(node.id, ast.Load())
+
+
+def normalised(node: ast.AST, local: set[str] | None = None,
+               keep: frozenset[str] = frozenset()) -> str:  # fmt: skip
+    """`node` without positions, its local names (`local`; for a fragment with no function
+    around it, every name not in `keep` nor a builtin) replaced by one placeholder."""
+    keep = keep | frozenset(dir(builtins))
+    copied = _Abstract(local, keep).visit(ast.parse(ast.unparse(node)))
+    return ast.dump(copied)
+
+
+def _structural_lines(pattern: ast.AST, parsed: _Parsed) -> Iterator[int]:
+    """The lines of `parsed`'s functions where a node has the pattern's normalised tree."""
+    wanted = normalised(pattern, keep=parsed.module_names)
+    kind = type(pattern)
+    for scope in parsed.scopes:
+        local = _local_names(scope.node)
+        for node in ast.walk(scope.node):
+            if isinstance(node, kind) and normalised(node, local) == wanted:
+                yield node.lineno
+
+
+def _candidates(rule: AllowRule, parsed: _Parsed, literal: bool = False) -> Iterator[int]:
+    """The lines of `parsed` that may hold the rule's site: those holding its code (its syntax
+    tree where it parses and not `literal`, else its text), else the first line of each
+    function of its name (the rule names the whole function)."""
+    pattern = _pattern(rule.code)
+    if pattern is not None and parsed.parses and not literal:
+        yield from sorted(set(_structural_lines(pattern, parsed)))
+    elif rule.code:
         yield from (n for n, line in enumerate(parsed.lines, 1) if rule.code in line)
     elif rule.function:
         yield from (s.start for s in parsed.scopes if s.name == rule.function)
@@ -152,14 +234,18 @@ def _candidates(rule: AllowRule, parsed: _Parsed) -> Iterator[int]:
 
 def _sites(rule: AllowRule, files: list[_Parsed], anywhere: bool) -> list[tuple[_Parsed, Site]]:
     """The lines of `files` the rule, its caller aside, accepts. `anywhere` looks past the place
-    it names: its code in any file and function, or without code its function in any file."""
+    it names: its code's text in any file and function (its syntax tree, less particular, only
+    in a function of the rule's name), or without code its function in any file."""
     found = []
     for parsed in files:
-        own = dataclasses.replace(rule, caller=None, line=None)
+        # The candidates hold the code already, as text or as a syntax tree.
+        own = dataclasses.replace(rule, caller=None, line=None, code=None)
+        literal = False
         if anywhere:
-            function = None if rule.code else rule.function
+            literal = bool(rule.code) and any(rule.code in line for line in parsed.lines)
+            function = None if literal else rule.function
             own = dataclasses.replace(own, file=parsed.file, function=function)
-        found += [(parsed, site) for site in map(parsed.site, _candidates(rule, parsed))
+        found += [(parsed, site) for site in map(parsed.site, _candidates(rule, parsed, literal))
                   if own.matches(site)]  # fmt: skip
     return found
 
@@ -212,21 +298,130 @@ def _defines(files: list[_Parsed], function: str | None) -> bool:
     return function is not None and any(s.name == function for p in files for s in p.scopes)
 
 
-def locate(rule: AllowRule, sources: Sources, project: Project) -> Finding:
-    """Whether `sources` (one tree of `project`) carry the site `rule` names, and where."""
+def locate(rule: AllowRule, sources: Sources, project: Project,
+           reference: Body | None = None) -> Finding:  # fmt: skip
+    """Whether `sources` (one tree of `project`) carry the site `rule` names, and where; with
+    `reference`, the body of the rule's function where the site is known, a function renamed,
+    moved or inlined is followed."""
     tree = _Tree(sources, project)
     place = tree.files(suffix=rule.file)
     presence, sites = Presence.PRESENT, _sites(rule, place, anywhere=False)
     if not sites and not _defines(place, rule.function):
-        holding = rule.code or f"def {rule.function}("
-        presence, sites = Presence.ELSEWHERE, _sites(rule, tree.files(holding), anywhere=True)
+        holding = [text for text in (rule.code, rule.function and f"def {rule.function}(") if text]
+        files = list({p.path: p for text in holding for p in tree.files(text)}.values())
+        presence, sites = Presence.ELSEWHERE, _sites(rule, files, anywhere=True)
     if rule.caller:
         found = _calls_from_caller(rule, sites, tree)
     else:
         found = [parsed.location(site.line) for parsed, site in sites]
     if found:
         return Finding(presence, tuple(found))
+    if reference is not None and rule.function and not rule.caller and not _defined(rule, tree):
+        return _followed(rule, reference, tree, place)
     return Finding(Presence.ABSENT if _code_under_test(rule, place, tree) else Presence.MISSING)
+
+
+def _defined(rule: AllowRule, tree: _Tree) -> bool:
+    """Whether the package defines the rule's function under its own name, anywhere."""
+    return _defines(tree.files(holding=f"def {rule.function}("), rule.function)
+
+
+# --- following a function by its body -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Body:
+    """A function's body in a release that carries the site: what a renamed, moved or inlined
+    copy of it is recognised by."""
+
+    tokens: tuple[str, ...]  # its normalised syntax tree, as tokens
+    reads: frozenset[str]  # its statements that read a value on the host, normalised
+    key: str  # its longest attribute or called name: the files that may hold a copy hold it
+    lines: int  # how long it is: a function of another length is no copy of it
+
+
+def _tokens(dump: str) -> tuple[str, ...]:
+    return tuple(re.findall(r"\w+|[^\w\s]", dump))
+
+
+def _reading(node: ast.AST) -> bool:
+    """A call that reads a value on the host: `.item()`, `.tolist()`, `float(x)` of no literal."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    if isinstance(func, ast.Attribute):
+        return func.attr in _READS
+    return (isinstance(func, ast.Name) and func.id in _READING_BUILTINS and len(node.args) == 1
+            and not isinstance(node.args[0], ast.Constant))  # fmt: skip
+
+
+def _reads(function: ast.AST) -> Iterator[tuple[ast.stmt, str]]:
+    """The function's statements that read on the host, each with the `if` it is the whole
+    body of, and their normalised trees."""
+    local = _local_names(function)
+    parents = {child: node for node in ast.walk(function) for child in ast.iter_child_nodes(node)}
+    seen = set()
+    for node in ast.walk(function):
+        if not _reading(node):
+            continue
+        while not isinstance(node, ast.stmt):
+            node = parents[node]
+        above = parents.get(node)
+        if isinstance(above, ast.If) and above.body == [node] and not above.orelse:
+            node = above
+        if node not in seen:
+            seen.add(node)
+            yield node, normalised(node, local)
+
+
+def _body(scope: _Scope) -> Body:
+    node = scope.node
+    statements = node.body[1:] if ast.get_docstring(node) else node.body
+    local = _local_names(node)
+    dump = " ".join(normalised(statement, local) for statement in statements)
+    names = [n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)]
+    reads = frozenset(dump for _, dump in _reads(node))
+    return Body(_tokens(dump), reads, max(names or [scope.name], key=len), scope.end - scope.start)
+
+
+def body_of(rule: AllowRule, sources: Sources, project: Project) -> Body | None:
+    """The body of the rule's function in `sources` (in its file, else anywhere), or None."""
+    if not rule.function:
+        return None
+    tree = _Tree(sources, project)
+    for files in (tree.files(suffix=rule.file), tree.files(holding=f"def {rule.function}(")):
+        scopes = [scope for parsed in files for scope in parsed.scopes
+                  if scope.name == rule.function]  # fmt: skip
+        if scopes:
+            return _body(scopes[0])
+    return None
+
+
+def _followed(rule: AllowRule, reference: Body, tree: _Tree, place: list[_Parsed]) -> Finding:
+    """The site in the function most like `reference` (renamed, moved), else the reference's
+    reads where the rule's file has them (inlined); missing where neither is there."""
+    best, best_ratio = None, SIMILAR
+    for parsed in tree.files(holding=reference.key):
+        for scope in parsed.scopes:
+            if not reference.lines / 2 <= scope.end - scope.start <= reference.lines * 2:
+                continue
+            tokens = _body(scope).tokens
+            matcher = difflib.SequenceMatcher(None, reference.tokens, tokens, autojunk=False)
+            if matcher.real_quick_ratio() >= best_ratio and matcher.ratio() >= best_ratio:
+                best, best_ratio = (parsed, scope), matcher.ratio()
+    if best:
+        parsed, scope = best
+        renamed = dataclasses.replace(rule, file=parsed.file, function=scope.name)
+        found = [parsed.location(site.line) for _, site in _sites(renamed, [parsed], False)]
+        return Finding(Presence.ELSEWHERE if found else Presence.ABSENT, tuple(found))
+    inlined = sorted({
+        parsed.location(node.lineno)
+        for parsed in place
+        for scope in parsed.scopes
+        for node, dump in _reads(scope.node)
+        if dump in reference.reads
+    }, key=lambda at: (at.file, at.line))  # fmt: skip
+    return Finding(Presence.ELSEWHERE, tuple(inlined)) if inlined else Finding(Presence.MISSING)
 
 
 def project_of(rule: AllowRule, default: Project) -> Project:
@@ -264,10 +459,16 @@ def undefined_imports(texts: list[str], sources: Sources, project: Project) -> l
 
 
 def _top_level_names(text: str) -> set[str] | None:
-    """The names a module defines at import (through its `if` and `try` blocks too), or None
-    when it makes names on demand (a module `__getattr__`)."""
+    """The names a module defines at import, or None when it makes names on demand (a module
+    `__getattr__`)."""
+    names = _defined_names(ast.parse(text).body)
+    return None if "__getattr__" in names else names
+
+
+def _defined_names(body: list[ast.stmt]) -> set[str]:
+    """The names a module body defines at import, through its `if` and `try` blocks too."""
     names: set[str] = set()
-    blocks = [ast.parse(text).body]
+    blocks = [body]
     while blocks:
         for node in blocks.pop():
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -280,7 +481,7 @@ def _top_level_names(text: str) -> set[str] | None:
             elif isinstance(node, ast.If | ast.Try | ast.With):
                 blocks += [getattr(node, name, []) for name in ("body", "orelse", "finalbody")]
                 blocks += [handler.body for handler in getattr(node, "handlers", [])]
-    return None if "__getattr__" in names else names
+    return names
 
 
 def described(rule: AllowRule) -> str:

@@ -1,0 +1,122 @@
+"""A site judged by running it: its line, in one release, under the sync detector.
+
+The engine side of `hostsync.probe`: the release's sdist unpacked as a tree, the environment
+that fits the release (built when none does), the probe run there as its own process group, and
+its run turned into a verdict: "device read", "line present, no device read", or "not run" with
+the reason (the release does not install here, the probe failed on it, or never reached the
+line). `bisect --judge`, `test_patch --release` and `watch --tests` judge the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+
+from hostsync import cases, envs, probe
+from hostsync.cases import Sdist
+from hostsync.errors import WorkspaceError
+from hostsync.launchers import Run, RunFailed, run_group
+from hostsync.layout import Layout
+from hostsync.projects import Project
+from hostsync.records import Finding, Judgement, ProbeRun, ProbeVerdict, Tree, TreeRole
+from hostsync.upstream.git import git
+from hostsync.upstream.sdists import fetch_sdist
+
+
+def snippet_of(layout: Layout, case: cases.Case | None) -> Path | None:
+    """The case's one-process snippet, the probe of a site no generated call reaches."""
+    return layout.repro / case.card.repro.snippet if case and case.card.repro.snippet else None
+
+
+def release(layout: Layout, project: Project, version: str, sdist: Sdist, finding: Finding,
+            snippet: Path | None, timeout: float) -> Judgement:  # fmt: skip
+    """The site's lines (as `finding` places them) run under the detector on `version`, in an
+    environment built for it."""
+    try:
+        python = envs.python_for(layout, project, cases.Release(version, f"v{version}", sdist))
+    except WorkspaceError as error:
+        what = " then ".join(words for _, words in _probes(finding, snippet)) or "no probe"
+        return Judgement(version, ProbeVerdict.NOT_RUN, what, f"does not install here: {error}")
+    root = probe.unpacked(fetch_sdist(layout, sdist),
+                          layout.work / "probes" / f"{project.name}-{version}")  # fmt: skip
+    return tree(layout, project, version, root, python, finding, snippet, timeout)
+
+
+def revision(layout: Layout, project: Project, repo: Path, commit: str, python: str,
+             finding: Finding, snippet: Path | None, timeout: float) -> Judgement:  # fmt: skip
+    """The site's lines run under the detector at `commit` of the git repository `repo`, with
+    the interpreter `python` (the environment of the release after it)."""
+    root = layout.work / "probes" / f"{project.name}-{commit[:12]}"
+    if not root.exists():
+        partial = root.with_name(root.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        with tempfile.NamedTemporaryFile(suffix=".tar") as archive:
+            git(repo, "archive", "--format=tar", f"--output={archive.name}", commit)
+            with tarfile.open(archive.name) as tar:
+                tar.extractall(partial, filter="data")
+        partial.rename(root)
+    return tree(layout, project, commit[:12], root, python, finding, snippet, timeout)
+
+
+def _probes(finding: Finding, snippet: Path | None) -> list[tuple[list[str], str]]:
+    """The probes to try, in order, as their options and in words: a generated call of the
+    site's function where it is a function of its module, then the case's snippet."""
+    function = finding.found[0].function if finding.found else ""
+    probes = []
+    if function and "." not in function:
+        probes.append((["--function", function], f"a generated call of {function}"))
+    if snippet is not None:
+        probes.append((["--snippet", str(snippet)], f"the snippet {snippet.name}"))
+    return probes
+
+
+def tree(layout: Layout, project: Project, label: str, root: Path, python: str,
+         finding: Finding, snippet: Path | None, timeout: float) -> Judgement:  # fmt: skip
+    """The site's lines run under the detector in the source tree `root` (`label`: its
+    release or commit), by the interpreter `python`, each probe as a process group of its
+    own until one runs: a generated call may fail where the snippet runs."""
+    probes = _probes(finding, snippet)
+    if not finding.found or not probes:
+        reason = "its source lacks the site" if not finding.found else "a method and no snippet"
+        return Judgement(label, ProbeVerdict.NOT_RUN, "no probe", reason)
+    at = finding.found[0]
+    file = str(PurePosixPath(at.file).relative_to(PurePosixPath(project.import_root)))
+    source = Tree(f"probe-{label}", TreeRole.RELEASE, root, label, "", "probed", project, python)
+    lines = sorted({place.line for place in finding.found if place.file == at.file})
+    tried = []
+    for options, what in probes:
+        run = Run(layout.new_run_dir(f"probe-{project.name}-{label}"), source, layout)
+        out = run.run_dir / "probe.json"
+        command = [python, "-m", "hostsync.probe", "--file", file, "--out", str(out), *options,
+                   "--lines", *map(str, lines)]  # fmt: skip
+        try:
+            status = run_group(run, command, timeout=timeout)
+        except RunFailed as error:
+            judged = Judgement(label, ProbeVerdict.NOT_RUN, what, str(error))
+        else:
+            failed = f"the probe exited with status {status}: see {run.log_file}"
+            seen = ProbeRun.from_json(json.loads(out.read_text())) if out.exists() else None
+            judged = (verdict_of(label, what, seen, lines) if status == 0 and seen
+                      else Judgement(label, ProbeVerdict.NOT_RUN, what, failed))  # fmt: skip
+        if judged.verdict != ProbeVerdict.NOT_RUN:
+            return judged
+        tried.append(judged)
+    reasons = "; ".join(f"{run.probe}: {run.reason}" for run in tried)
+    return Judgement(label, ProbeVerdict.NOT_RUN, " then ".join(w for _, w in probes), reasons)
+
+
+def verdict_of(version: str, what: str, seen: ProbeRun, lines: list[int]) -> Judgement:
+    """A probe's run as a verdict: a read at one of the site's `lines`, a line that ran and
+    read nothing, or not run (an error, or the lines never reached)."""
+    if seen.error:
+        return Judgement(version, ProbeVerdict.NOT_RUN, what, seen.error)
+    if not seen.reached:
+        return Judgement(version, ProbeVerdict.NOT_RUN, what,
+                         f"the probe did not reach line {', '.join(map(str, lines))}")  # fmt: skip
+    read = [r for r in seen.reads if int(r.rpartition(":")[2]) in seen.reached]
+    verdict = ProbeVerdict.READ if read else ProbeVerdict.NO_READ
+    return Judgement(version, verdict, what, "; ".join(read) or "ran, read nothing")
