@@ -40,7 +40,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from hostsync import cases, envs, judge, locks, patch_proof, projects, provenance, results, table
+from hostsync import cases, judge, locks, patch_proof, projects, provenance, results, table
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.options import add_case, add_timeout, case_layouts
@@ -59,7 +59,7 @@ from hostsync.records import (
     SiteHistory,
 )
 from hostsync.sites import AllowRule
-from hostsync.upstream import presence, sdists
+from hostsync.upstream import envs, presence, sdists
 from hostsync.upstream.git import git, rev
 from hostsync.upstream.releases import tag_format
 from hostsync.upstream.sdists import Published

@@ -15,15 +15,17 @@ import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from hostsync import cases, envs, probe
+from hostsync import cases, probe
 from hostsync.cases import Sdist
 from hostsync.errors import WorkspaceError
 from hostsync.launchers import Run, RunFailed, run_group
 from hostsync.layout import Layout
 from hostsync.projects import Project
-from hostsync.records import Finding, Judgement, ProbeRun, ProbeVerdict, Tree, TreeRole
+from hostsync.records import Finding, Judgement, ProbeRun, ProbeVerdict, TreeRole
+from hostsync.upstream import envs
 from hostsync.upstream.git import git
 from hostsync.upstream.sdists import fetch_sdist
+from hostsync.upstream.trees import Tree
 
 
 def snippet_of(layout: Layout, case: cases.Case | None) -> Path | None:
