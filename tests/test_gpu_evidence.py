@@ -91,6 +91,7 @@ def test_the_gpu_script_runs_dry_on_a_cpu_pinned_reading_twice_a_step_fixed_neve
     assert provenance.stale_reasons(workspace, result) == []
 
 
+@pytest.mark.heavy
 @pytest.mark.distributed
 @pytest.mark.network
 def test_a_cases_profiled_step_runs_dry_on_a_cpu_each_tree_with_its_own_reads(
@@ -98,7 +99,8 @@ def test_a_cases_profiled_step_runs_dry_on_a_cpu_each_tree_with_its_own_reads(
 ) -> None:
     """`case_on_gpu.py` on the Ulysses loader's card `[profile]`, one rank: the pinned refill
     reads the gathered length and each of its 3 tensors' length check, the patched one only the
-    length; a dry run has no GPU figures."""
+    length; a dry run has no GPU figures. Heavy: each tree builds DeepSpeed's shared-memory
+    communication op on first use."""
     layout = workspace.for_case("ds-ulysses-seqlen")
     env = os.environ | {"HOSTSYNC_ROOT": str(layout.root), "OMP_NUM_THREADS": "1"}
 
