@@ -1,6 +1,6 @@
-"""GPU evidence: the loss case's GPU script, run dry on a CPU (what a lent GPU runs for real), and
-`review`'s optional source `gpu`: cited when fresh, left out when stale, "not measured" when
-absent."""
+"""GPU evidence: the GPU scripts (the loss case's, and any case's profiled step), run dry on a
+CPU (what a lent GPU runs for real), and `review`'s optional source `gpu`: cited when fresh, left
+out when stale, "not measured" when absent."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from hostsync import cases, drafts, provenance, results, review
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
 from hostsync.records import GpuResult, GpuTreeFigures
+from hostsync.upstream.trees import prepare_tree
 
 import made
 
 SCRIPT = ROOT / "gpu" / "loss_case_on_gpu.py"
+CASE_SCRIPT = ROOT / "gpu" / "case_on_gpu.py"
 GPU_FIGURE = "{{gpu:figures[tree=pinned].dtoh_copies}}"
 
 
@@ -102,3 +104,38 @@ def test_the_gpu_script_runs_dry_on_a_cpu_pinned_reading_twice_a_step_fixed_neve
     assert figures["pinned"].dtoh_copies is None and figures["pinned"].sync_warnings is None
     assert result.dry_run and result.stamp.case == "sp-loss"
     assert provenance.stale_reasons(workspace, result) == []
+
+
+@pytest.mark.heavy
+@pytest.mark.distributed
+@pytest.mark.network
+def test_a_cases_profiled_step_runs_dry_on_a_cpu_each_tree_with_its_own_reads(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    """`case_on_gpu.py` on the Ulysses loader's card `[profile]`, one rank: the pinned refill
+    reads the gathered length and each of its 3 tensors' length check, the patched one only the
+    length; a dry run has no GPU figures. Heavy: each tree builds DeepSpeed's shared-memory
+    communication op on first use."""
+    layout = workspace.for_case("ds-ulysses-seqlen")
+    env = os.environ | {"HOSTSYNC_ROOT": str(layout.root), "OMP_NUM_THREADS": "1"}
+
+    def script(python: str, *argv: str) -> None:
+        done = subprocess.run([python, str(CASE_SCRIPT), *argv, "--case", layout.case], env=env,
+                              capture_output=True, text=True, timeout=900)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+    script(sys.executable, "pack")
+    tree_python = prepare_tree(layout, "pinned").python  # deepspeed's own dependencies
+    script(tree_python, "measure", "--device", "cpu", "--warmup", "1", "--steps", "2",
+           "--out-dir", str(tmp_path))  # fmt: skip
+
+    (path,) = tmp_path.glob("gpu-*.json")
+    result = results.read(path, GpuResult)
+    figures = {tree.tree: tree for tree in result.figures}
+    assert (figures["pinned"].host_reads, figures["patched"].host_reads) == (4, 1)
+    pinned = figures["pinned"]
+    assert (pinned.step_ms, pinned.gpu_idle_ms, pinned.dtoh_copies, pinned.sync_warnings) == (
+        None, None, None, None,
+    )  # fmt: skip
+    assert result.dry_run and result.stamp.case == "ds-ulysses-seqlen"
+    assert provenance.stale_reasons(layout, result) == []

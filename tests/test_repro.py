@@ -392,7 +392,8 @@ def test_the_trainer_filter_reads_twice_per_finite_micro_batch_and_the_fix_never
 @pytest.mark.distributed
 @pytest.mark.network
 def test_zero_clipping_reads_the_norm_once_per_group_and_the_fix_never(tmp_path: Path) -> None:
-    """The DeepSpeed case, bf16 ZeRO 1 on real ranks: same training, two reads fewer a step."""
+    """The DeepSpeed case, bf16 ZeRO 1 on real ranks: same training, two reads fewer a step, one
+    of them after a group's update."""
     measured = measure_live_case(tmp_path, "ds-clip-norm", ["bf16-zero1"])
 
     runs = {run["tree"]: run for run in measured["runs"]}
@@ -400,6 +401,10 @@ def test_zero_clipping_reads_the_norm_once_per_group_and_the_fix_never(tmp_path:
     overflow = runs["pinned"]["overflow_step"] - 1
     pinned = runs["pinned"]["clip_reads_per_step"]
     assert pinned == [0 if step == overflow else groups for step in range(len(pinned))]
+    # step() reads the norm before its per-group loop: only the later groups' reads wait for an
+    # update queued before them
+    after_an_update = runs["pinned"]["clip_reads_after_an_update_per_step"]
+    assert after_an_update == [0 if step == overflow else groups - 1 for step in range(len(pinned))]
     assert set(runs["patched"]["clip_reads_per_step"]) == {0}
     assert runs["pinned"]["skipped_steps"] == runs["patched"]["skipped_steps"] == 1
     assert [c["verdict"] for c in measured["comparisons"]] == ["identical"]

@@ -10,6 +10,9 @@ for, and trains it. Returned through `rank_entry`:
 - the host syncs of each step's `engine.backward` + `engine.step`, by source line
   (`hostsync.detector`), and the same reads by the ZeRO method that caused them (a line inside
   a shared helper such as `is_invalid_grad_norm` does not say which caller paid for it);
+- how many of the clip's reads come after a parameter group's optimizer update was queued in
+  the same step: the reads that wait for an update. ZeRO 1/2's `step` reads the norm before its
+  per-group loop, so only the second and later groups' reads are such waits;
 - what training did: loss, global grad norm, whether the step was applied, the skipped-step
   count and a checksum of the weights after each step. One step gets an infinite gradient from
   a backward hook (`--overflow-step`): the step is skipped, or, in bf16 with
@@ -38,6 +41,8 @@ from hostsync.protocol import rank_entry, repro_parser
 
 HIDDEN = 16
 SCALAR_READ = torch.ops.aten._local_scalar_dense.default
+# The update of one parameter group by the fused AdamW the scenarios train with.
+GROUP_UPDATE = torch.ops.aten._fused_adamw_
 ZERO_PACKAGE = ("deepspeed", "runtime", "zero")
 # BF16_Optimizer (ZeRO 1 in bf16 with fp32 gradient accumulation) lives beside the ZeRO package.
 BF16_OPTIMIZER = ("deepspeed", "runtime", "bf16_optimizer.py")
@@ -76,15 +81,22 @@ def parse_args() -> argparse.Namespace:
 
 class ReadsByZeroMethod(TorchDispatchMode):
     """Counts scalar reads by the innermost optimizer function on the stack: one of
-    `deepspeed/runtime/zero/` or BF16_Optimizer's, or a clip they call."""
+    `deepspeed/runtime/zero/` or BF16_Optimizer's, or a clip they call; and the clip's reads
+    made after a group's optimizer update was queued."""
 
     def __init__(self) -> None:
         super().__init__()
         self.counts: Counter[str] = Counter()
+        self.clip_reads_after_an_update = 0
+        self.update_queued = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is SCALAR_READ:
-            self.counts[_zero_caller(sys._getframe(1))] += 1
+            where = _zero_caller(sys._getframe(1))
+            self.counts[where] += 1
+            self.clip_reads_after_an_update += self.update_queued and where.endswith(CLIPS)
+        elif func.overloadpacket is GROUP_UPDATE:
+            self.update_queued = True
         return func(*args, **(kwargs or {}))
 
 
@@ -185,6 +197,7 @@ def train(args: argparse.Namespace) -> tuple[object, list[dict]]:
             "weights_checksum": weights_checksum(engine),
             "sync_sites": scope.sync_sites() if counting else [],
             "reads_by_zero_method": dict(by_method.counts.most_common()),
+            "clip_reads_after_an_update": by_method.clip_reads_after_an_update,
         })  # fmt: skip
     return engine, steps
 
@@ -206,6 +219,9 @@ def main() -> dict:
         "device": str(engine.device),
         "clip_reads_per_step": [
             sum(n for where, n in counts.items() if where.endswith(CLIPS)) for counts in by_method
+        ],
+        "clip_reads_after_an_update_per_step": [
+            step["clip_reads_after_an_update"] for step in steps
         ],
         "reads_per_step": [sum(counts.values()) for counts in by_method],
         "reads_by_zero_method": by_method[-1],

@@ -41,10 +41,10 @@ def parse_args() -> argparse.Namespace:
     return repro_parser(__doc__.splitlines()[0], known=SCENARIOS).parse_args()
 
 
-def samples(keys: tuple[str, ...]) -> list[dict[str, torch.Tensor]]:
+def samples(keys: tuple[str, ...], count: int = BATCHES) -> list[dict[str, torch.Tensor]]:
     generator = torch.Generator().manual_seed(0)
     found = []
-    for _ in range(BATCHES):
+    for _ in range(count):
         ids = torch.randint(0, 128, (SEQ_LEN,), generator=generator)
         tensors = {"input_ids": ids, "labels": ids.clone(), "position_ids": torch.arange(SEQ_LEN),
                    "attention_mask": torch.ones(SEQ_LEN, dtype=torch.int64)}  # fmt: skip

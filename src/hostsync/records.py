@@ -460,8 +460,9 @@ class ProfileResult(Result):
 class GpuTreeFigures(Record):
     """One tree's measured call on a GPU, per step: the host reads (PyTorch profiler), the
     device-to-host copies and synchronising CUDA calls it launched (CUDA profiler), the warnings
-    of `torch.cuda.set_sync_debug_mode("warn")`, and Nsight Systems' count where it ran. The
-    GPU's figures are None from a dry run on a CPU."""
+    of `torch.cuda.set_sync_debug_mode("warn")`, and Nsight Systems' count where it ran; for a
+    case's profiled step, its wall time (CUDA events) and the GPU's idle time between kernels,
+    medians in ms. The GPU's figures are None from a dry run on a CPU."""
 
     tree: str
     version: str
@@ -471,6 +472,8 @@ class GpuTreeFigures(Record):
     cuda_calls: dict[str, float] | None
     sync_warnings: float | None
     nsys: NsysFigures | None = field(default=None, metadata=OPTIONAL)
+    step_ms: float | None = field(default=None, metadata=OPTIONAL)
+    gpu_idle_ms: float | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
