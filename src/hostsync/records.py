@@ -337,12 +337,15 @@ class TreeRef(Record):
 
 @dataclass(frozen=True)
 class Provenance(Record):
-    """The inputs a result depends on, by sha256: when one changes, the result is stale."""
+    """The inputs a result depends on, by sha256: when one changes, the result is stale.
+    `detector_sha256` is the detector and its op table (`provenance.detector_digest`), which
+    decide what a measuring result counts; "" in a result that recorded none."""
 
     pin_sha256: str
     case_sha256: str
     patches: dict[str, str]
     scripts: dict[str, str]
+    detector_sha256: str = field(default="", metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -366,9 +369,11 @@ class Stamp(Record):
 
 @dataclass(frozen=True)
 class Result(Record):
-    """A result file: its stamp at the top level, then what its kind measured."""
+    """A result file: its stamp at the top level, then what its kind measured. `DETECTED`: its
+    figures are what the detector counted, so another detector makes it stale."""
 
     KIND: ClassVar[str] = ""
+    DETECTED: ClassVar[bool] = False
     stamp: Stamp = field(metadata=FLAT)
 
     def document(self) -> dict[str, Json]:
@@ -606,6 +611,7 @@ class SnippetRuns(Record):
 @dataclass(frozen=True)
 class ReproResult(Result):
     KIND: ClassVar[str] = "repro"
+    DETECTED: ClassVar[bool] = True
     environment: Environment
     trees: dict[str, TreeInfo]
     scenarios: dict[str, str]
@@ -873,6 +879,7 @@ class HuntSetup(Record):
 @dataclass(frozen=True)
 class HuntResult(Result):
     KIND: ClassVar[str] = "hunt"
+    DETECTED: ClassVar[bool] = True
     setup: HuntSetup
     allowlist: tuple[AllowRule, ...]
     trees: tuple[HuntTree, ...]
@@ -937,6 +944,7 @@ class CensusResult(Result):
     every carried fix applied (`fixed`): one hunt record per setup and column."""
 
     KIND: ClassVar[str] = "census"
+    DETECTED: ClassVar[bool] = True
     environment: Environment
     steps: int
     setups: dict[str, CensusSetup]
@@ -980,6 +988,7 @@ class BenchResult(Result):
     """The detector's truth and cost; with the runs, the reproducer's wall times too."""
 
     KIND: ClassVar[str] = "bench"
+    DETECTED: ClassVar[bool] = True
     detector: DetectorTruth
     op_us: dict[str, dict[str, float]]
     environment: Environment | None = field(default=None, metadata=OPTIONAL)

@@ -12,6 +12,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from hostsync import cases, devices, launchers, locks, results, trainer_run
+from hostsync.provenance import detector_digest
 from hostsync.census import report, setups
 from hostsync.census.report import FIXED, TODAY
 from hostsync.census.setups import Matrix
@@ -202,4 +203,5 @@ def inputs(layout: Layout, names: list[str]) -> Provenance:
             for patch in series(layout.for_case(name))
         },
         scripts={trainer_run.WORKER.name: sha256(trainer_run.WORKER)},
+        detector_sha256=detector_digest(),
     )
