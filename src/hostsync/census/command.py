@@ -12,7 +12,6 @@ from pathlib import Path
 from packaging.version import Version
 
 from hostsync import cases, devices, launchers, locks, results, trainer_run
-from hostsync.provenance import detector_digest
 from hostsync.census import report, setups
 from hostsync.census.report import FIXED, TODAY
 from hostsync.census.setups import Matrix
@@ -23,6 +22,7 @@ from hostsync.hunt.measure import rank_records, summarize
 from hostsync.launchers import RunFailed, Start
 from hostsync.layout import Layout
 from hostsync.options import add_timeout, comma_list
+from hostsync.provenance import detector_digest
 from hostsync.records import (
     CensusResult,
     CensusTrees,
