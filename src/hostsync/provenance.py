@@ -19,7 +19,6 @@ from hostsync.layout import Layout
 from hostsync.records import Provenance, Result, Stamp
 from hostsync.upstream.patchqueue import series
 
-
 # What decides what a measuring run counts: the detector, its op table, its accounting.
 DETECTOR_FILES = tuple(
     Path(__file__).with_name(name) for name in ("detector.py", "sync_ops.py", "accounting.py")
