@@ -501,6 +501,18 @@ class FixJudgement(Record):
     reason: str
 
 
+@dataclass(frozen=True)
+class CostComparison(Record):
+    """One scenario's fix judged: the cost on tree `before` against the cost on tree `after`."""
+
+    launch: str
+    ranks: int
+    scenario: str
+    before: str
+    after: str
+    judgement: FixJudgement
+
+
 # --- repro ---------------------------------------------------------------------------------------
 
 
@@ -517,7 +529,9 @@ def is_site_list(value: Json) -> bool:
 class RunRow(Record):
     """One (tree, launch, rank count, scenario) of a repro: the figures the case's rank script
     reported, merged over the ranks. A figure the ranks disagree on keeps every rank's value
-    in `per_rank`; the file holds it beside the figure as `<name>_per_rank`."""
+    in `per_rank`; the file holds it beside the figure as `<name>_per_rank`. `costs`: each
+    rank's reads, stalls and device work, where its script accounted for them (`cost` in its
+    row)."""
 
     tree: str
     launch: str
@@ -526,8 +540,9 @@ class RunRow(Record):
     figures: dict[str, Json] = field(default_factory=dict)
     per_rank: dict[str, tuple[Json, ...]] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
+    costs: tuple[Cost, ...] = ()
 
-    _OWN: ClassVar = ("tree", "launch", "ranks", "scenario", "problems")
+    _OWN: ClassVar = ("tree", "launch", "ranks", "scenario", "problems", "costs")
 
     def to_json(self) -> dict[str, Json]:
         out: dict[str, Json] = {
@@ -539,6 +554,8 @@ class RunRow(Record):
             if name in self.per_rank:
                 out[f"{name}_per_rank"] = list(self.per_rank[name])
         out["problems"] = list(self.problems)
+        if self.costs:
+            out["costs"] = dump(self.costs)
         return out
 
     @classmethod
@@ -549,7 +566,7 @@ class RunRow(Record):
         own = {}
         for name in cls._OWN:
             inner = f"{where}.{name}" if where else name
-            if name not in data and name != "problems":
+            if name not in data and name not in ("problems", "costs"):
                 raise RecordError(inner, "is missing")
             if name in data:
                 own[name] = load(hints[name], data[name], inner)
@@ -562,6 +579,12 @@ class RunRow(Record):
             else:
                 figures[key] = value
         return cls(**own, figures=figures, per_rank=per_rank)
+
+    @property
+    def cost(self) -> Cost:
+        """Every rank's cost together."""
+        first, *others = self.costs
+        return sum(others, first)
 
     def get(self, name: str, default: Json = None) -> Json:
         """A figure, or a field of the row, by name (what a card's columns name)."""
@@ -620,6 +643,7 @@ class ReproResult(Result):
     trainer: tuple[TrainerComparison, ...] = field(default=(), metadata=OPTIONAL)
     snippet: SnippetRuns | None = field(default=None, metadata=OPTIONAL)
     nodes: tuple[NodeShare, ...] = field(default=(), metadata=OPTIONAL)
+    verdicts: tuple[CostComparison, ...] = field(default=(), metadata=OPTIONAL)
 
 
 # --- test_patch ----------------------------------------------------------------------------------
