@@ -841,6 +841,8 @@ class HuntSite(Record):
     rate: float
     carried: str | None
     allowed: str | None
+    # Of `rate`, the reads that stalled: device work was queued since the host last waited.
+    stall_rate: float = field(default=0.0, metadata=OPTIONAL)
 
     @property
     def identity(self) -> tuple[str, str, str, str]:
@@ -884,6 +886,8 @@ class HuntTree(Record):
     cross_check: tuple[CrossCheck, ...] = ()
     ranks: tuple[Json, ...] = ()
     nodes: tuple[NodeShare, ...] = field(default=(), metadata=OPTIONAL)
+    # Reads, stalls and device work over every rank's steps after the warm-up.
+    cost: Cost | None = field(default=None, metadata=OPTIONAL)
 
     @property
     def measured(self) -> bool:

@@ -18,7 +18,7 @@ from hostsync.census.setups import Matrix
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.hunt.allowlist import carried_rules, load_allowlist
-from hostsync.hunt.measure import rank_records, summarize
+from hostsync.hunt.measure import rank_records, steady_cost, summarize
 from hostsync.launchers import RunFailed, Start
 from hostsync.layout import Layout
 from hostsync.options import add_timeout, comma_list
@@ -187,6 +187,7 @@ def hunted(layout: Layout, tree: Tree, column: str, name: str,
         record,
         seconds=max(result["seconds"] for result in outcome),
         sites=tuple(summarize(ranks, rules, carried)),
+        cost=steady_cost(ranks),
         ranks=tuple(ranks),
     )
 
