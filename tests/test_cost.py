@@ -6,14 +6,20 @@ scope: the verdict comes from what the scopes counted.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from hostsync import cost, results
 from hostsync.claims import check_claims
 from hostsync.cost import compare_costs, judge, verdict_table
 from hostsync.detector import SyncScope
 from hostsync.errors import WorkspaceError
 from hostsync.records import CostComparison, FixVerdict, RunRow
+
+import made
+from conftest import make_workspace
 
 DEVICE = torch.device("cpu")  # the device under test
 
@@ -134,3 +140,20 @@ def test_a_fix_that_costs_more_is_not_drafted():
 
     with pytest.raises(WorkspaceError, match=r"the fix costs more .* it is not drafted"):
         check_claims("pr.md", "Removes one read.", costly, gpu_figures=True)
+
+
+def test_test_patch_prints_the_verdicts_of_the_newest_fresh_repro(tmp_path):
+    workspace = make_workspace(tmp_path / "workspace")
+    assert cost.case_verdicts(workspace) == (
+        "fix verdict: no repro result yet; run `nox -s repro -- --case sp-loss`"
+    )
+    pinned = dataclasses.replace(measured(log_twice), tree="pinned")
+    patched = dataclasses.replace(measured(log_once), tree="patched")
+    result = made.repro(workspace, (pinned, patched))
+    result = dataclasses.replace(result, verdicts=tuple(compare_costs(result.runs)))
+    path = results.write(workspace.profiles, result, workspace.unsaved)
+
+    printed = cost.case_verdicts(workspace)
+
+    assert printed.startswith(f"fix verdicts, from {path.name}:")
+    assert "pinned -> patched" in printed and "cleanup: 1 read(s) per step fewer" in printed

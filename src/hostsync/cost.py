@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hostsync import table
-from hostsync.records import Cost, CostComparison, FixJudgement, FixVerdict, RunRow
+from hostsync import provenance, results, table
+from hostsync.layout import Layout
+from hostsync.records import Cost, CostComparison, FixJudgement, FixVerdict, ReproResult, RunRow
 
 # How much more device work per step a fix may add and still be judged by its stalls alone.
 WORK_BOUND = 0.01
@@ -80,3 +81,19 @@ def verdict_table(comparisons: Sequence[CostComparison]) -> str:
         for c in comparisons
     ]  # fmt: skip
     return f"{table.text(COLUMNS, rows)}\nverdict bound: {BOUND}"
+
+
+def case_verdicts(layout: Layout) -> str:
+    """The case's fix verdicts from its newest repro result, or why there are none."""
+    path = results.latest(layout.profiles, ReproResult)
+    rerun = f"run `nox -s repro -- --case {layout.case}`"
+    if path is None:
+        return f"fix verdict: no repro result yet; {rerun}"
+    result = results.read(path, ReproResult)
+    stale = provenance.stale_reasons(layout, result)
+    if stale:
+        return f"fix verdict: {path.name} is stale ({', '.join(stale)}); {rerun}"
+    verdicts = result.verdicts
+    if not verdicts:
+        return f"fix verdict: {path.name} holds no costs (its ranks did not account)"
+    return f"fix verdicts, from {path.name}:\n{verdict_table(verdicts)}"
