@@ -3,7 +3,10 @@
 A maintainer judges a fix by what it saves against what it adds, and a GPU pays for stalls, not
 for reads (`hostsync.accounting`). From the cost before and after, per step:
 
-- *saves stalls*: stalls down, device work (kernels, bytes, FLOPs) up by no more than the bound;
+- *saves stalls*: stalls down, device work (kernels, bytes, FLOPs) up by no more than the bound:
+  bytes and FLOPs by at most 1 %, kernels by at most 1 % or a few small ones per stall saved (a
+  stall idles the device for a launch latency and the host's time to queue the next work; a small
+  kernel runs for about as long as it takes to launch);
 - *cleanup*: reads down, no stall saved, work within the bound;
 - *costs more*: device work up beyond the bound (whether or not it saves a stall);
 - *no change*: none of these.
@@ -19,7 +22,11 @@ from hostsync.records import Cost, CostComparison, FixJudgement, FixVerdict, Rep
 
 # How much more device work per step a fix may add and still be judged by its stalls alone.
 WORK_BOUND = 0.01
-BOUND = f"device work (kernels, bytes, FLOPs) per step up by at most {WORK_BOUND:.0%}"
+KERNELS_PER_STALL = 4
+BOUND = (
+    f"bytes and FLOPs per step up by at most {WORK_BOUND:.0%}, kernels by at most"
+    f" {WORK_BOUND:.0%} or {KERNELS_PER_STALL} per stall saved"
+)
 
 
 def judge(before: Cost, after: Cost) -> FixJudgement:
@@ -31,12 +38,17 @@ def judge(before: Cost, after: Cost) -> FixJudgement:
         return tuple(round(figure / cost.steps, 3) for figure in figures)
 
     reads, stalls, kernels, moved, flops = zip(per_step(before), per_step(after), strict=True)
+    saved = stalls[0] - stalls[1]
+    allowed = {
+        "kernels": max(kernels[0] * WORK_BOUND, KERNELS_PER_STALL * saved),
+        "bytes": moved[0] * WORK_BOUND,
+        "FLOPs": flops[0] * WORK_BOUND,
+    }
     grown = [
         name
         for name, (old, new) in (("kernels", kernels), ("bytes", moved), ("FLOPs", flops))
-        if new > old * (1 + WORK_BOUND)
+        if new - old > allowed[name]
     ]
-    saved = stalls[0] - stalls[1]
     if grown:
         verdict = FixVerdict.COSTS_MORE
         reason = f"{' and '.join(grown)} up beyond the bound" + (
