@@ -120,6 +120,8 @@ def test_a_draft_may_claim_a_stall_only_where_one_is_saved():
     cleanup = [compared(log_twice, log_once)]
 
     check_claims("issue.md", "Each read waits for the device.", saves, gpu_figures=False)
+    with pytest.raises(WorkspaceError, match=r"says 'waiting for the device', but no read"):
+        check_claims("issue.md", "A cleanup: each waiting for the device.", cleanup, False)
     with pytest.raises(WorkspaceError, match=r"issue.md says 'waits for the device', but no read"):
         check_claims("issue.md", "A cleanup: it waits for the device.", cleanup, False)
 

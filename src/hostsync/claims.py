@@ -16,7 +16,8 @@ from hostsync.errors import WorkspaceError
 from hostsync.records import CostComparison, FixVerdict
 
 STALL_CLAIM = re.compile(
-    r"\bstall(?:s|ed|ing)?\b|\bwaits? for the (?:device|GPU|stream)\b|\bdrains? the stream\b",
+    r"\bstall(?:s|ed|ing)?\b|\bwait(?:s|ed|ing)? for the (?:device|GPU|stream)\b"
+    r"|\bdrains? the stream\b",
     re.IGNORECASE,
 )
 SPEED_CLAIM = re.compile(r"\bfaster\b|\bspeed-?ups?\b|\bspeeds? up\b", re.IGNORECASE)
