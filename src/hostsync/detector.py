@@ -339,6 +339,14 @@ class _Names:
 _names = _Names()
 
 
+def _named_site(frame: FrameType | None) -> Site:
+    key = (frame.f_code, frame.f_lineno) if frame else None
+    site = _names.sites.get(key)
+    if site is None:
+        site = _names.sites[key] = _site(frame)
+    return site
+
+
 class _Observer:
     """What the open scopes of one context share: the instrumentation and the events it sees.
 
@@ -461,22 +469,14 @@ class _Observer:
 
     def site(self) -> tuple[FrameType | None, Site]:
         frame = _caller_frame()
-        key = (frame.f_code, frame.f_lineno) if frame else None
-        site = _names.sites.get(key)
-        if site is None:
-            site = _names.sites[key] = _site(frame)
-        return frame, site
+        return frame, _named_site(frame)
 
     def statement(self) -> Site:
         """The innermost statement outside the detector, inside torch or not."""
         frame = sys._getframe(1)
         while frame is not None and frame.f_code.co_filename in _DETECTOR_FILES:
             frame = frame.f_back
-        key = (frame.f_code, frame.f_lineno) if frame else None
-        site = _names.sites.get(key)
-        if site is None:
-            site = _names.sites[key] = _site(frame)
-        return site
+        return _named_site(frame)
 
     def caller(self, frame: FrameType | None) -> str:
         """`file:function` of the frame that called `frame`'s function ("" for none)."""
