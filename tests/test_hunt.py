@@ -73,6 +73,17 @@ def test_pinned_step_syncs_at_both_lines_of_the_loss_aggregation_on_every_step(
 
 
 @pytest.mark.distributed
+def test_each_step_is_accounted_reads_stalls_and_device_work(hunted: HuntTree) -> None:
+    cost = hunted.cost
+    steady_steps = hunted.plan.steps - 1  # step 1 is the warm-up
+    assert cost.steps == SP_SIZE * steady_steps
+    assert cost.reads == round(sum(site.rate for site in hunted.sites) * cost.steps)
+    assert 0 < cost.stalls <= cost.reads
+    assert cost.work.kernels > 0 and cost.work.collectives > 0 and cost.work.flops > 0
+    assert sum(site.stall_rate for site in hunted.sites) == pytest.approx(cost.stalls / cost.steps)
+
+
+@pytest.mark.distributed
 def test_logging_syncs_are_told_apart_from_every_step_ones(hunted: HuntTree) -> None:
     by_function = {site.function: site for site in hunted.sites}
 
