@@ -104,7 +104,7 @@ def test_trees_are_compared_with_the_first_per_scenario_and_printed_with_the_bou
     assert RunRow.from_json(patched.to_json()) == patched
     printed = verdict_table([compared])
     assert "tree -> patched" in printed and "2 -> 1" in printed
-    assert printed.endswith(f"verdict bound: {BOUND}")
+    assert printed.endswith(f"per step, every rank's together; verdict bound: {BOUND}")
     assert BOUND == (
         "bytes and FLOPs per step up by at most 1%, kernels by at most 1% or 4 per stall saved"
     )

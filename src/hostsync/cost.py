@@ -92,7 +92,7 @@ def verdict_table(comparisons: Sequence[CostComparison]) -> str:
         ]
         for c in comparisons
     ]  # fmt: skip
-    return f"{table.text(COLUMNS, rows)}\nverdict bound: {BOUND}"
+    return f"{table.text(COLUMNS, rows)}\nper step, every rank's together; verdict bound: {BOUND}"
 
 
 def case_verdicts(layout: Layout) -> str:
