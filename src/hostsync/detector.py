@@ -25,8 +25,8 @@ storage. Event kinds are the table's.
 The model is "every tensor would be on the GPU", except host memory the code names as such
 (`device="cpu"` spelled in the statement, `pin_memory=True`, a Python number written with
 `t[i] = 0.0`), what a factory makes when it names no device (`torch.tensor(0.0)`: the CPU on a
-GPU box too, while the default device is the CPU) and what is computed from named host memory: reads of those are free, copies into them
-(`host[i] = t0`, `host.copy_(t)`) count. Once the code names host memory, a dispatch mode follows
+GPU box too, while the default device is the CPU) and what is computed from named host memory:
+reads of those are free, copies into them (`host[i] = t0`, `host.copy_(t)`) count. Once the code names host memory, a dispatch mode follows
 what is computed from it (every aten call goes through Python from then on, in the thread that
 opened the scope). A chained read of a fresh host copy on the same line (`t.cpu().numpy()`)
 counts once.
@@ -37,7 +37,8 @@ raise `SyncScopeError` inside a scope: their graphs run fused kernels the scope 
 under the mode that follows host memory dynamo would run eager code instead. On CUDA, torch's own
 sync-debug mode runs alongside as a second opinion (`cuda_syncs`), counted per context; it only
 sees warnings outside code that silences or records warnings itself. A scope opened with
-`account=True` also tells stalls from free reads and counts the device work (`hostsync.accounting`).
+`account=True` also tells stalls from free reads and counts the device work
+(`hostsync.accounting`).
 """
 
 from __future__ import annotations
