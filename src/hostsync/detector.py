@@ -26,10 +26,10 @@ The model is "every tensor would be on the GPU", except host memory the code nam
 (`device="cpu"` spelled in the statement, `pin_memory=True`, a Python number written with
 `t[i] = 0.0`), what a factory makes when it names no device (`torch.tensor(0.0)`: the CPU on a
 GPU box too, while the default device is the CPU) and what is computed from named host memory:
-reads of those are free, copies into them (`host[i] = t0`, `host.copy_(t)`) count. Once the code names host memory, a dispatch mode follows
-what is computed from it (every aten call goes through Python from then on, in the thread that
-opened the scope). A chained read of a fresh host copy on the same line (`t.cpu().numpy()`)
-counts once.
+reads of those are free, copies into them (`host[i] = t0`, `host.copy_(t)`) count. Once the
+code names host memory, a dispatch mode follows what is computed from it (every aten call goes
+through Python from then on, in the thread that opened the scope). A chained read of a fresh
+host copy on the same line (`t.cpu().numpy()`) counts once.
 
 A scope observes its context: the thread that opened it, autograd's device threads (torch carries
 the thread-local state there) and functions wrapped with `scope.carry`. torch.compile'd functions
