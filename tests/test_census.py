@@ -18,6 +18,8 @@ from hostsync.records import (
     CensusResult,
     CensusSetup,
     CensusTrees,
+    Cost,
+    DeviceWork,
     Environment,
     HuntSite,
     HuntTree,
@@ -120,10 +122,12 @@ def _site(file: str, rate: float, carried: str | None = None, allowed: str | Non
     )  # fmt: skip
 
 
-def _run(setup: str, column: str, sites: tuple[HuntSite, ...]) -> HuntTree:
+def _run(setup: str, column: str, sites: tuple[HuntSite, ...], stalls: int = 0) -> HuntTree:
     info = TreeInfo("transformers", "5.24.0", "abc", "a test", "src")
+    reads = round(sum(site.rate for site in sites) * 2)
+    cost = Cost(steps=2, reads=reads, stalls=stalls, work=DeviceWork(kernels=100, bytes=4000))
     return HuntTree(label=f"{setup} {column}", tree=column, setup=setup, info=info, stacked=(),
-                    seconds=1.0, sites=sites)  # fmt: skip
+                    seconds=1.0, sites=sites, cost=cost)  # fmt: skip
 
 
 def test_the_report_ranks_sites_by_reads_per_step_summed_over_the_setups(tmp_path: Path) -> None:
@@ -139,10 +143,10 @@ def test_the_report_ranks_sites_by_reads_per_step_summed_over_the_setups(tmp_pat
         columns={"today": CensusTrees(info, (), ()), "fixed": CensusTrees(info, (), ("case",))},
         allowlist=(),
         runs=(
-            _run("one", "today", (carried, candidate, accepted)),
-            _run("two", "today", (candidate,)),
-            _run("one", "fixed", (candidate, accepted)),
-            _run("two", "fixed", (candidate,)),
+            _run("one", "today", (carried, candidate, accepted), stalls=4),
+            _run("two", "today", (candidate,), stalls=2),
+            _run("one", "fixed", (candidate, accepted), stalls=2),
+            _run("two", "fixed", (candidate,), stalls=2),
         ),
         wall_s=10.0,
     )
@@ -157,6 +161,13 @@ def test_the_report_ranks_sites_by_reads_per_step_summed_over_the_setups(tmp_pat
     assert report.per_setup(result, "fixed", unaccepted=True) == {"one": 2.0, "two": 2.0}
     text = written[0].read_text()
     assert "carried by case case" in text and "accepted: by design" in text
+    assert report.stalls_per_setup(result, "today") == {"one": 2.0, "two": 1.0}
+    assert report.fix_verdicts(result) == {
+        "one": "saves stalls: 1 stall(s) per step saved",
+        "two": "no change: neither stalls nor reads down",
+    }
+    assert "| 2 -> 1 |" in text and "stalls/step today -> fixed" in text
+    assert "stalls/step today -> fixed" in report.console_summary(result)
     assert written[1].suffix == ".png" and written[1].stat().st_size > 0
     assert results.read(path, CensusResult) == result
 

@@ -31,8 +31,12 @@ def site_of(cause: Callable[[torch.Tensor], object]) -> Site:
     return Site(HERE, line, cause.__name__, code)
 
 
+# The device under test: a factory naming no device makes host memory on a GPU box too.
+DEVICE = torch.device("cpu")
+
+
 def numbers() -> torch.Tensor:
-    return torch.tensor([1.0, -2.0, 3.0, 3.0])
+    return torch.tensor([1.0, -2.0, 3.0, 3.0], device=DEVICE)
 
 
 # One cause per way of reading the device; each syncs on the first line of its body.

@@ -3,6 +3,7 @@ the drafts' placeholders. Real files in temporary workspaces; no process is laun
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from hostsync import cases, drafts, options, projects, provenance, repro, result
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
 from hostsync.pin import load as load_pin
-from hostsync.records import HuntResult, HuntSetup, ReproResult
+from hostsync.records import HuntResult, HuntSetup, ReproResult, TestPatchResult
 from hostsync.upstream import envs
 from hostsync.upstream.patchqueue import series
 
@@ -170,6 +171,25 @@ def test_a_result_goes_stale_when_its_card_or_series_changes(workspace: Layout) 
     reasons = provenance.stale_reasons(workspace, result)
     assert "cases/sp-loss.toml changed" in reasons
     assert any(reason.endswith("was removed") for reason in reasons)
+
+
+def measured_by_another_detector(stamp):
+    other = dataclasses.replace(stamp.provenance, detector_sha256="0" * 64)
+    return dataclasses.replace(stamp, provenance=other)
+
+
+def test_a_result_counted_by_another_detector_is_stale_one_that_ran_tests_is_not(
+    workspace: Layout,
+) -> None:
+    counted = hunt_result(workspace)
+    assert counted.stamp.provenance.detector_sha256 == provenance.detector_digest()
+    counted = dataclasses.replace(counted, stamp=measured_by_another_detector(counted.stamp))
+    proof = TestPatchResult(stamp=counted.stamp, ok=True, checks=())
+
+    assert provenance.stale_reasons(workspace, counted) == [
+        "it was measured by another detector (src/hostsync/detector.py, sync_ops.py, accounting.py)"
+    ]
+    assert provenance.stale_reasons(workspace, proof) == []
 
 
 def test_a_result_of_another_case_is_stale_for_that_reason_alone(workspace: Layout) -> None:

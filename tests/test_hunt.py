@@ -14,7 +14,15 @@ from hostsync.errors import WorkspaceError
 from hostsync.hunt import allowlist, command, measure, report
 from hostsync.launchers import DeepSpeedSetup
 from hostsync.layout import ROOT, Layout
-from hostsync.records import CrossCheck, HuntResult, HuntSite, HuntTree, TreeRole
+from hostsync.records import (
+    Cost,
+    CrossCheck,
+    DeviceWork,
+    HuntResult,
+    HuntSite,
+    HuntTree,
+    TreeRole,
+)
 from hostsync.sites import AllowRule
 from hostsync.upstream.git import git
 from hostsync.upstream.patchqueue import series
@@ -64,6 +72,17 @@ def test_pinned_step_syncs_at_both_lines_of_the_loss_aggregation_on_every_step(
 
 
 @pytest.mark.distributed
+def test_each_step_is_accounted_reads_stalls_and_device_work(hunted: HuntTree) -> None:
+    cost = hunted.cost
+    steady_steps = hunted.plan.steps - 1  # step 1 is the warm-up
+    assert cost.steps == SP_SIZE * steady_steps
+    assert cost.reads == round(sum(site.rate for site in hunted.sites) * cost.steps)
+    assert 0 < cost.stalls <= cost.reads
+    assert cost.work.kernels > 0 and cost.work.collectives > 0 and cost.work.flops > 0
+    assert sum(site.stall_rate for site in hunted.sites) == pytest.approx(cost.stalls / cost.steps)
+
+
+@pytest.mark.distributed
 def test_logging_syncs_are_told_apart_from_every_step_ones(hunted: HuntTree) -> None:
     by_function = {site.function: site for site in hunted.sites}
 
@@ -93,19 +112,25 @@ def test_trainer_loss_with_sp_equals_the_loss_without(layout: Layout, pinned: Tr
 
 
 def site(file: str, line: int, function: str, code: str, count: int = 1,
-         kind: str = "scalar_read") -> dict:  # fmt: skip
+         kind: str = "scalar_read", stalls: int = 1) -> dict:  # fmt: skip
+    """`stalls` of the `count` reads waited for device work (the first, by default)."""
     return {"kind": kind, "file": file, "line": line, "function": function, "code": code,
-            "count": count}  # fmt: skip
+            "count": count, "stalls": stalls}  # fmt: skip
 
 
-EVERY = site("transformers/integrations/deepspeed.py", 741, "<genexpr>", "if t > 0", count=2)
+EVERY_PLACE = ("transformers/integrations/deepspeed.py", 741, "<genexpr>", "if t > 0")
+EVERY = site(*EVERY_PLACE, count=2)
 LOGGING = site("transformers/trainer.py", 2074, "_maybe_log_save_evaluate", "x.item()")
 WARMUP = site("accelerate/data_loader.py", 583, "__iter__", "it = iter(dl)")
 REFILL = site("deepspeed/runtime/sequence_parallel/ulysses_sp.py", 684, "refill", "if a != b:", 3)
 
 
 def step(number: int, *sites: dict, logging: bool = False) -> dict:
-    return {"step": number, "warmup": number == 1, "logging": logging, "sites": list(sites)}
+    """One step, its cost what its sites read and stalled, after 10 kernels of work each."""
+    reads, stalls = sum(s["count"] for s in sites), sum(s["stalls"] for s in sites)
+    cost = Cost(1, reads, stalls, DeviceWork(kernels=10 * len(sites)))
+    return {"step": number, "warmup": number == 1, "logging": logging, "sites": list(sites),
+            "cost": cost.to_json()}  # fmt: skip
 
 
 def rank(number: int) -> dict:
@@ -136,8 +161,25 @@ def test_sites_say_when_they_occur_and_rank_by_syncs_per_step() -> None:
         ("__iter__", "warm-up only", 1),
     ]
     assert [s.rate for s in sites] == [2.0, 1.5, 0.25, 0.0]
+    assert [s.stall_rate for s in sites] == [1.0, 0.5, 0.25, 0.0]
     assert [s.package for s in sites] == ["transformers", "deepspeed", "transformers",
                                              "accelerate"]  # fmt: skip
+
+
+def test_a_trees_cost_is_every_ranks_steps_after_the_warm_up_and_judged_against_the_first() -> None:
+    pinned = measure.steady_cost([rank(0), rank(1)])
+    assert (pinned.steps, pinned.reads, pinned.stalls, pinned.work.kernels) == (8, 30, 14, 140)
+
+    lighter = rank(0)
+    for number in range(1, 5):
+        lighter["steps"][number] = step(number + 1, site(*EVERY_PLACE, count=2, stalls=0))
+    base = dataclasses.replace(hunt_tree("pinned", ()), cost=pinned)
+    fixed = dataclasses.replace(hunt_tree("patched", ()), cost=measure.steady_cost([lighter]))
+    rows = report.cost_rows([base, fixed])
+
+    assert rows[0] == ("pinned", 3.75, 1.75, 17.5, "-")
+    assert rows[1][:4] == ("patched", 2.0, 0.0, 10.0)
+    assert rows[1][4] == "saves stalls: 1.75 stall(s) per step saved"
 
 
 def test_the_allow_list_accepts_by_file_and_function_with_its_reason() -> None:

@@ -29,18 +29,18 @@ GATED = """
 
     @pytest.mark.no_host_sync
     def test_the_step_stays_on_the_device():
-        t = torch.ones(4)
+        t = torch.ones(4, device=torch.get_default_device())
         loss_step(t)
         t.tolist()
 
     @pytest.mark.no_host_sync(allow=[AllowRule("test_gate.py", reason="max() decides the scale",
                                                function="loss_step")])
     def test_an_accepted_sync_passes():
-        loss_step(torch.ones(4))
+        loss_step(torch.ones(4, device=torch.get_default_device()))
 
     @pytest.mark.no_host_sync
     def test_sync_free_code_passes():
-        t = torch.ones(4)
+        t = torch.ones(4, device=torch.get_default_device())
         torch.where(t > 0, t, 0.0).sum()
 """
 
@@ -76,7 +76,7 @@ def test_marks_of_the_module_and_the_test_allow_together(pytester):
         @pytest.mark.no_host_sync(allow=[AllowRule("test_layers.py", reason="lists",
                                                    code="tolist")])
         def test_both_rules_apply():
-            t = torch.ones(1)
+            t = torch.ones(1, device=torch.get_default_device())
             log(t)
             t.tolist()
         """
@@ -108,7 +108,7 @@ def test_the_fixture_is_a_scope_for_finer_assertions(pytester):
         import torch
 
         def test_one_read_per_step(host_syncs):
-            t = torch.ones(3)
+            t = torch.ones(3, device=torch.get_default_device())
             with host_syncs() as scope:
                 for _ in range(2):
                     t.sum().item()
@@ -126,12 +126,12 @@ def test_the_report_surveys_every_test_and_fails_none(pytester):
         import torch
 
         def test_reads():
-            t = torch.ones(3)
+            t = torch.ones(3, device=torch.get_default_device())
             if t.sum() > 0:
                 t.tolist()
 
         def test_stays_on_the_device():
-            torch.ones(3).sum()
+            torch.ones(3, device=torch.get_default_device()).sum()
         """
     )
 
@@ -200,7 +200,7 @@ def test_the_installed_package_registers_the_plugin_for_any_project(tmp_path):
         "import pytest, torch\n\n"
         "@pytest.mark.no_host_sync\n"
         "def test_step():\n"
-        "    torch.ones(2).sum().item()\n"
+        "    torch.ones(2, device=torch.get_default_device()).sum().item()\n"
     )
 
     run = run_python(
@@ -210,5 +210,6 @@ def test_the_installed_package_registers_the_plugin_for_any_project(tmp_path):
         project,
     )
 
-    assert "test_step.py:5: torch.ones(2).sum().item()" in run.stdout, run.stdout + run.stderr
+    line = "test_step.py:5: torch.ones(2, device=torch.get_default_device()).sum().item()"
+    assert line in run.stdout, run.stdout + run.stderr
     assert "1 failed" in run.stdout

@@ -100,7 +100,7 @@ def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
         ddp_backend=args.backend,  # on CPU without it each rank would train alone, silently
     )  # fmt: skip
     trainer = Trainer(model=trainer_llama(), args=training_args, train_dataset=samples(STEPS))
-    with contextlib.nullcontext() if args.no_detector else SyncScope() as scope:
+    with contextlib.nullcontext() if args.no_detector else SyncScope(account=True) as scope:
         marks = StepMarks(scope) if scope else None
         if marks:
             trainer.add_callback(marks)
@@ -128,6 +128,7 @@ def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
             }
             for entry in logged
         ],
+        **({"cost": scope.cost(STEPS).to_json()} if scope else {}),
     }
 
 

@@ -117,7 +117,7 @@ def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
     model = trainer_llama()
     trainer = Trainer(model=model, args=training_args, train_dataset=samples(STEPS * accumulation))
-    with SyncScope() if args.detect else contextlib.nullcontext() as scope:
+    with SyncScope(account=True) if args.detect else contextlib.nullcontext() as scope:
         micro_batches = MicroBatches(scope, added_loss)
         hook = model.register_forward_hook(micro_batches, with_kwargs=True)
         try:
@@ -153,6 +153,7 @@ def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
             for entry in trainer.state.log_history
             if "loss" in entry
         ],
+        **({"cost": scope.cost(STEPS).to_json()} if args.detect else {}),
     }
 
 

@@ -85,7 +85,7 @@ def run_scenario(name: str, args: argparse.Namespace, world_size: int) -> dict[s
         ddp_backend=args.backend,  # on CPU without it each rank would train alone, silently
     )  # fmt: skip
     count = STEPS * BATCH * accumulation * world_size
-    with contextlib.nullcontext() if args.no_detector else SyncScope() as scope:
+    with contextlib.nullcontext() if args.no_detector else SyncScope(account=True) as scope:
         trainer = measured_trainer(scope)(
             model=trainer_llama(), args=training_args, train_dataset=sft_samples(count),
             processing_class=tiny_tokenizer(),
@@ -107,6 +107,7 @@ def run_scenario(name: str, args: argparse.Namespace, world_size: int) -> dict[s
             for entry in trainer.state.log_history
             if "loss" in entry
         ],
+        **({"cost": scope.cost(STEPS).to_json()} if scope else {}),
     }
 
 

@@ -63,9 +63,15 @@ def detector_truth() -> DetectorTruth:
     )
 
 
+# The gate's budget on a loss call: a scope per call may add at most this much.
+GATE_BUDGET = 0.10
+LOSS_CALL = "loss call in an open gate scope"
+
+
 def intercepted_op_us(ops: int = 2000, repeats: int = 5) -> dict[str, dict[str, float]]:
-    """Median CPU time of one small aten call with a scope open and without, in microseconds: one
-    that cannot sync (it falls through the detector's key in C++) and one the detector judges."""
+    """Median CPU time of one small aten call with a scope open, with an accounting scope open
+    and without, in microseconds: one that cannot sync (it falls through the detector's key in
+    C++) and one the detector judges; then the gate on a loss call (`LOSS_CALL`)."""
     import torch
 
     from hostsync.detector import SyncScope
@@ -73,24 +79,61 @@ def intercepted_op_us(ops: int = 2000, repeats: int = 5) -> dict[str, dict[str, 
     t = torch.ones(4)
     calls = {"add": lambda: torch.add(t, t), "nonzero": lambda: torch.nonzero(t)}
 
-    def timed(call: Callable[[], object]) -> float:
+    def timed(call: Callable[[], object], count: int = ops) -> float:
         started = time.thread_time()
-        for _ in range(ops):
+        for _ in range(count):
             call()
-        return (time.thread_time() - started) / ops * 1e6
+        return (time.thread_time() - started) / count * 1e6
 
     figures = {}
     for name, call in calls.items():
-        without, with_scope = [], []
+        without, with_scope, accounting = [], [], []
         for _ in range(repeats):
             without.append(timed(call))
             with SyncScope():
                 with_scope.append(timed(call))
+            with SyncScope(account=True):
+                accounting.append(timed(call))
         figures[name] = {
             "with_detector": statistics.median(with_scope),
             "without": statistics.median(without),
+            "with_accounting": statistics.median(accounting),
         }
+    figures[LOSS_CALL] = gate_on_a_loss_call(timed, repeats)
     return figures
+
+
+def gate_on_a_loss_call(
+    timed: Callable[[Callable[[], object], int], float], repeats: int
+) -> dict[str, float]:
+    """A tiny model's forward and loss without a scope and inside an open gate scope,
+    interleaved in one process, so that the ratio is measured in one run; and what opening and
+    closing a scope costs (once per gated test or step, whatever it holds)."""
+    import torch
+
+    from hostsync.detector import SyncScope
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    inputs, labels = torch.randn(16, 32), torch.randint(0, 8, (16,))
+
+    def loss() -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(model(inputs), labels)
+
+    def open_and_close() -> None:
+        with SyncScope():
+            pass
+
+    without, with_gate, scopes = [], [], []
+    for _ in range(repeats):
+        without.append(timed(loss, 200))
+        with SyncScope():
+            with_gate.append(timed(loss, 200))
+        scopes.append(timed(open_and_close, 50))
+    return {
+        "with_detector": statistics.median(with_gate),
+        "without": statistics.median(without),
+        "scope_open_close": statistics.median(scopes),
+    }
 
 
 def print_detector(truth: DetectorTruth, op_us: dict[str, dict[str, float]]) -> None:
@@ -110,10 +153,22 @@ def print_detector(truth: DetectorTruth, op_us: dict[str, dict[str, float]]) -> 
         )
     )
     for name, figures in op_us.items():
+        if name == LOSS_CALL:
+            ratio = figures["with_detector"] / figures["without"] - 1
+            within = "within" if ratio <= GATE_BUDGET else "OVER"
+            print(
+                f"{name}: {figures['with_detector']:.1f} us CPU with the gate,"
+                f" {figures['without']:.1f} us without ({ratio:+.0%}, {within} the"
+                f" {GATE_BUDGET:.0%} budget); opening and closing a scope:"
+                f" {figures['scope_open_close']:.0f} us"
+            )
+            continue
         print(
             f"one aten call ({name}): {figures['with_detector']:.1f} us CPU with the detector,"
             f" {figures['without']:.1f} us without"
-            f" ({overhead(figures['with_detector'], figures['without'], 'us')})"
+            f" ({overhead(figures['with_detector'], figures['without'], 'us')});"
+            f" {figures['with_accounting']:.1f} us with the accounting mode"
+            f" ({overhead(figures['with_accounting'], figures['without'], 'us')})"
         )
 
 

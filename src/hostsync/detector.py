@@ -24,18 +24,21 @@ storage. Event kinds are the table's.
 
 The model is "every tensor would be on the GPU", except host memory the code names as such
 (`device="cpu"` spelled in the statement, `pin_memory=True`, a Python number written with
-`t[i] = 0.0`) and what is computed from it only: reads of those are free, copies into them
-(`host[i] = t0`, `host.copy_(t)`) count. Once the code names host memory, a dispatch mode follows
-what is computed from it (every aten call goes through Python from then on, in the thread that
-opened the scope). A chained read of a fresh host copy on the same line (`t.cpu().numpy()`)
-counts once.
+`t[i] = 0.0`), what a factory makes when it names no device (`torch.tensor(0.0)`: the CPU on a
+GPU box too, while the default device is the CPU) and what is computed from named host memory:
+reads of those are free, copies into them (`host[i] = t0`, `host.copy_(t)`) count. Once the
+code names host memory, a dispatch mode follows what is computed from it (every aten call goes
+through Python from then on, in the thread that opened the scope). A chained read of a fresh
+host copy on the same line (`t.cpu().numpy()`) counts once.
 
 A scope observes its context: the thread that opened it, autograd's device threads (torch carries
 the thread-local state there) and functions wrapped with `scope.carry`. torch.compile'd functions
 raise `SyncScopeError` inside a scope: their graphs run fused kernels the scope cannot judge, and
 under the mode that follows host memory dynamo would run eager code instead. On CUDA, torch's own
 sync-debug mode runs alongside as a second opinion (`cuda_syncs`), counted per context; it only
-sees warnings outside code that silences or records warnings itself.
+sees warnings outside code that silences or records warnings itself. A scope opened with
+`account=True` also tells stalls from free reads and counts the device work
+(`hostsync.accounting`).
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ from torch.utils._python_dispatch import (
 )
 
 from hostsync import sync_ops
+from hostsync.accounting import Accounting
+from hostsync.records import Cost, DeviceWork, SiteCost
 from hostsync.sites import AllowRule, Site, require_reason
 
 __all__ = [
@@ -80,22 +85,37 @@ _Result = TypeVar("_Result")
 class SyncEvent(NamedTuple):
     """One device-to-host read; `allowed` is the reason it is accepted, None when unexpected.
     `caller` is the function that called the site's own (`file:function`): a read inside a
-    shared helper is paid for by its caller."""
+    shared helper is paid for by its caller. `waited_for` is the device work queued since the
+    host last waited, in a scope that accounts for it (`account=True`): a stall when there was
+    any, a free read when none; None in a scope that does not account."""
 
     kind: str
     op: str
     site: Site
     allowed: str | None
     caller: str = ""
+    waited_for: DeviceWork | None = None
+
+    @property
+    def stall(self) -> bool:
+        return self.waited_for is not None and self.waited_for.queued
 
 
 class SyncScope:
-    """Records every host sync made inside it; nested scopes each see their own and the inner."""
+    """Records every host sync made inside it; nested scopes each see their own and the inner.
 
-    def __init__(self, allow: Iterable[AllowRule] = ()) -> None:
+    With `account=True` (what measuring commands ask for) each read is also judged a stall or
+    free, and the device work inside the scope is counted (`hostsync.accounting`): every aten
+    call then goes through Python, which the gate does not pay for.
+    """
+
+    def __init__(self, allow: Iterable[AllowRule] = (), account: bool = False) -> None:
         self.rules = tuple(allow)
+        self.account = account
         self.events: list[SyncEvent] = []
         self.cuda_syncs: int | None = None
+        self.work: DeviceWork | None = None
+        self._work_at_open = DeviceWork()
         self._allowing: list[str] = []
         self._observer: _Observer | None = None
 
@@ -135,13 +155,36 @@ class SyncScope:
         finally:
             self._allowing.pop()
 
-    def _add(self, kind: str, op: str, site: Site, caller: str = "") -> None:
+    def _add(
+        self, kind: str, op: str, site: Site, caller: str, waited_for: DeviceWork | None
+    ) -> None:
         """Judge one event against this scope's allow blocks, then its rules, and keep it."""
         reason = self._allowing[-1] if self._allowing else None
         if reason is None:
             matching = (rule.reason for rule in self.rules if rule.matches(site, caller))
             reason = next(matching, None)
-        self.events.append(SyncEvent(kind, op, site, reason, caller))
+        waited = waited_for if self.account else None
+        self.events.append(SyncEvent(kind, op, site, reason, caller, waited))
+
+    def cost(self, steps: int = 1) -> Cost:
+        """Every read of the scope (allowed ones too: they cost the same), its stalls and the
+        device work inside it, over `steps` steps; by site, most reads first."""
+        if self.work is None:
+            raise SyncScopeError("cost() needs a closed scope opened with account=True")
+        by_site: dict[Site, list[SyncEvent]] = {}
+        for event in self.events:
+            by_site.setdefault(event.site, []).append(event)
+        sites = [
+            SiteCost(
+                site.file, site.line, site.function, site.code, len(events),
+                sum(event.stall for event in events),
+                sum((event.waited_for for event in events if event.stall), DeviceWork()),
+            )
+            for site, events in by_site.items()
+        ]  # fmt: skip
+        sites.sort(key=lambda site: (-site.reads, site.file, site.line))
+        stalls = sum(event.stall for event in self.events)
+        return Cost(steps, len(self.events), stalls, self.work, tuple(sites))
 
     @property
     def unexpected(self) -> list[SyncEvent]:
@@ -272,6 +315,12 @@ class CompiledInScope(SyncScopeError):
     """A torch.compile'd function ran inside a scope: a survey reports it as not judged."""
 
 
+_ACCOUNT_OUTERMOST = (
+    "SyncScope(account=True) inside a scope that does not account: open the outermost scope"
+    " with account=True"
+)
+_NO_WORK = DeviceWork()
+
 _COMPILED_IN_SCOPE = (
     "a torch.compile'd function was called inside a SyncScope: its graphs run fused kernels the"
     " scope cannot judge (or, under a dispatch mode, eager code instead); call the function"
@@ -300,6 +349,14 @@ class _Names:
 _names = _Names()
 
 
+def _named_site(frame: FrameType | None) -> Site:
+    key = (frame.f_code, frame.f_lineno) if frame else None
+    site = _names.sites.get(key)
+    if site is None:
+        site = _names.sites[key] = _site(frame)
+    return site
+
+
 class _Observer:
     """What the open scopes of one context share: the instrumentation and the events it sees.
 
@@ -318,6 +375,7 @@ class _Observer:
         self._instrumentation = ExitStack()
         self._opened_in: int | None = None
         self._propagation: _HostPropagation | None = None
+        self.accounting: Accounting | None = None
         # The host copy `.cpu()` made last, and where: reading it once on that line is free.
         self._host_copy: tuple[tuple[int, int], weakref.ref[torch.Tensor]] | None = None
 
@@ -328,6 +386,8 @@ class _Observer:
 
     def open(self, scope: SyncScope) -> None:
         with self._lock:
+            if scope.account and self.scopes and self.accounting is None:
+                raise SyncScopeError(_ACCOUNT_OUTERMOST)
             if not self.scopes:
                 with ExitStack() as instrumentation:
                     self.counts_cuda_syncs = torch.cuda.is_available()
@@ -336,16 +396,26 @@ class _Observer:
                     self._instrumentation = instrumentation.pop_all()
                 self._opened_in = threading.get_ident()
                 _names.follow(sys.path)
+                if scope.account:
+                    self.accounting = Accounting(self.host)
+                    _push_mode(self.accounting)
             scope.cuda_syncs = 0 if self.counts_cuda_syncs else None
+            if self.accounting is not None:
+                scope._work_at_open = self.accounting.total
             self.scopes.append(scope)
 
     def close(self, scope: SyncScope) -> None:
         with self._lock:
             self.scopes.remove(scope)
+            if scope.account and self.accounting is not None:
+                scope.work = self.accounting.total - scope._work_at_open
             if not self.scopes:
                 if self._propagation is not None:
                     _pop_mode()
                     self._propagation = None
+                if self.accounting is not None:
+                    _pop_mode()
+                    self.accounting = None
                 self._host_copy = None
                 self.host.clear()
                 self._instrumentation.close()
@@ -409,11 +479,14 @@ class _Observer:
 
     def site(self) -> tuple[FrameType | None, Site]:
         frame = _caller_frame()
-        key = (frame.f_code, frame.f_lineno) if frame else None
-        site = _names.sites.get(key)
-        if site is None:
-            site = _names.sites[key] = _site(frame)
-        return frame, site
+        return frame, _named_site(frame)
+
+    def statement(self) -> Site:
+        """The innermost statement outside the detector, inside torch or not."""
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename in _DETECTOR_FILES:
+            frame = frame.f_back
+        return _named_site(frame)
 
     def caller(self, frame: FrameType | None) -> str:
         """`file:function` of the frame that called `frame`'s function ("" for none)."""
@@ -444,9 +517,11 @@ class _Observer:
             elif self._host_copy and self._host_copy[0] == where and self._host_copy[1]() is read:
                 self._host_copy = None
                 return
+            # The first of the reads waits for what was queued; the others find the stream idle.
+            waited = self.accounting.waited() if self.accounting is not None else None
             for scope in self.scopes:
-                for _ in range(count):
-                    scope._add(kind, op, site, caller)
+                for index in range(count):
+                    scope._add(kind, op, site, caller, waited if index == 0 else _NO_WORK)
 
     def count_cuda_sync(self) -> None:
         with self._lock:
@@ -462,25 +537,50 @@ class _HostMemory:
     `.to("cpu", dtype)` when it makes a new tensor) and their views and results. A device value
     is ambiguous here (`args.device` is cpu on CPU, cuda on the GPU box), so a destination counts
     as host only when the statement spells it.
+
+    A factory call that names no device and takes no tensor (`torch.tensor(0.0)`,
+    `torch.zeros(())`) makes host memory on a GPU box too, while the default device is the CPU.
+    What is known to be host memory stays known across scopes (optimizer state outlives the step
+    that made it: AdamW's `step` counters when neither capturable nor fused); what is computed
+    from it is followed only in the scope that named it, and not from a factory's result alone
+    (that would put every later aten call of the gate through Python).
     """
 
     def __init__(self, observer: _Observer) -> None:
         self._observer = observer
-        # By id: a WeakSet compares tensors with ==, which is elementwise.
+        # Named in this context's scopes, by id: a WeakSet compares tensors with ==, which is
+        # elementwise.
         self._tensors: dict[int, weakref.ref[torch.Tensor]] = {}
 
     def __bool__(self) -> bool:
         return bool(self._tensors)
 
     def holds(self, tensor: object) -> bool:
-        held = self._tensors.get(id(tensor)) if self._tensors else None
+        held = _ON_HOST.get(id(tensor)) if _ON_HOST else None
         return held is not None and held() is tensor
 
+    @staticmethod
+    def made(values: object) -> None:
+        """`values` live in host memory, from now on and in every scope."""
+        for value in _tensors_in(values):
+            key = id(value)
+            _ON_HOST[key] = weakref.ref(value, lambda _, key=key: _ON_HOST.pop(key, None))
+
+    @staticmethod
+    def moved(tensor: torch.Tensor) -> None:
+        """`tensor.to(device)` returned `tensor` itself: on a GPU box it is a copy on the device
+        (the stand-in's device is the host), which is what the code goes on to use."""
+        _ON_HOST.pop(id(tensor), None)
+
     def named(self) -> bool:
-        return bool(_NAMES_HOST.search(self._observer.site()[1].code))
+        """Whether the statement making the call, or the one its reads are counted at, spells
+        host memory (torch's AdamW spells `device="cpu"` for its step counters)."""
+        statements = (self._observer.statement(), self._observer.site()[1])
+        return any(_NAMES_HOST.search(statement.code) for statement in statements)
 
     def add(self, values: object, propagate: bool = True) -> None:
         """`values` live in host memory; with `propagate`, so will what is computed from them."""
+        self.made(values)
         for value in _tensors_in(values):
             key = id(value)
             self._tensors[key] = weakref.ref(value, lambda _, key=key: self._tensors.pop(key, None))
@@ -489,6 +589,10 @@ class _HostMemory:
 
     def clear(self) -> None:
         self._tensors.clear()
+
+
+# Tensors known to live in host memory, by id, process-wide (see _HostMemory).
+_ON_HOST: dict[int, weakref.ref[torch.Tensor]] = {}
 
 
 def _tensors_in(values: object) -> Iterator[torch.Tensor]:
@@ -504,6 +608,16 @@ def _names_host_memory(destination: torch.device | None, kwargs: dict, host: _Ho
     if kwargs.get("pin_memory"):
         return True
     return destination is not None and destination.type == "cpu" and host.named()
+
+
+def _made_on_host(name: str, args: tuple, kwargs: dict, destination: torch.device | None) -> bool:
+    """A torch factory given no device and no tensor to follow, while the default device is the
+    CPU: its result is host memory on a GPU box too (`torch.tensor(0.0)`, `torch.zeros(3)`)."""
+    if destination is not None or name.startswith("torch.Tensor.") or name.endswith("_like"):
+        return False
+    if any(isinstance(value, torch.Tensor) for value in (*args, *kwargs.values())):
+        return False
+    return torch.get_default_device().type == "cpu"
 
 
 class _HostPropagation(TorchDispatchMode):
@@ -644,8 +758,16 @@ def _observing(
             result = original(*args, **kwargs)
         where = _CPU if to_host else sync_ops.destination(args, kwargs)
         made = result is not (args[0] if args else None)
-        if made and _names_host_memory(where, kwargs, observer.host):
+        on_host = made and _names_host_memory(where, kwargs, observer.host)
+        if on_host:
             observer.host.add(result)
+        elif made and _made_on_host(name, args, kwargs, where):
+            on_host = True
+            observer.host.made(result)
+        elif not made and where is not None:
+            observer.host.moved(result)
+        if on_host and observer.accounting is not None:
+            observer.accounting.retract(result)
         if count:
             copy = result if rule.kind == "cpu" else None
             observer.record(rule.kind, op, count, read=args[0] if args else None, host_copy=copy)

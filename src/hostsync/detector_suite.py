@@ -79,16 +79,21 @@ def undecided(family: str, reason: str) -> Callable[[Callable[[], object]], Call
     return register
 
 
+# The device under test: a statement that names no device makes host memory on a GPU box too,
+# so the cases' tensors name this one, as training code names its device.
+DEVICE = torch.device("cpu")
+
+
 def values() -> torch.Tensor:
-    return torch.tensor([1.0, -2.0, 3.0, 3.0])
+    return torch.tensor([1.0, -2.0, 3.0, 3.0], device=DEVICE)
 
 
 def counts() -> torch.Tensor:
-    return torch.tensor([0, 2, 1, 2])
+    return torch.tensor([0, 2, 1, 2], device=DEVICE)
 
 
 def square() -> torch.Tensor:
-    return torch.tensor([[2.0, 0.5], [0.5, 1.0]])
+    return torch.tensor([[2.0, 0.5], [0.5, 1.0]], device=DEVICE)
 
 
 SCALAR = "cuda/CUDAScalar.cu _local_scalar_dense_cuda: memcpy_and_sync of one value"
@@ -375,16 +380,16 @@ def histc_default_range():
     return torch.histc(t, bins=4)  # sync 2
 
 
-@case("multinomial", "Distributions.cpp multinomial_out: two .item() checks without replacement")
+@case("none", "Distributions.cpp multinomial (torch 2.13): checked by _assert_async, no read")
 def multinomial_without_replacement():
     p = values().abs()
-    return torch.multinomial(p, 2)  # sync 2
+    return torch.multinomial(p, 2)
 
 
-@case("multinomial", "Distributions.cpp multinomial_out: n_sample == 1 takes the same path")
+@case("none", "Distributions.cpp multinomial (torch 2.13): n_sample == 1 takes the same path")
 def multinomial_one_sample():
     p = values().abs()
-    return torch.multinomial(p, 1, replacement=True)  # sync 2
+    return torch.multinomial(p, 1, replacement=True)
 
 
 LINALG = "torch.linalg docs: 'synchronizes that device with the CPU'; _linalg_check_errors"
@@ -900,32 +905,32 @@ FLOATS = (
 
 @case("format", FLOATS)
 def str_of_floats():
-    return str(torch.tensor([1.5, -2.0]))  # sync 10
+    return str(torch.tensor([1.5, -2.0], device=DEVICE))  # sync 10
 
 
 @case("format", "Tensor.__repr__ is torch._tensor_str._str, as str(); " + FLOATS)
 def repr_of_floats():
-    return repr(torch.tensor([1.5, -2.0]))  # sync 10
+    return repr(torch.tensor([1.5, -2.0], device=DEVICE))  # sync 10
 
 
 @case("format", "print() calls str(); " + FLOATS)
 def print_floats():
-    print(torch.tensor([1.5, -2.0]), file=io.StringIO())  # sync 10
+    print(torch.tensor([1.5, -2.0], device=DEVICE), file=io.StringIO())  # sync 10
 
 
 @case("format", "f-string without a spec: Tensor.__format__ -> str() for a 1-D tensor; " + FLOATS)
 def fstring_of_floats():
-    return f"{torch.tensor([1.5, -2.0])}"  # sync 10
+    return f"{torch.tensor([1.5, -2.0], device=DEVICE)}"  # sync 10
 
 
 @case("format", "%-formatting calls str(); " + FLOATS)
 def percent_format_of_floats():
-    return "loss %s" % (torch.tensor([1.5, -2.0]),)  # noqa: UP031  # sync 10
+    return "loss %s" % (torch.tensor([1.5, -2.0], device=DEVICE),)  # noqa: UP031  # sync 10
 
 
 @case("format", "torch/_tensor_str.py _Formatter: integers, f'{value}' per element (2); tolist (1)")
 def str_of_integers():
-    return str(torch.tensor([3, 1]))  # sync 3
+    return str(torch.tensor([3, 1], device=DEVICE))  # sync 3
 
 
 @case(
@@ -935,7 +940,7 @@ def str_of_integers():
     " self.sci_mode` (1)",
 )
 def str_of_zero_dim():
-    return str(torch.tensor(5.0))  # sync 8
+    return str(torch.tensor(5.0, device=DEVICE))  # sync 8
 
 
 @case("none", "logging formats lazily: a record below the logger's level is never formatted")
@@ -1139,15 +1144,34 @@ def numpy_protocol_of_device_tensor():
     return np.asarray(values())
 
 
-@undecided(
-    "scalar_read",
-    "torch/optim/adam.py keeps `step` in a CPU tensor unless capturable or fused: its .item()"
-    " is free on the GPU, but nothing in the user's statement names that host memory",
+@case(
+    "none",
+    'torch/optim/adam.py _init_group: `step` is torch.tensor(0.0, device="cpu") unless'
+    " capturable or fused; _single_tensor_adam reads it with .item() (_get_value): host memory",
 )
 def adam_step():
     weight = torch.nn.Parameter(values())
     weight.grad = values()
     torch.optim.Adam([weight]).step()
+
+
+@case("none", "torch.optim.AdamW, the same _init_group and step (adamw.py is Adam's subclass)")
+def adamw_step_twice():
+    weight = torch.nn.Parameter(values())
+    weight.grad = values()
+    optimizer = torch.optim.AdamW([weight])
+    optimizer.step()
+    optimizer.step()
+
+
+@case("none", "torch.tensor / torch.zeros without device= make a CPU tensor (default device)")
+def factory_without_device():
+    return torch.tensor(0.0).item(), torch.zeros(()).item(), torch.full((2,), 1.0).tolist()
+
+
+@case("scalar_read", SCALAR + "; a factory given the device under test makes device memory")
+def factory_on_the_device():
+    return torch.zeros((), device=DEVICE).item()  # sync
 
 
 @undecided(

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hostsync import cases, linters, locks, provenance, results, table
+from hostsync import cases, cost, linters, locks, provenance, results, table
 from hostsync import judge as judged_run
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.launchers import Run, run_group
@@ -382,6 +382,7 @@ def prove_and_report(
     checks = all_checks(layout, versions, timeout, workdir)
     wrong = [c for c in checks if c.verdict == WRONG]
     say(table.text(HEADERS, [c.row() for c in checks]))
+    say(cost.case_verdicts(layout))
     for check in checks:
         for test in check.tests:
             if test.outcome in (FAILED, ERROR):

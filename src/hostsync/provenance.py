@@ -2,18 +2,35 @@
 
 A result records, by sha256, pin.toml, the case card, each patch of the series and each of the
 case's scripts (what its ranks run, the snippet an issue quotes) as they were when the run
-started. When any of them changed since, the result is stale: the drafts refuse it.
+started, and the detector with its op table. When any of them changed since, the result is
+stale: the drafts refuse it. The detector counts only for results whose figures it counted
+(`Result.DETECTED`: repro, hunt, census, bench).
 """
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import sys
+from pathlib import Path
 
 from hostsync.files import sha256
 from hostsync.layout import Layout
 from hostsync.records import Provenance, Result, Stamp
 from hostsync.upstream.patchqueue import series
+
+# What decides what a measuring run counts: the detector, its op table, its accounting.
+DETECTOR_FILES = tuple(
+    Path(__file__).with_name(name) for name in ("detector.py", "sync_ops.py", "accounting.py")
+)
+
+
+def detector_digest() -> str:
+    """One sha256 over the detector's files, in order."""
+    digest = hashlib.sha256()
+    for path in DETECTOR_FILES:
+        digest.update(sha256(path).encode())
+    return digest.hexdigest()
 
 
 def inputs(layout: Layout) -> Provenance:
@@ -24,13 +41,20 @@ def inputs(layout: Layout) -> Provenance:
         case_sha256=sha256(layout.case_file),
         patches={path.name: sha256(path) for path in series(layout)},
         scripts={path.name: sha256(path) for path in sorted(layout.repro.glob("*.py"))},
+        detector_sha256=detector_digest(),
     )
 
 
 def workspace_inputs(layout: Layout) -> Provenance:
     """What a result that belongs to no one case depends on: pin.toml (each case it judges
     records its own inputs beside)."""
-    return Provenance(pin_sha256=sha256(layout.pin_file), case_sha256="", patches={}, scripts={})
+    return Provenance(
+        pin_sha256=sha256(layout.pin_file),
+        case_sha256="",
+        patches={},
+        scripts={},
+        detector_sha256=detector_digest(),
+    )
 
 
 def stamp(layout: Layout, measured: Provenance) -> Stamp:
@@ -49,6 +73,9 @@ def stale_reasons(layout: Layout, result: Result) -> list[str]:
         reasons.append("pin.toml changed")
     if then.case_sha256 != now.case_sha256:
         reasons.append(f"cases/{layout.case}.toml changed")
+    if result.DETECTED and then.detector_sha256 != now.detector_sha256:
+        reasons.append("it was measured by another detector (src/hostsync/detector.py,"
+                       " sync_ops.py, accounting.py)")  # fmt: skip
     for folder, old, new in (
         ("patches", then.patches, now.patches),
         ("repro", then.scripts, now.scripts),

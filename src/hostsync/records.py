@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar, Self
 
-from hostsync.codec import FLAT, OPTIONAL, Json, Record, RecordError, Strict, load, shown
+from hostsync.codec import FLAT, OPTIONAL, Json, Record, RecordError, Strict, dump, load, shown
 from hostsync.sites import AllowRule
 
 SCHEMA_VERSION = 4
@@ -123,12 +123,15 @@ class TreeRef(Record):
 
 @dataclass(frozen=True)
 class Provenance(Record):
-    """The inputs a result depends on, by sha256: when one changes, the result is stale."""
+    """The inputs a result depends on, by sha256: when one changes, the result is stale.
+    `detector_sha256` is the detector and its op table (`provenance.detector_digest`), which
+    decide what a measuring result counts; "" in a result that recorded none."""
 
     pin_sha256: str
     case_sha256: str
     patches: dict[str, str]
     scripts: dict[str, str]
+    detector_sha256: str = field(default="", metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -152,11 +155,13 @@ class Stamp(Record):
 
 @dataclass(frozen=True)
 class Result(Record):
-    """A result file: its stamp at the top level, then what its kind measured."""
+    """A result file: its stamp at the top level, then what its kind measured. `DETECTED`: its
+    figures are what the detector counted, so another detector makes it stale."""
 
     KIND: ClassVar[str] = ""
     # What writes this kind of result, so what replaces a bad one; most kinds have a session.
     MADE_BY: ClassVar[str] = ""
+    DETECTED: ClassVar[bool] = False
     stamp: Stamp = field(metadata=FLAT)
 
     @classmethod
@@ -200,6 +205,106 @@ class NodeShare(Record):
     ranks: tuple[int, ...]
 
 
+# --- cost ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceWork(Record):
+    """What a GPU would run on its streams: kernels launched (collectives among them, counted
+    as NCCL's would be), the bytes they read and write, their FLOPs (torch.utils.flop_counter's
+    formulas; 0 for operators it has none for)."""
+
+    kernels: int = 0
+    collectives: int = 0
+    bytes: int = 0
+    flops: int = 0
+
+    def __add__(self, other: DeviceWork) -> DeviceWork:
+        return DeviceWork(*(a + b for a, b in zip(self.figures, other.figures, strict=True)))
+
+    def __sub__(self, other: DeviceWork) -> DeviceWork:
+        return DeviceWork(*(a - b for a, b in zip(self.figures, other.figures, strict=True)))
+
+    @property
+    def figures(self) -> tuple[int, int, int, int]:
+        return (self.kernels, self.collectives, self.bytes, self.flops)
+
+    @property
+    def queued(self) -> bool:
+        """Whether a device would have anything to run, so that a read waits for it."""
+        return self.kernels > 0
+
+
+@dataclass(frozen=True)
+class SiteCost(Record):
+    """One source line's host reads, how many stalled (device work was queued since the host
+    last waited), and the device work those stalls waited for."""
+
+    file: str
+    line: int
+    function: str
+    code: str
+    reads: int
+    stalls: int
+    waited_for: DeviceWork
+
+
+@dataclass(frozen=True)
+class Cost(Record):
+    """A measured region's host reads, stalls and device work, over `steps` steps."""
+
+    steps: int
+    reads: int
+    stalls: int
+    work: DeviceWork
+    sites: tuple[SiteCost, ...] = ()
+
+    def __add__(self, other: Cost) -> Cost:
+        """Two ranks' (or regions') costs together, over the same steps."""
+        return Cost(
+            self.steps,
+            self.reads + other.reads,
+            self.stalls + other.stalls,
+            self.work + other.work,
+            self.sites + other.sites,
+        )
+
+
+class FixVerdict(StrEnum):
+    """What a fix does to the device, judged from the cost before and after."""
+
+    SAVES_STALLS = "saves stalls"
+    CLEANUP = "cleanup"
+    COSTS_MORE = "costs more"
+    NO_CHANGE = "no change"
+
+
+@dataclass(frozen=True)
+class FixJudgement(Record):
+    """A fix's verdict, the figures it rests on (per step), and the bound it was held to."""
+
+    verdict: FixVerdict
+    reads: tuple[float, float]
+    stalls: tuple[float, float]
+    kernels: tuple[float, float]
+    bytes: tuple[float, float]
+    flops: tuple[float, float]
+    bound: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CostComparison(Record):
+    """One scenario's fix judged: the cost on tree `before` against the cost on tree `after`."""
+
+    launch: str
+    ranks: int
+    scenario: str
+    before: str
+    after: str
+    judgement: FixJudgement
+
+
 # --- repro ---------------------------------------------------------------------------------------
 
 
@@ -216,7 +321,9 @@ def is_site_list(value: Json) -> bool:
 class RunRow(Record):
     """One (tree, launch, rank count, scenario) of a repro: the figures the case's rank script
     reported, merged over the ranks. A figure the ranks disagree on keeps every rank's value
-    in `per_rank`; the file holds it beside the figure as `<name>_per_rank`."""
+    in `per_rank`; the file holds it beside the figure as `<name>_per_rank`. `costs`: each
+    rank's reads, stalls and device work, where its script accounted for them (`cost` in its
+    row)."""
 
     tree: str
     launch: str
@@ -225,8 +332,9 @@ class RunRow(Record):
     figures: dict[str, Json] = field(default_factory=dict)
     per_rank: dict[str, tuple[Json, ...]] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
+    costs: tuple[Cost, ...] = ()
 
-    _OWN: ClassVar = ("tree", "launch", "ranks", "scenario", "problems")
+    _OWN: ClassVar = ("tree", "launch", "ranks", "scenario", "problems", "costs")
 
     def to_json(self) -> dict[str, Json]:
         out: dict[str, Json] = {
@@ -238,6 +346,8 @@ class RunRow(Record):
             if name in self.per_rank:
                 out[f"{name}_per_rank"] = list(self.per_rank[name])
         out["problems"] = list(self.problems)
+        if self.costs:
+            out["costs"] = dump(self.costs)
         return out
 
     @classmethod
@@ -248,7 +358,7 @@ class RunRow(Record):
         own = {}
         for name in cls._OWN:
             inner = f"{where}.{name}" if where else name
-            if name not in data and name != "problems":
+            if name not in data and name not in ("problems", "costs"):
                 raise RecordError(inner, "is missing")
             if name in data:
                 own[name] = load(hints[name], data[name], inner)
@@ -261,6 +371,12 @@ class RunRow(Record):
             else:
                 figures[key] = value
         return cls(**own, figures=figures, per_rank=per_rank)
+
+    @property
+    def cost(self) -> Cost:
+        """Every rank's cost together."""
+        first, *others = self.costs
+        return sum(others, first)
 
     def get(self, name: str, default: Json = None) -> Json:
         """A figure, or a field of the row, by name (what a card's columns name)."""
@@ -310,6 +426,7 @@ class SnippetRuns(Record):
 @dataclass(frozen=True)
 class ReproResult(Result):
     KIND: ClassVar[str] = "repro"
+    DETECTED: ClassVar[bool] = True
     environment: Environment
     trees: dict[str, TreeInfo]
     scenarios: dict[str, str]
@@ -318,6 +435,7 @@ class ReproResult(Result):
     trainer: tuple[TrainerComparison, ...] = field(default=(), metadata=OPTIONAL)
     snippet: SnippetRuns | None = field(default=None, metadata=OPTIONAL)
     nodes: tuple[NodeShare, ...] = field(default=(), metadata=OPTIONAL)
+    verdicts: tuple[CostComparison, ...] = field(default=(), metadata=OPTIONAL)
 
 
 # --- test_patch ----------------------------------------------------------------------------------
@@ -521,6 +639,8 @@ class HuntSite(Record):
     rate: float
     carried: str | None
     allowed: str | None
+    # Of `rate`, the reads that stalled: device work was queued since the host last waited.
+    stall_rate: float = field(default=0.0, metadata=OPTIONAL)
 
     @property
     def identity(self) -> tuple[str, str, str, str]:
@@ -566,6 +686,8 @@ class HuntTree(Record):
     cross_check: tuple[CrossCheck, ...] = ()
     ranks: tuple[Json, ...] = ()
     nodes: tuple[NodeShare, ...] = field(default=(), metadata=OPTIONAL)
+    # Reads, stalls and device work over every rank's steps after the warm-up.
+    cost: Cost | None = field(default=None, metadata=OPTIONAL)
 
     @property
     def measured(self) -> bool:
@@ -585,6 +707,7 @@ class HuntSetup(Record):
 @dataclass(frozen=True)
 class HuntResult(Result):
     KIND: ClassVar[str] = "hunt"
+    DETECTED: ClassVar[bool] = True
     setup: HuntSetup
     allowlist: tuple[AllowRule, ...]
     trees: tuple[HuntTree, ...]
@@ -660,6 +783,7 @@ class CensusResult(Result):
     every carried fix applied (`fixed`): one hunt record per setup and column."""
 
     KIND: ClassVar[str] = "census"
+    DETECTED: ClassVar[bool] = True
     environment: Environment
     steps: int
     setups: dict[str, CensusSetup]
@@ -703,6 +827,7 @@ class BenchResult(Result):
     """The detector's truth and cost; with the runs, the reproducer's wall times too."""
 
     KIND: ClassVar[str] = "bench"
+    DETECTED: ClassVar[bool] = True
     detector: DetectorTruth
     op_us: dict[str, dict[str, float]]
     environment: Environment | None = field(default=None, metadata=OPTIONAL)

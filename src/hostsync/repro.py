@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hostsync import cases, devices, launchers, locks, provenance, results, table, trainer_run
+from hostsync import cases, cost, devices, launchers, locks, provenance, results, table, trainer_run
 from hostsync.cases import Case, Launch
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
@@ -49,6 +49,7 @@ from hostsync.options import (
 from hostsync.protocol import free_port
 from hostsync.records import (
     Comparison,
+    Cost,
     Device,
     Json,
     NodeShare,
@@ -168,8 +169,15 @@ def merge_ranks(rank_results: list[dict], tree: str, launch: str, ranks: int) ->
         figures: dict[str, Json] = {}
         per_rank: dict[str, tuple[Json, ...]] = {}
         problems: set[str] = set()
+        costs = tuple(
+            Cost.from_json(row["cost"], f"rank {rank}: runs[{index}].cost")
+            for rank, row in enumerate(by_rank)
+            if "cost" in row
+        )
         for key in keys:
             values = [row.get(key) for row in by_rank]
+            if key == "cost":
+                continue
             if key == "problems":
                 problems |= {problem for value in values for problem in value or ()}
             elif key == "scenario":
@@ -182,7 +190,7 @@ def merge_ranks(rank_results: list[dict], tree: str, launch: str, ranks: int) ->
                 figures[key] = disagreement(values)
                 per_rank[key] = tuple(values)
         rows.append(RunRow(tree, launch, ranks, first["scenario"], figures, per_rank,
-                           tuple(sorted(problems))))  # fmt: skip
+                           tuple(sorted(problems)), costs))  # fmt: skip
     return rows
 
 
@@ -272,6 +280,8 @@ def report(case: Case, result: ReproResult) -> str:
         headers = ("scenario", "ranks", "compared", "across trees")
         compared = [[c.scenario, c.ranks, c.key, c.verdict] for c in result.comparisons]
         lines += ["", table.text(headers, compared)]
+    if result.verdicts:
+        lines += ["", cost.verdict_table(result.verdicts)]
     if result.trainer:
         lines += ["", table.text(TRAINER_COLUMNS, trainer_rows(result.trainer))]
         lines += [f"note: {line}" for line in trainer_anomalies(result.trainer)]
@@ -408,6 +418,7 @@ def repro_case(layout: Layout, settings: ReproSettings) -> ReproResult:
         if settings.nodes.writes_results
         else None,
         nodes=tuple(measured.nodes),
+        verdicts=tuple(cost.compare_costs(runs)),
     )
 
 

@@ -20,7 +20,8 @@ another case, one that measured nothing or a proof that failed is refused outrig
 GPU evidence (`gpu` results, made by `gpu/`'s scripts on a GPU machine and copied into
 profiles/<case>/) are optional: cited when fresh, left out with a warning when stale. Each draft
 is checked before it is written (`hostsync.drafts`): its length, no word of this workspace, no
-figure typed by hand or missing from the results. The same results give byte-identical drafts.
+figure typed by hand or missing from the results; and its claims against the fix's verdict
+(`hostsync.claims`). The same results give byte-identical drafts.
 `--refresh-reference` also makes `profiles/<case>/reference/` hold exactly the results the drafts
 cite, for committing together; without it nothing tracked is touched. Where profiles/<case>/
 holds no result of its own (a fresh clone), the drafts cite the committed reference set, and
@@ -43,6 +44,7 @@ from typing import Any
 
 from hostsync import cases, drafts, provenance, results
 from hostsync.cases import Case
+from hostsync.claims import check_claims
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.options import add_case, case_layouts
@@ -359,6 +361,8 @@ def review(layout: Layout, rerun: bool = False, refresh: bool = False) -> list[P
         for change in refresh_reference(layout, sources):
             log.info("profiles/%s/%s: %s", layout.case, REFERENCE, change)
     found = documents(layout, case, sources)
+    repro = sources.get(ReproResult.KIND)
+    verdicts = repro.result.verdicts if repro else ()
     filled = {}
     for template in templates(layout):
         text = template.read_text()
@@ -366,6 +370,7 @@ def review(layout: Layout, rerun: bool = False, refresh: bool = False) -> list[P
         refuse_unmeasured(template, text, found, layout.case)
         filled[template.name] = drafts.reflow(fill(text, found))
         drafts.check_draft(template.name, drafts.kind(template), filled[template.name])
+        check_claims(template.name, filled[template.name], verdicts, GpuResult.KIND in sources)
     layout.issue_drafts.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in filled.items():

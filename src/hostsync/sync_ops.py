@@ -153,14 +153,6 @@ def _histc(args: tuple, kwargs: dict, host: HostMemory) -> int:
     return 2
 
 
-def _multinomial(args: tuple, kwargs: dict, host: HostMemory) -> int:
-    samples = argument(args, kwargs, 1, "num_samples")
-    replacement = argument(args, kwargs, 2, "replacement", False)
-    if (replacement and samples != 1) or not _reads_device(args, kwargs, host):
-        return 0
-    return 2
-
-
 def _checking_errors(args: tuple, kwargs: dict, host: HostMemory) -> int:
     return 1 if kwargs.get("check_errors") and _reads_device(args, kwargs, host) else 0
 
@@ -285,14 +277,6 @@ KERNEL_SYNCS: tuple[OpSync, ...] = (
         " range is read from the device, two values",
     ),
     OpSync(
-        "multinomial",
-        ("multinomial",),
-        _multinomial,
-        f"{_NATIVE}Distributions.cpp multinomial_out (all devices): without replacement or for"
-        " one sample, two .item() sanity checks before the gumbel-max path; with replacement"
-        " the CUDA kernel checks on the device. torch 2.13 on CPU, torch.profiler: 2 reads",
-    ),
-    OpSync(
         "linalg_check",
         ("_linalg_check_errors",),
         _one,
@@ -360,6 +344,10 @@ NOT_SYNCING: dict[str, str] = {
     "embedding_renorm_": f"{_NATIVE}cuda/Embedding.cu embedding_renorm_cuda_: cub::unique"
     " keeps the count on the device (torch >= 2.3)",
     "randperm": f"{_NATIVE}cuda/Randperm.cu: no host read",
+    "multinomial": f"{_NATIVE}Distributions.cpp multinomial (torch 2.13): the fast path (no"
+    " replacement, or one sample) checks the probabilities with at::_assert_async, a device-side"
+    " assert on CUDA; with replacement the CUDA kernel checks. No read for any argument (the CPU"
+    " kernel of _assert_async reads, inside C++, unseen)",
     "argwhere": "CompositeImplicit: reaches nonzero, which is judged",
     "_ctc_loss": "tagged; the default overload takes host IntArrayRef lengths (the .Tensor"
     " overload is judged)",

@@ -18,11 +18,12 @@ from hostsync.census.setups import Matrix
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.hunt.allowlist import carried_rules, load_allowlist
-from hostsync.hunt.measure import rank_records, summarize
+from hostsync.hunt.measure import rank_records, steady_cost, summarize
 from hostsync.launchers import RunFailed, Start
 from hostsync.layout import Layout
 from hostsync.options import add_timeout, comma_list
 from hostsync.projects import trainer_project
+from hostsync.provenance import detector_digest
 from hostsync.records import (
     CensusResult,
     CensusTrees,
@@ -190,6 +191,7 @@ def hunted(layout: Layout, tree: Tree, column: str, name: str,
         record,
         seconds=max(result["seconds"] for result in outcome),
         sites=tuple(summarize(ranks, rules, carried)),
+        cost=steady_cost(ranks),
         ranks=tuple(ranks),
     )
 
@@ -206,4 +208,5 @@ def inputs(layout: Layout, names: list[str]) -> Provenance:
             for patch in series(layout.for_case(name))
         },
         scripts={trainer_run.WORKER.name: sha256(trainer_run.WORKER)},
+        detector_sha256=detector_digest(),
     )

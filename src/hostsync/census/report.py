@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hostsync import results, table
+from hostsync.cost import BOUND, judge
 from hostsync.hunt.report import reading
 from hostsync.layout import Layout
 from hostsync.records import CensusResult, HuntSite, HuntTree
@@ -67,6 +68,26 @@ def per_setup(result: CensusResult, column: str, *, unaccepted: bool = False) ->
     return found
 
 
+def stalls_per_setup(result: CensusResult, column: str) -> dict[str, float]:
+    """Stalls per optimizer step of each setup measured with accounting in `column`."""
+    return {
+        run.setup: round(run.cost.stalls / run.cost.steps, 2)
+        for run in result.runs
+        if run.tree == column and run.measured and run.cost is not None
+    }
+
+
+def fix_verdicts(result: CensusResult) -> dict[str, str]:
+    """Each setup's verdict on the carried fixes together: today's cost against the fixed one."""
+    costs = {(run.setup, run.tree): run.cost for run in result.runs if run.cost is not None}
+    return {
+        name: f"{judgement.verdict}: {judgement.reason}"
+        for name in result.setups
+        if (name, TODAY) in costs and (name, FIXED) in costs
+        for judgement in [judge(costs[name, TODAY], costs[name, FIXED])]
+    }
+
+
 def _rate(value: float | None) -> str:
     return "-" if not value else f"{value:.2f}".rstrip("0").rstrip(".")
 
@@ -82,6 +103,8 @@ def render(result: CensusResult, source: str, png: str | None) -> str:
     columns = list(result.columns)
     totals = {column: per_setup(result, column) for column in columns}
     open_reads = {column: per_setup(result, column, unaccepted=True) for column in columns}
+    stalls = {column: stalls_per_setup(result, column) for column in columns}
+    verdicts = fix_verdicts(result)
     seconds = {(run.setup, run.tree): run.seconds for run in result.runs}
     unmeasured = {(r.setup, r.tree): "compiled, not judged" for r in result.runs if r.not_judged}
     versions = ", ".join(f"{k} {v}" for k, v in result.environment.versions.items())
@@ -110,20 +133,26 @@ def render(result: CensusResult, source: str, png: str | None) -> str:
         "",
         table.markdown(
             ("setup", "what", *[f"reads/step {c}" for c in columns],
-             *[f"not accepted {c}" for c in columns], *[f"run s {c}" for c in columns]),
+             "stalls/step " + " -> ".join(columns),
+             *[f"not accepted {c}" for c in columns], *[f"run s {c}" for c in columns],
+             "verdict"),
             [
                 (name, result.setups[name].about,
                  *[_rate(totals[c].get(name)) if name in totals[c]
                    else unmeasured.get((name, c), "failed") for c in columns],
+                 " -> ".join(_stalls(stalls[c].get(name)) for c in columns),
                  *[_rate(open_reads[c].get(name)) if name in totals[c]
                    else unmeasured.get((name, c), "failed") for c in columns],
-                 *[seconds.get((name, c)) for c in columns])
+                 *[seconds.get((name, c)) for c in columns],
+                 verdicts.get(name, "-"))
                 for name in setups
             ],
         ),
         "",
         f"*not accepted*: the reads left when the accepted ones ({len(result.allowlist)} rules of"
-        " hunt_allowlist.toml, each with its reason) are set aside: candidates and carried.",
+        " hunt_allowlist.toml, each with its reason) are set aside: candidates and carried."
+        " *stalls/step*: the reads that waited for device work queued since the host last"
+        f" waited. *verdict*: the carried fixes together, {TODAY} against {FIXED} ({BOUND}).",
         "",
     ]  # fmt: skip
     top = sites[:TOP_IN_TABLE]
@@ -248,8 +277,18 @@ def render_file(layout: Layout, json_path: Path) -> str:
 def console_summary(result: CensusResult) -> str:
     columns = list(result.columns)
     totals = {column: per_setup(result, column) for column in columns}
+    stalls = {column: stalls_per_setup(result, column) for column in columns}
+    verdicts = fix_verdicts(result)
     rows = [
-        (name, *[_rate(totals[c][name]) if name in totals[c] else "failed" for c in columns])
+        (name, *[_rate(totals[c][name]) if name in totals[c] else "failed" for c in columns],
+         " -> ".join(_stalls(stalls[c].get(name)) for c in columns), verdicts.get(name, "-"))
         for name in result.setups
-    ]
-    return table.text(("setup", *[f"reads/step {c}" for c in columns]), rows)
+    ]  # fmt: skip
+    headers = ("setup", *[f"reads/step {c}" for c in columns],
+               "stalls/step " + " -> ".join(columns), "verdict")  # fmt: skip
+    return f"{table.text(headers, rows)}\nverdict bound: {BOUND}"
+
+
+def _stalls(value: float | None) -> str:
+    """Stalls per step, 0 shown as 0 (unlike a rate, where no reads shows as "-")."""
+    return "?" if value is None else f"{value:.2f}".rstrip("0").rstrip(".")

@@ -24,7 +24,9 @@ from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout, shares_of
 from hostsync.projects import PACKAGES
 from hostsync.records import (
+    Cost,
     CrossCheck,
+    DeviceWork,
     HuntPlan,
     HuntSite,
     HuntTree,
@@ -114,6 +116,7 @@ def summarize(ranks: list[dict], rules: tuple[AllowRule, ...],
         {s["step"] for rank in ranks for s in rank["steps"] if s["logging"] and not s["warmup"]}
     )
     counts: dict[tuple, Counter] = defaultdict(Counter)
+    stalls: Counter = Counter()
     kinds: dict[tuple, set[str]] = defaultdict(set)
     for rank in ranks:
         for step in rank["steps"]:
@@ -121,6 +124,8 @@ def summarize(ranks: list[dict], rules: tuple[AllowRule, ...],
                 key = (site["file"], site["line"], site["function"], site["code"],
                        site.get("caller", ""))  # fmt: skip
                 counts[key][(rank["rank"], step["step"])] += site["count"]
+                if step["step"] in steady:
+                    stalls[key] += site["stalls"]
                 kinds[key].add(site["kind"])
     sites = []
     for key, by_rank_step in counts.items():
@@ -137,8 +142,25 @@ def summarize(ranks: list[dict], rules: tuple[AllowRule, ...],
             rate=sum(in_steady) / (len(ranks) * len(steady)) if steady else 0.0,
             carried=carried_by,
             allowed=None if carried_by else reason(rules, where, caller),
+            stall_rate=stalls[key] / (len(ranks) * len(steady)) if steady else 0.0,
         ))  # fmt: skip
     return sorted(sites, key=rank_key)
+
+
+def steady_cost(ranks: list[dict]) -> Cost | None:
+    """Every rank's reads, stalls and device work after the warm-up, over its steps."""
+    costs = [
+        Cost.from_json(step["cost"], f"rank {rank['rank']} step {step['step']}")
+        for rank in ranks
+        for step in rank["steps"]
+        if not step["warmup"]
+    ]
+    if not costs:
+        return None
+    total = Cost(len(costs), 0, 0, DeviceWork())
+    for cost in costs:
+        total += dataclasses.replace(cost, steps=len(costs), sites=())
+    return total
 
 
 def when(steps: list[int], steady: list[int], logging_steps: list[int]) -> str:
@@ -243,6 +265,7 @@ def hunt_tree(layout: Layout, tree: Tree, steps: int, rules: tuple[AllowRule, ..
         seconds=round(time.monotonic() - started, 1),
         plan=run.plan,
         sites=tuple(summarize(run.ranks, rules, carried)),
+        cost=steady_cost(run.ranks),
         profiler_only=tuple(profiler_only(run.ranks, run.plan.twin)),
         cross_check=tuple(cross_check(run.ranks, run.plan.twin)),
         ranks=tuple(run.ranks),

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hostsync import results, table
+from hostsync.cost import BOUND, judge
 from hostsync.layout import Layout
 from hostsync.records import HuntResult, HuntSite, HuntTree
 
@@ -133,6 +134,12 @@ def render(result: HuntResult, source: str) -> str:
                 for row in compare(trees)
             ],
         ),
+        "",
+        "## Stalls and device work",
+        "",
+        f"Per rank and step after the warm-up; *verdict* against the first tree ({BOUND}).",
+        "",
+        table.markdown(COST_COLUMNS, cost_rows(trees)),
     ]  # fmt: skip
     for tree in result.trees:
         out += _tree_section(tree) if tree.measured else _failed_section(tree)
@@ -291,4 +298,24 @@ def console_summary(trees: Sequence[HuntTree]) -> str:
         (row.file, _function(row), *_cells(row, labels), _change(row), _verdict(row)[:40])
         for row in compare(trees)
     ]
-    return table.text(("file", "function", *labels, "change", "verdict"), rows)
+    sites = table.text(("file", "function", *labels, "change", "verdict"), rows)
+    return f"{sites}\n\n{table.text(COST_COLUMNS, cost_rows(trees))}\nverdict bound: {BOUND}"
+
+
+COST_COLUMNS = ("tree", "reads/step", "stalls/step", "kernels/step", "verdict")
+
+
+def cost_rows(trees: Sequence[HuntTree]) -> list[tuple]:
+    """Each accounted tree's reads, stalls and kernels per rank and step after the warm-up, and
+    its verdict against the first tree of its setup."""
+    first: dict[str, HuntTree] = {}
+    rows = []
+    for tree in trees:
+        if tree.cost is None:
+            continue
+        base = first.setdefault(tree.setup, tree)
+        judgement = judge(base.cost, tree.cost)
+        verdict = "-" if base is tree else f"{judgement.verdict}: {judgement.reason}"
+        rows.append((tree.label, judgement.reads[1], judgement.stalls[1], judgement.kernels[1],
+                     verdict))  # fmt: skip
+    return rows

@@ -9,7 +9,8 @@ steps as a user would, and returns what it saw through `rank_entry`:
 
 - the loss and grad norm the Trainer logged at each step;
 - with `--detect-steps N`, every host sync of steps 1..N as `hostsync.detector` records it, each
-  step from fetching its batch to the end of its logging;
+  step from fetching its batch to the end of its logging, with whether it stalled and the
+  step's reads, stalls and device work (`records.Cost`);
 - with `--profile-step K`, the scalar reads of step K as the PyTorch profiler records them: it also
   sees reads made inside C++ kernels, which a dispatch mode cannot attribute.
 """
@@ -133,7 +134,7 @@ class SyncHunt:
         if step <= self.detected_steps:
             from hostsync.detector import SyncScope
 
-            scope = SyncScope()
+            scope = SyncScope(account=True)
             self._open.callback(self._keep_step, step, scope)
             self._open.enter_context(scope)
         elif step == self.profiled_step:
@@ -159,15 +160,20 @@ class SyncHunt:
     def _keep_step(self, step: int, scope) -> None:
         # By caller too: a read inside a shared helper is paid for by whoever called it.
         found = Counter((event.kind, event.site, event.caller) for event in scope.events)
+        stalled = Counter(
+            (event.kind, event.site, event.caller) for event in scope.events if event.stall
+        )
         self.steps.append({
             "step": step,
             "warmup": step == 1,
             "logging": self._logged,
             "sites": [
                 {"kind": kind, "file": site.file, "line": site.line, "function": site.function,
-                 "code": site.code, "caller": caller, "count": count}
+                 "code": site.code, "caller": caller, "count": count,
+                 "stalls": stalled[kind, site, caller]}
                 for (kind, site, caller), count in sorted(found.items(), key=_site_order)
             ],
+            "cost": scope.cost().to_json(),
         })  # fmt: skip
 
     def _keep_profile(self, profile: torch.profiler.profile) -> None:

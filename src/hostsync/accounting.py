@@ -1,0 +1,125 @@
+"""Which host reads stall a GPU, and the device work each stall waits for.
+
+A read costs a GPU only when device work was queued since the host last waited for it (the
+previous read, a blocking copy): then the host stalls until that work is done. A read right
+after another read costs nothing, the stream is already drained. The detector's scopes turn
+this on with `SyncScope(account=True)`; the gate (a plain scope, the pytest plugin) never pays
+for it.
+
+Device work is what a GPU would run on its streams, counted below autograd (a dispatch mode):
+each operator that makes or writes tensors launches a kernel, except views, allocations and
+computations on host memory; collectives (c10d's operators: gloo's block the host here) are
+counted as the kernels NCCL's would be. Each kernel's bytes are those of the tensors it reads
+and writes, its FLOPs torch.utils.flop_counter's formula for the operator (0 where it has none).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+from hostsync.records import DeviceWork
+
+_aten = torch.ops.aten
+# Operators that make or describe tensors without running a kernel on a device.
+_NO_KERNEL = {
+    _aten.empty.memory_format,
+    _aten.empty_strided.default,
+    _aten.empty_like.default,
+    _aten.new_empty.default,
+    _aten.new_empty_strided.default,
+    _aten.lift_fresh.default,
+    _aten.detach.default,
+    _aten.alias.default,
+    _aten.set_.source_Storage_storage_offset,
+    _aten.resize_.default,
+}
+# Operators that return a Python value, not a tensor, after running kernels of their own.
+_READS_AFTER_KERNELS = {_aten.equal.default}
+
+
+class HostMemory(Protocol):
+    """What the accounting asks the detector: which tensors live in host memory."""
+
+    def holds(self, tensor: object) -> bool: ...
+
+
+class Accounting(TorchDispatchMode):
+    """Device work in total and since the host last waited, counted per aten call."""
+
+    def __init__(self, host: HostMemory) -> None:
+        super().__init__()
+        self.host = host
+        self.total = DeviceWork()
+        self._queued = DeviceWork()
+        self._last: tuple[int, DeviceWork] | None = None
+        self._lock = threading.Lock()
+
+    def __torch_dispatch__(
+        self,
+        func: torch._ops.OpOverload,
+        types: Sequence[type],
+        args: tuple = (),
+        kwargs: dict | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        work = self.work_of(func, args, kwargs, result)
+        if work.queued:
+            with self._lock:
+                self.total += work
+                self._queued += work
+                self._last = (id(result), work)
+        return result
+
+    def work_of(
+        self, func: torch._ops.OpOverload, args: tuple, kwargs: dict, result: object
+    ) -> DeviceWork:
+        """The device work one call launches (nothing for views, allocations, host memory)."""
+        inputs = list(_tensors(args, kwargs))
+        outputs = list(_tensors(result))
+        if func.namespace == "c10d":
+            return DeviceWork(1, 1, _bytes(inputs), 0)
+        if func in _NO_KERNEL or func.is_view:
+            return DeviceWork()
+        if not outputs and func not in _READS_AFTER_KERNELS:
+            return DeviceWork()
+        if inputs and all(self.host.holds(tensor) for tensor in inputs):
+            return DeviceWork()
+        formula = flop_registry.get(func._overloadpacket)
+        flops = formula(*args, **kwargs, out_val=result) if formula else 0
+        moved = {id(tensor): tensor for tensor in (*inputs, *outputs)}
+        return DeviceWork(1, 0, _bytes(moved.values()), int(flops))
+
+    def waited(self) -> DeviceWork:
+        """The host waits for the device now: the work it waits for (empty when free)."""
+        with self._lock:
+            queued, self._queued, self._last = self._queued, DeviceWork(), None
+        return queued
+
+    def retract(self, made: torch.Tensor) -> None:
+        """`made`, the last call's result, turned out to be host memory: no device ran it."""
+        with self._lock:
+            if self._last is not None and self._last[0] == id(made):
+                self.total -= self._last[1]
+                self._queued -= self._last[1]
+                self._last = None
+
+
+def _tensors(*values: object) -> Iterator[torch.Tensor]:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, list | tuple):
+            yield from _tensors(*value)
+        elif isinstance(value, dict):
+            yield from _tensors(*value.values())
+
+
+def _bytes(tensors: Iterator[torch.Tensor] | Sequence[torch.Tensor]) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)

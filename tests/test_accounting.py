@@ -1,0 +1,173 @@
+"""Cost, not counts: each read judged a stall or free, and the device work it waits for.
+
+Labelled cases: a read stalls when device work was queued since the host last waited, and is
+free when nothing was. Host tensors no code names as host (factory calls without a device, the
+optimizers' step counters) are read for free, or not at all on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hostsync.detector import SyncScope, SyncScopeError
+from hostsync.protocol import free_port
+from hostsync.records import Cost, DeviceWork
+
+
+def matrix() -> torch.Tensor:
+    return torch.arange(16.0).reshape(4, 4)
+
+
+def stalls(scope: SyncScope) -> list[bool]:
+    return [event.stall for event in scope.events]
+
+
+def test_a_read_right_after_a_read_is_free():
+    t = matrix()
+    with SyncScope(account=True) as scope:
+        total = t.sum()
+        total.item()
+        total.item()
+    assert stalls(scope) == [True, False]
+
+
+def test_a_read_after_queued_work_stalls_and_names_that_work():
+    a, b = matrix(), matrix()
+    with SyncScope(account=True) as scope:
+        product = a @ b
+        product.sum().item()
+    (event,) = scope.events
+    # the matmul and the sum: two kernels, torch.utils.flop_counter's 2*4*4*4 for the matmul
+    assert event.waited_for == DeviceWork(kernels=2, bytes=3 * 64 + 64 + 4, flops=128)
+
+
+def test_a_read_of_a_host_copy_is_free_and_the_copy_itself_is_the_wait():
+    t = matrix()
+    with SyncScope(account=True) as scope:
+        doubled = t * 2
+        host = doubled.to("cpu", torch.float64)  # the blocking copy: waits for the multiply
+        host.sum().item()  # host memory: no read at all
+        host[0, 0].item()
+    assert stalls(scope) == [True]
+
+
+def test_reads_in_a_loop_stall_each_time_only_with_work_between_them():
+    t = matrix()
+    with SyncScope(account=True) as idle:
+        total = t.sum()
+        for _ in range(3):
+            total.item()
+    with SyncScope(account=True) as working:
+        for row in t:
+            (row * 2).sum().item()
+    assert stalls(idle) == [True, False, False]
+    assert stalls(working) == [True] * 4
+
+
+def test_views_and_allocations_queue_nothing():
+    t = matrix()
+    with SyncScope(account=True) as scope:
+        t.sum().item()
+        t.view(-1).t().unsqueeze(0)
+        torch.empty(3, device=t.device)
+        t.sum().item()
+    assert stalls(scope) == [True, True]
+    assert scope.cost().work.kernels == 2
+
+
+def test_the_cost_sums_reads_stalls_and_work_by_site():
+    t = matrix()
+    with SyncScope(account=True) as scope:
+        for _ in range(2):
+            total = t.sum()
+            total.item(), total.item()
+    cost = scope.cost(steps=2)
+    assert (cost.steps, cost.reads, cost.stalls, cost.work.kernels) == (2, 4, 2, 2)
+    (site,) = cost.sites
+    assert (site.reads, site.stalls, site.waited_for.kernels) == (4, 2, 2)
+    assert Cost.from_json(cost.to_json()) == cost
+
+
+def test_a_gate_scope_does_not_account():
+    t = matrix()
+    with SyncScope() as scope:
+        t.sum().item()
+    (event,) = scope.events
+    assert event.waited_for is None and not event.stall
+    with pytest.raises(SyncScopeError, match="account=True"):
+        scope.cost()
+
+
+def test_an_accounting_scope_inside_a_gate_scope_is_refused_naming_the_fix():
+    refused = pytest.raises(SyncScopeError, match="outermost scope with account=True")
+    with SyncScope(), refused, SyncScope(account=True):
+        pass
+
+
+# --- host memory no code names -------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:To copy construct from a tensor")
+def test_factories_without_a_device_make_host_memory():
+    t = matrix()
+    with SyncScope() as scope:
+        torch.tensor(0.0).item()
+        torch.zeros(()).item()
+        torch.full((), 2.0).item()
+        torch.zeros(3, device=t.device).sum().item()  # sync: the device is named
+        torch.zeros_like(t).sum().item()  # sync: follows t
+        torch.tensor(t).sum().item()  # sync: follows t
+        torch.tensor([t[0, 0], t[0, 1]])  # sync 2: the host list reads each element
+    assert sorted(scope.counts().values()) == [1, 1, 1, 2]
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        pytest.param(lambda p: torch.optim.AdamW(p), id="AdamW"),
+        pytest.param(lambda p: torch.optim.Adam(p, foreach=False), id="Adam-single-tensor"),
+        pytest.param(lambda p: torch.optim.Adam(p, foreach=True), id="Adam-foreach"),
+        pytest.param(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), id="SGD"),
+    ],
+)
+def test_optimizer_steps_read_nothing_on_a_gpu_in_the_step_that_makes_state_and_after(optimizer):
+    """Their step counters live on the host unless capturable or fused (torch/optim/adam.py)."""
+    model = torch.nn.Linear(4, 2)
+    opt = optimizer(model.parameters())
+    for _ in range(2):
+        model(torch.randn(3, 4)).sum().backward()
+        with SyncScope() as scope:
+            opt.step()
+        assert not scope.events, scope.report()
+
+
+# --- collectives, across real processes ----------------------------------------------------------
+
+
+def _read_after_collective(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        device_total = torch.ones(1) * (rank + 1)  # made outside a scope: device memory
+        with SyncScope(account=True) as scope:
+            device_total.item()  # nothing queued: free
+            dist.all_reduce(device_total)
+            value = device_total.item()  # waits for the collective
+        waited = [event.waited_for.collectives for event in scope.events]
+        (Path(out) / f"rank-{rank}").write_text(f"{stalls(scope)} {waited} {value}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_a_read_after_a_collective_stalls(tmp_path):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_read_after_collective, args=(free_port(), str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        assert (tmp_path / f"rank-{rank}").read_text() == "[False, True] [0, 1] 3.0"

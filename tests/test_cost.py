@@ -1,0 +1,161 @@
+"""A fix's verdict from its cost before and after, and the claims a draft may make with it.
+
+Each pair below is a pinned and a patched version of one step, measured with an accounting
+scope: the verdict comes from what the scopes counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from hostsync import cost, results
+from hostsync.claims import check_claims
+from hostsync.cost import BOUND, compare_costs, judge, verdict_table
+from hostsync.detector import SyncScope
+from hostsync.errors import WorkspaceError
+from hostsync.records import CostComparison, FixVerdict, RunRow
+
+import made
+from conftest import make_workspace
+
+DEVICE = torch.device("cpu")  # the device under test
+
+
+def gradients() -> list[torch.Tensor]:
+    return [torch.full((8,), 0.01, device=DEVICE) for _ in range(4)]
+
+
+def clip_with_if(grads: list[torch.Tensor]) -> None:
+    norm = torch.stack([g.norm() for g in grads]).norm()
+    coefficient = 1.0 / (norm + 1e-6)
+    if coefficient < 1:  # does not bind here: the multiply is skipped
+        for g in grads:
+            g.mul_(coefficient)
+
+
+def clip_always_multiplying(grads: list[torch.Tensor]) -> None:
+    norm = torch.stack([g.norm() for g in grads]).norm()
+    coefficient = torch.clamp(1.0 / (norm + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coefficient)
+
+
+def log_twice(grads: list[torch.Tensor]) -> tuple[float, float]:
+    total = torch.stack([g.sum() for g in grads]).sum()
+    return total.item(), total.item()
+
+
+def log_once(grads: list[torch.Tensor]) -> tuple[float, float]:
+    value = torch.stack([g.sum() for g in grads]).sum().item()
+    return value, value
+
+
+def scale_then_read(grads: list[torch.Tensor]) -> float:
+    for g in grads:
+        g.mul_(0.5)
+    return grads[0].sum().item()
+
+
+def scale_only(grads: list[torch.Tensor]) -> None:
+    for g in grads:
+        g.mul_(0.5)
+
+
+def measured(step) -> RunRow:
+    grads = gradients()
+    with SyncScope(account=True) as scope:
+        for _ in range(2):
+            step(grads)
+    return RunRow("tree", "python", 1, "step", costs=(scope.cost(steps=2),))
+
+
+@pytest.mark.parametrize(
+    ("pinned", "patched", "verdict"),
+    [
+        (scale_then_read, scale_only, FixVerdict.SAVES_STALLS),
+        (log_twice, log_once, FixVerdict.CLEANUP),
+        (clip_with_if, clip_always_multiplying, FixVerdict.COSTS_MORE),
+        (log_once, log_once, FixVerdict.NO_CHANGE),
+    ],
+)
+def test_each_fix_is_judged_by_stalls_saved_against_work_added(pinned, patched, verdict):
+    judgement = judge(measured(pinned).cost, measured(patched).cost)
+    assert judgement.verdict == verdict, judgement
+
+
+def test_a_fix_that_removes_the_read_but_multiplies_every_step_costs_more_naming_why():
+    judgement = judge(measured(clip_with_if).cost, measured(clip_always_multiplying).cost)
+
+    assert judgement.stalls == (1.0, 0.0)
+    assert judgement.kernels[1] > judgement.kernels[0]
+    assert judgement.reason == ("bytes up beyond the bound, though it saves 1 stall(s) per step")
+
+
+def test_trees_are_compared_with_the_first_per_scenario_and_printed_with_the_bound():
+    pinned = measured(log_twice)
+    patched = RunRow("patched", "python", 1, "step", costs=measured(log_once).costs)
+    (compared,) = compare_costs([pinned, patched])
+
+    assert (compared.before, compared.after) == ("tree", "patched")
+    assert compared.judgement.verdict == FixVerdict.CLEANUP
+    assert RunRow.from_json(patched.to_json()) == patched
+    printed = verdict_table([compared])
+    assert "tree -> patched" in printed and "2 -> 1" in printed
+    assert printed.endswith(f"per step, every rank's together; verdict bound: {BOUND}")
+    assert BOUND == (
+        "bytes and FLOPs per step up by at most 1%, kernels by at most 1% or 4 per stall saved"
+    )
+
+
+def compared(pinned, patched) -> CostComparison:
+    return compare_costs([measured(pinned), RunRow("patched", "python", 1, "step",
+                                                    costs=measured(patched).costs)])[0]  # fmt: skip
+
+
+def test_a_draft_may_claim_a_stall_only_where_one_is_saved():
+    saves = [compared(scale_then_read, scale_only)]
+    cleanup = [compared(log_twice, log_once)]
+
+    check_claims("issue.md", "Each read waits for the device.", saves, gpu_figures=False)
+    with pytest.raises(WorkspaceError, match=r"says 'waiting for the device', but no read"):
+        check_claims("issue.md", "A cleanup: each waiting for the device.", cleanup, False)
+    with pytest.raises(WorkspaceError, match=r"issue.md says 'waits for the device', but no read"):
+        check_claims("issue.md", "A cleanup: it waits for the device.", cleanup, False)
+
+
+def test_a_cleanup_is_drafted_as_one_and_faster_needs_a_gpu_figure():
+    cleanup = [compared(log_twice, log_once)]
+
+    check_claims("pr.md", "A cleanup: one read fewer.", cleanup, gpu_figures=False)
+    with pytest.raises(WorkspaceError, match=r"is a cleanup .* draft it as one"):
+        check_claims("pr.md", "One read fewer.", cleanup, gpu_figures=False)
+    with pytest.raises(WorkspaceError, match="says 'faster' with no GPU figure"):
+        check_claims("pr.md", "A cleanup, and faster.", cleanup, gpu_figures=False)
+    check_claims("pr.md", "A cleanup, and faster.", cleanup, gpu_figures=True)
+
+
+def test_a_fix_that_costs_more_is_not_drafted():
+    costly = [compared(clip_with_if, clip_always_multiplying)]
+
+    with pytest.raises(WorkspaceError, match=r"the fix costs more .* it is not drafted"):
+        check_claims("pr.md", "Removes one read.", costly, gpu_figures=True)
+
+
+def test_test_patch_prints_the_verdicts_of_the_newest_fresh_repro(tmp_path):
+    workspace = make_workspace(tmp_path / "workspace")
+    assert cost.case_verdicts(workspace) == (
+        "fix verdict: no repro result yet; run `nox -s repro -- --case sp-loss`"
+    )
+    pinned = dataclasses.replace(measured(log_twice), tree="pinned")
+    patched = dataclasses.replace(measured(log_once), tree="patched")
+    result = made.repro(workspace, (pinned, patched))
+    result = dataclasses.replace(result, verdicts=tuple(compare_costs(result.runs)))
+    path = results.write(workspace.profiles, result, workspace.unsaved)
+
+    printed = cost.case_verdicts(workspace)
+
+    assert printed.startswith(f"fix verdicts, from {path.name}:")
+    assert "pinned -> patched" in printed and "cleanup: 1 read(s) per step fewer" in printed
