@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -198,6 +199,11 @@ def test_the_installed_package_registers_the_plugin_for_any_project(tmp_path):
         [*pip, "install", "--no-deps", "--no-index", "--target", site, wheel],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
+    assert_the_plugin_gates_a_project_without_p(tmp_path, str(site))
+
+
+def assert_the_plugin_gates_a_project_without_p(tmp_path: Path, python_path: str) -> None:
+    """A project's own pytest run, with no -p and no conftest: the marker gates its test."""
     project = tmp_path / "project"
     project.mkdir()
     (project / "test_step.py").write_text(
@@ -210,12 +216,26 @@ def test_the_installed_package_registers_the_plugin_for_any_project(tmp_path):
     run = run_python(
         "import pytest; raise SystemExit(pytest.main(['-q', '--strict-markers', '-p',"
         " 'no:cacheprovider']))",
-        str(site),
+        python_path,
         project,
     )
 
     assert "test_step.py:5: torch.ones(2).sum().item()" in run.stdout, run.stdout + run.stderr
     assert "1 failed" in run.stdout
+
+
+def installed() -> bool:
+    """hostsync is imported from an installed package, not from this checkout (`nox -s wheel`)."""
+    import hostsync
+
+    return Path(hostsync.__file__).parent != SOURCE / "hostsync"
+
+
+@pytest.mark.skipif(not installed(), reason="needs the installed wheel: nox -s wheel")
+def test_the_installed_wheel_gates_a_project_through_its_entry_point(tmp_path):
+    (entry,) = metadata.entry_points(group="pytest11", name="hostsync.pytest_plugin")
+    assert entry.value == "hostsync.pytest_plugin"
+    assert_the_plugin_gates_a_project_without_p(tmp_path, "")
 
 
 COMPILED = """

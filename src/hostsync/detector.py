@@ -67,7 +67,7 @@ from torch.utils._python_dispatch import (
 )
 
 from hostsync import sync_ops
-from hostsync.sites import AllowRule, Site, require_reason
+from hostsync.sites import COMPILED, AllowRule, Site, require_reason
 
 __all__ = [
     "COMPILED",
@@ -81,9 +81,6 @@ __all__ = [
 
 _TORCH_DIR = str(Path(torch.__file__).parent) + os.sep
 _CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
-# The event kind of a compiled function's call in a scope that lets it run: its syncs are not
-# judged, the call is recorded where it was made.
-COMPILED = "compiled"
 _Result = TypeVar("_Result")
 
 

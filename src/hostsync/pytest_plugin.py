@@ -24,6 +24,7 @@ otherwise. pytest loads every installed plugin in every run, also where torch is
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from hostsync.baseline import Baseline, BaselineEntry, BaselineError
+from hostsync.sites import COMPILED
 
 if TYPE_CHECKING:
     from hostsync.detector import AllowRule, SyncScope
@@ -41,7 +43,7 @@ REPORT_OPTION = "--host-sync-report"
 BASELINE_OPTION = "--host-sync-baseline"
 GATE_OPTION = "--host-sync-gate"
 _SITES = "host_sync_sites"  # the user property a report carries the sites of its call in
-_KIND_SHOWN = {"compiled": "compiled, not judged"}
+_KIND_SHOWN = {COMPILED: "compiled, not judged"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -72,6 +74,7 @@ class _Run:
 
     report: bool
     gate_all: bool
+    rootpath: Path
     baseline_path: Path | None
     baseline: Baseline | None
     surveyed: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -90,7 +93,16 @@ class _Run:
         if self.writes_baseline:
             return []
         sites = scope.sync_sites()
-        return self.baseline.new(test, sites) if self.baseline else sites
+        return self.baseline.new(self.named(test), sites) if self.baseline else sites
+
+    def named(self, nodeid: str) -> str:
+        """A test as the baseline names it: its file relative to the baseline's folder, so that
+        the name does not depend on the rootdir pytest chose (it weighs its path arguments)."""
+        if self.baseline_path is None:
+            return nodeid
+        path, separator, rest = nodeid.partition("::")
+        folder = self.baseline_path.absolute().parent
+        return Path(os.path.relpath(self.rootpath / path, folder)).as_posix() + separator + rest
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Reports reach the controlling process also from pytest-xdist's workers."""
@@ -101,7 +113,8 @@ class _Run:
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.writes_baseline and not hasattr(session.config, "workerinput"):
-            Baseline.of(self.surveyed).write(self.baseline_path)
+            named = {self.named(test): sites for test, sites in self.surveyed.items()}
+            Baseline.of(named).write(self.baseline_path)
 
 
 _RUN = pytest.StashKey[_Run]()
@@ -118,9 +131,8 @@ def pytest_configure(config: pytest.Config) -> None:
         baseline = Baseline.read(path) if path is not None and path.exists() else None
     except BaselineError as error:
         raise pytest.UsageError(str(error)) from None
-    run = _Run(
-        config.getoption(REPORT_OPTION), config.getoption(GATE_OPTION) == "all", path, baseline
-    )
+    gate_all = config.getoption(GATE_OPTION) == "all"
+    run = _Run(config.getoption(REPORT_OPTION), gate_all, config.rootpath, path, baseline)
     config.stash[_RUN] = run
     config.pluginmanager.register(run, "hostsync-run")
 
@@ -200,7 +212,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             " gated tests on new syncs only"
         )
     elif run.baseline is not None:
-        gone = {test: run.baseline.gone(test, sites) for test, sites in run.surveyed.items()}
+        gone = {
+            test: run.baseline.gone(run.named(test), sites) for test, sites in run.surveyed.items()
+        }
         gone = {test: entries for test, entries in gone.items() if entries}
         if gone:
             terminalreporter.section("host-sync baseline")
