@@ -10,7 +10,10 @@ interpreter, `python -m nox --no-venv -s repro`, which checks it instead of inst
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
+import tomllib
 from pathlib import Path
 
 import nox
@@ -121,10 +124,47 @@ def watch(session: nox.Session) -> None:
     hostsync(session, "watch", *session.posargs)
 
 
+@nox.session(python=False, tags=["expensive"])
+def survey(session: nox.Session) -> None:
+    """A project's own tests without and with the pytest plugin (`-- --project peft`)."""
+    hostsync(session, "survey", *session.posargs)
+
+
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
     """The workspace's tests (fast lane: `-- -m "not distributed and not network"`)."""
     run_module(session, "pytest", *session.posargs)
+
+
+@nox.session
+def wheel(session: nox.Session) -> None:
+    """The package as another project installs it: the wheel built from this checkout, in a
+    fresh environment with only torch and pytest (pin.toml's), where the plugin's tests run and
+    find the plugin by its entry point."""
+    # Outside the checkout, as for any project: pytester's runs find no pyproject.toml above them,
+    # and the build leaves nothing in the checkout (an egg-info under src/ would register it).
+    dist = Path(tempfile.mkdtemp(prefix="hostsync-wheel-"))
+    source = dist / "source"
+    shutil.copytree(
+        ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+    )
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    session.run(
+        "python", "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dist), str(source)
+    )
+    (built,) = dist.glob("hostsync-*.whl")
+    pins = tomllib.loads((ROOT / "pin.toml").read_text())["dependencies"]
+    session.install(
+        *(f"{name}=={pins[name]['install']}" for name in ("torch", "pytest")), str(built)
+    )
+    # The workspace's addopts load the plugin with -p; here only its entry point does.
+    session.run(
+        "python", "-m", "pytest", "tests/test_pytest_plugin.py", "-o",
+        "addopts=-ra --strict-markers", "-k", "not registers_the_plugin_for_any_project",
+        env={"OMP_NUM_THREADS": "1", "TMPDIR": str(dist)},
+    )  # fmt: skip
+    shutil.rmtree(dist)
 
 
 @nox.session

@@ -14,7 +14,9 @@ import pytest
 from hostsync.layout import ROOT, Layout
 
 CASE = "sp-loss"
-COMMITTED = ("cases", "patches", "repro", "pin.toml", "hunt_allowlist.toml", "census.toml")
+COMMITTED = (
+    "cases", "patches", "repro", "pin.toml", "hunt_allowlist.toml", "census.toml", "surveys.toml",
+)  # fmt: skip
 SHARED = ("cache", "envs")
 
 

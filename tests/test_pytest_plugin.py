@@ -3,11 +3,16 @@ a survey of a whole run, and the entry point an installed package registers."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 import zipfile
+from importlib import metadata
 from pathlib import Path
+
+import pytest
 
 # Loaded before any in-process run: pytester drops the modules a run imports first, and torch
 # cannot be loaded twice in one process.
@@ -194,6 +199,11 @@ def test_the_installed_package_registers_the_plugin_for_any_project(tmp_path):
         [*pip, "install", "--no-deps", "--no-index", "--target", site, wheel],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
+    assert_the_plugin_gates_a_project_without_p(tmp_path, str(site))
+
+
+def assert_the_plugin_gates_a_project_without_p(tmp_path: Path, python_path: str) -> None:
+    """A project's own pytest run, with no -p and no conftest: the marker gates its test."""
     project = tmp_path / "project"
     project.mkdir()
     (project / "test_step.py").write_text(
@@ -206,10 +216,257 @@ def test_the_installed_package_registers_the_plugin_for_any_project(tmp_path):
     run = run_python(
         "import pytest; raise SystemExit(pytest.main(['-q', '--strict-markers', '-p',"
         " 'no:cacheprovider']))",
-        str(site),
+        python_path,
         project,
     )
 
     line = "test_step.py:5: torch.ones(2, device=torch.get_default_device()).sum().item()"
     assert line in run.stdout, run.stdout + run.stderr
     assert "1 failed" in run.stdout
+
+
+def installed() -> bool:
+    """hostsync is imported from an installed package, not from this checkout (`nox -s wheel`)."""
+    import hostsync
+
+    return Path(hostsync.__file__).parent != SOURCE / "hostsync"
+
+
+@pytest.mark.skipif(not installed(), reason="needs the installed wheel: nox -s wheel")
+def test_the_installed_wheel_gates_a_project_through_its_entry_point(tmp_path):
+    (entry,) = metadata.entry_points(group="pytest11", name="hostsync.pytest_plugin")
+    assert entry.value == "hostsync.pytest_plugin"
+    assert_the_plugin_gates_a_project_without_p(tmp_path, "")
+
+
+COMPILED = """
+    import pytest
+    import torch
+
+    double = torch.compile(lambda t: (t * 2).sum(), backend="eager")
+
+    def test_calls_compiled_code():
+        total = double(torch.ones(3))
+        assert total.item() == 6.0
+
+    @pytest.mark.no_host_sync
+    def test_marked_refuses_compiled_code():
+        double(torch.ones(3))
+"""
+
+
+def test_the_report_records_a_compiled_call_and_changes_no_outcome(pytester):
+    pytester.makepyfile(test_compiled=COMPILED)
+
+    result = pytester.runpytest(*PLUGIN, "--host-sync-report")
+
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*SyncScopeError: a torch.compile'd function was called inside a SyncScope*",
+            "test_compiled.py::test_calls_compiled_code: 2 host sync(s)",
+            "  test_compiled.py:7: total = double(torch.ones(3))  (1x, compiled, not judged)",
+            "  test_compiled.py:8: assert total.item() == 6.0  (1x, scalar_read)",
+        ]
+    )
+    assert "test_calls_compiled_code FAILED" not in result.stdout.str()
+
+
+BEFORE = """
+    import torch
+
+    def scale(t):
+        return t / max(t.sum(), 1)
+
+    def test_step():
+        t = torch.ones(4)
+        scale(t)
+        t.tolist()
+
+    def test_quiet():
+        torch.ones(2).sum()
+"""
+
+# `scale` moved down two lines, the `tolist` gone, one new read.
+AFTER = """
+    import torch
+
+
+    def scale(t):
+        return t / max(t.sum(), 1)
+
+    def test_step():
+        t = torch.ones(4)
+        scale(t)
+        if t.sum() > 0:
+            pass
+
+    def test_quiet():
+        torch.ones(2).sum()
+"""
+
+
+def test_a_baseline_gates_new_syncs_only_and_lists_those_gone(pytester):
+    pytester.makepyfile(test_adopt=BEFORE)
+    options = (*PLUGIN, "--host-sync-baseline", "syncs.json", "--host-sync-gate", "all")
+
+    # Each run in a process of its own, as each CI run: Python caches the lines of a source file.
+    first = pytester.runpytest_subprocess(*options)
+
+    first.assert_outcomes(passed=2)
+    first.stdout.fnmatch_lines(["wrote the host syncs of 1 test(s) to syncs.json: review*"])
+    written = json.loads((pytester.path / "syncs.json").read_text())
+    assert [
+        (entry["function"], entry["code"], entry["kinds"], entry["count"])
+        for entry in written["tests"]["test_adopt.py::test_step"]
+    ] == [
+        ("scale", "return t / max(t.sum(), 1)", ["scalar_read"], 1),
+        ("test_step", "t.tolist()", ["tolist"], 1),
+    ]
+
+    pytester.makepyfile(test_adopt=AFTER)
+    second = pytester.runpytest_subprocess(*options)
+
+    second.assert_outcomes(passed=1, failed=1)
+    second.stdout.fnmatch_lines(
+        [
+            "*1 unexpected host sync(s):",
+            "*test_adopt.py:10: if t.sum() > 0:  (1x in test_step)",
+            "*1 baseline entries of syncs.json no longer occur*",
+            "  test_adopt.py::test_step: test_adopt.py:9: t.tolist()  (in test_step)",
+        ]
+    )
+    assert "max(t.sum(), 1)  (1x" not in second.stdout.str()
+    assert json.loads((pytester.path / "syncs.json").read_text()) == written
+
+
+def test_without_gate_all_a_baseline_gates_the_marked_tests_only(pytester):
+    pytester.makepyfile(test_adopt=BEFORE)
+    written = pytester.runpytest_subprocess(*PLUGIN, "--host-sync-baseline", "syncs.json")
+    written.assert_outcomes(passed=2)
+    marked = AFTER.replace("    import torch\n", "    import pytest\n    import torch\n").replace(
+        "    def test_step", "    @pytest.mark.no_host_sync\n    def test_step"
+    )
+    pytester.makepyfile(
+        test_adopt=marked,
+        test_other="""
+        import torch
+
+        def test_unmarked_reads():
+            torch.ones(2).sum().item()
+        """,
+    )
+
+    result = pytester.runpytest_subprocess(*PLUGIN, "--host-sync-baseline", "syncs.json")
+
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["FAILED test_adopt.py::test_step*"])
+
+
+def test_a_file_that_is_no_baseline_is_refused_in_one_line(pytester):
+    pytester.makepyfile(test_any="def test_nothing():\n    pass\n")
+    (pytester.path / "syncs.json").write_text('{"schema": 1, "tests": {"t": [{"file": 3}]}}')
+
+    result = pytester.runpytest(*PLUGIN, "--host-sync-baseline", "syncs.json")
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert (
+        "ERROR: syncs.json is not a host-sync baseline (tests.t[0].file: expected a string, got"
+        " 3): fix it, or delete it and rerun to write it afresh"
+    ) in result.stderr.str()
+    assert (pytester.path / "syncs.json").read_text().startswith('{"schema": 1')
+
+
+def test_a_scope_sees_its_own_context_only_in_a_thread_pool():
+    """torch's sync-debug mode is process-wide; a scope is per context: each task of a pool sees
+    its own reads while the others read at the same time, and the pool's reads are not the
+    opening thread's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from hostsync.detector import SyncScope
+
+    tasks = 4
+    all_open, all_read = threading.Barrier(tasks + 1), threading.Barrier(tasks + 1)
+
+    def reads(times: int) -> int:
+        with SyncScope() as scope:
+            all_open.wait()
+            for _ in range(times):
+                torch.ones(2).sum().item()
+            all_read.wait()
+        return len(scope.events)
+
+    with ThreadPoolExecutor(tasks) as pool, SyncScope() as caller:
+        counts = [pool.submit(reads, times) for times in range(1, tasks + 1)]
+        all_open.wait()
+        all_read.wait()
+
+    assert [count.result() for count in counts] == [1, 2, 3, 4]
+    assert caller.events == []
+
+
+OTHER_THREADS = """
+    import threading
+
+    import pytest
+    import torch
+    from hostsync.detector import AllowRule
+    from torch.utils.data import DataLoader, Dataset
+
+    # Each epoch draws the loader's base seed with .item() of a tensor made without a device.
+    SEED = AllowRule("test_threads.py", code="DataLoader(", reason="the base seed, in host memory")
+
+    class Reads(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, index):
+            return torch.ones(2).sum().item() + index
+
+    @pytest.fixture(scope="module")
+    def server():
+        '''A thread the test did not open, reading while the test runs.'''
+        go, read = threading.Event(), threading.Event()
+
+        def serve():
+            go.wait()
+            torch.ones(2).sum().item()
+            read.set()
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        yield go, read
+        thread.join()
+
+    @pytest.mark.no_host_sync
+    def test_a_server_thread_is_not_the_test(server):
+        go, read = server
+        go.set()
+        assert read.wait(timeout=60)
+
+    @pytest.mark.no_host_sync(allow=[SEED])
+    def test_dataloader_workers_are_not_the_test():
+        assert sorted(DataLoader(Reads(), num_workers=2, batch_size=None)) == [2, 3, 4, 5]
+
+    @pytest.mark.no_host_sync(allow=[SEED])
+    def test_a_dataloader_without_workers_reads_in_the_test():
+        list(DataLoader(Reads(), num_workers=0, batch_size=None))
+"""
+
+
+def test_threads_the_test_did_not_open_and_dataloader_workers_are_not_counted(pytester):
+    pytester.makepyfile(test_threads=OTHER_THREADS)
+
+    # DataLoader imports dynamo, which cannot be imported again in one process.
+    result = pytester.runpytest_subprocess(*PLUGIN)
+
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_a_dataloader_without_workers_reads_in_the_test _*",
+            "4 unexpected host sync(s):",
+            "*test_threads.py:16: return torch.ones(2).sum().item() + index  (4x in __getitem__)",
+        ]
+    )

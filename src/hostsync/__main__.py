@@ -45,6 +45,10 @@ COMMANDS = {
     "outbox": ("hostsync.outbox:main", "what would be sent upstream, as the contributor's"),
     "bisect": ("hostsync.bisect:main", "since which release a site is there (and which commit)"),
     "watch": ("hostsync.watch:main", "the newest releases against the pins and every case"),
+    "survey": (
+        "hostsync.survey:main",
+        "a project's own tests without and with the pytest plugin: outcomes, cost, sites",
+    ),
 }
 
 

@@ -34,7 +34,9 @@ host copy on the same line (`t.cpu().numpy()`) counts once.
 A scope observes its context: the thread that opened it, autograd's device threads (torch carries
 the thread-local state there) and functions wrapped with `scope.carry`. torch.compile'd functions
 raise `SyncScopeError` inside a scope: their graphs run fused kernels the scope cannot judge, and
-under the mode that follows host memory dynamo would run eager code instead. On CUDA, torch's own
+under the mode that follows host memory dynamo would run eager code instead. A survey must not
+change what it observes: a scope made with `refuse_compiled=False` records such a call at its
+call site instead (kind `COMPILED`: compiled, not judged) and lets it run. On CUDA, torch's own
 sync-debug mode runs alongside as a second opinion (`cuda_syncs`), counted per context; it only
 sees warnings outside code that silences or records warnings itself. A scope opened with
 `account=True` also tells stalls from free reads and counts the device work
@@ -70,11 +72,11 @@ from torch.utils._python_dispatch import (
 from hostsync import sync_ops
 from hostsync.accounting import Accounting
 from hostsync.records import Cost, DeviceWork, SiteCost
-from hostsync.sites import AllowRule, Site, require_reason
+from hostsync.sites import COMPILED, AllowRule, Site, require_reason
 
 __all__ = [
-    "AllowRule", "CompiledInScope", "Site", "SyncEvent", "SyncScope", "SyncScopeError",
-    "package_path",
+    "COMPILED", "AllowRule", "CompiledInScope", "Site", "SyncEvent", "SyncScope",
+    "SyncScopeError", "package_path",
 ]  # fmt: skip
 
 _TORCH_DIR = str(Path(torch.__file__).parent) + os.sep
@@ -106,12 +108,17 @@ class SyncScope:
 
     With `account=True` (what measuring commands ask for) each read is also judged a stall or
     free, and the device work inside the scope is counted (`hostsync.accounting`): every aten
-    call then goes through Python, which the gate does not pay for.
+    call then goes through Python, which the gate does not pay for. `refuse_compiled=False`
+    records a compiled function's call (kind `COMPILED`) instead of raising `CompiledInScope`:
+    for surveys, which must not change a test's outcome.
     """
 
-    def __init__(self, allow: Iterable[AllowRule] = (), account: bool = False) -> None:
+    def __init__(
+        self, allow: Iterable[AllowRule] = (), account: bool = False, refuse_compiled: bool = True
+    ) -> None:
         self.rules = tuple(allow)
         self.account = account
+        self.refuse_compiled = refuse_compiled
         self.events: list[SyncEvent] = []
         self.cuda_syncs: int | None = None
         self.work: DeviceWork | None = None
@@ -522,6 +529,14 @@ class _Observer:
             for scope in self.scopes:
                 for index in range(count):
                     scope._add(kind, op, site, caller, waited if index == 0 else _NO_WORK)
+
+    def meet_compiled(self) -> None:
+        """A compiled function called in this context: refused if one of its scopes refuses
+        compiled code, else recorded at its call site and let run."""
+        if any(scope.refuse_compiled for scope in self.scopes):
+            raise CompiledInScope(_COMPILED_IN_SCOPE)
+        if not self.quiet:
+            self.record(COMPILED, "torch.compile")
 
     def count_cuda_sync(self) -> None:
         with self._lock:
@@ -949,15 +964,17 @@ def _saving(save: Callable[..., Any]) -> Callable[..., Any]:
 @contextmanager
 def _guarding_compiled_calls() -> Iterator[None]:
     """Every compiled-code entry asks dynamo for its callback (`_callback_from_stance`, torch >=
-    2.6); refuse it inside a scope, where dynamo would silently run the eager code."""
+    2.6); inside a scope, where dynamo would silently run the eager code, the scopes refuse or
+    record it."""
     from torch._dynamo import eval_frame
 
     from_stance = eval_frame._callback_from_stance
 
     def refusing_in_scope(callback: Any) -> Any:
         resolved = from_stance(callback)
-        if resolved is not None and _Observer.current() is not None:
-            raise CompiledInScope(_COMPILED_IN_SCOPE)
+        observer = _Observer.current()
+        if resolved is not None and observer is not None:
+            observer.meet_compiled()
         return resolved
 
     with _replaced([(eval_frame, "_callback_from_stance", refusing_in_scope)]):

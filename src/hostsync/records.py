@@ -1038,10 +1038,79 @@ class WatchResult(Result):
     cases: tuple[CaseWatch, ...]
 
 
+# --- survey --------------------------------------------------------------------------------------
+
+
+class SurveyMode(StrEnum):
+    """How one run of a project's suite met the pytest plugin."""
+
+    OFF = "off"  # without the plugin
+    REPORT = "report"  # --host-sync-report, writing the baseline
+    GATE = "gate"  # --host-sync-gate all against that baseline
+
+
+@dataclass(frozen=True)
+class SurveyRun(Record):
+    """One run of the slice: its wall time, the CPU time of its processes (steadier than wall
+    time on a shared machine), pytest's exit status and its outcomes counted."""
+
+    mode: SurveyMode
+    wall_s: float
+    cpu_s: float
+    returncode: int
+    outcomes: dict[str, int]
+
+
+@dataclass(frozen=True)
+class SurveySite(Record):
+    """One site over the slice's tests (matched on file, function and code, as a baseline)."""
+
+    file: str
+    line: int
+    function: str
+    code: str
+    kinds: tuple[str, ...]
+    count: int
+    tests: int
+
+
+@dataclass(frozen=True)
+class SurveyResult(Result):
+    """A project's own tests run without the plugin, in report mode and gated by the baseline
+    the report wrote, one after the other: outcomes compared test by test, wall times as ratios
+    of one invocation, and the sites the report found."""
+
+    KIND: ClassVar[str] = "survey"
+    environment: Environment
+    project: str
+    version: str
+    origin: str
+    tests: tuple[str, ...]
+    options: tuple[str, ...]
+    runs: tuple[SurveyRun, ...]
+    collected: int
+    differences: tuple[str, ...]
+    surveyed_tests: int
+    syncing_tests: int
+    compiled_tests: int
+    sites: tuple[SurveySite, ...]
+
+    def run(self, mode: SurveyMode) -> SurveyRun:
+        return next(run for run in self.runs if run.mode == mode)
+
+    def ratio(self, mode: SurveyMode) -> float:
+        """`mode`'s wall time over the run without the plugin."""
+        return self.run(mode).wall_s / self.run(SurveyMode.OFF).wall_s
+
+    def cpu_ratio(self, mode: SurveyMode) -> float:
+        """`mode`'s CPU time over the run without the plugin."""
+        return self.run(mode).cpu_s / self.run(SurveyMode.OFF).cpu_s
+
+
 KINDS: dict[str, type[Result]] = {
     kind.KIND: kind
     for kind in (
         ReproResult, TestPatchResult, ProfileResult, HuntResult, CensusResult, BenchResult,
-        BisectResult, WatchResult, GpuResult,
+        BisectResult, WatchResult, GpuResult, SurveyResult,
     )
 }  # fmt: skip

@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+# The event kind of a compiled function's call in a scope that lets it run (the survey's, a
+# baseline's): its syncs are not judged, the call is recorded where it was made.
+COMPILED = "compiled"
+
 
 class Site(NamedTuple):
     """A source line that caused host syncs; `file` is relative to its package root."""

@@ -1,0 +1,86 @@
+"""The survey of a project's own suite: run without the plugin, in report mode and gated by the
+baseline the report wrote; outcomes compared test by test, the cost as ratios, the top sites."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+from hostsync.cases import Sdist
+from hostsync.projects import Project, RuffLint
+from hostsync.records import SurveyMode, Tree, TreeRole
+from hostsync.survey import SurveySpec, survey
+
+from conftest import hostsync, one_line_error
+
+# A project of its own kind: a package under src/, its tests at the root, one of them compiled.
+PROJECT = Project(
+    "stepper", "https://example.invalid/stepper", "src", "src/stepper/__init__.py",
+    r'^__version__ = "([^"]+)"', lint=RuffLint("pyproject.toml", r"ruff==(\S+)"),
+)  # fmt: skip
+
+PACKAGE = """
+    import torch
+
+    __version__ = "1.0"
+
+    def scale(t):
+        return t / max(t.sum(), 1)
+"""
+
+SUITE = """
+    import sys
+
+    import torch
+    from stepper import scale
+
+    double = torch.compile(lambda t: t * 2, backend="eager")
+
+    def test_scale():
+        scale(torch.ones(3))
+
+    def test_compiled():
+        assert double(torch.ones(2)).sum() > 0
+
+    def test_on_the_device():
+        torch.ones(2).sum()
+
+    def test_sees_the_plugin():
+        assert "hostsync.pytest_plugin" not in sys.modules
+"""
+
+
+def test_a_survey_compares_each_outcome_and_ranks_the_sites(workspace):
+    root = workspace.work / "stepper-1.0"
+    for path, text in (("src/stepper/__init__.py", PACKAGE), ("tests/test_steps.py", SUITE)):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(textwrap.dedent(text))
+    tree = Tree("stepper-1.0", TreeRole.RELEASE, root, "1.0", "", "a folder", PROJECT,
+                sys.executable)  # fmt: skip
+    spec = SurveySpec("1.0", Sdist("https://example.invalid/stepper-1.0.tar.gz", 1, "0" * 64),
+                      options=("-o", "addopts="), tests=("tests",))  # fmt: skip
+
+    result = survey(workspace.for_case("survey"), tree, spec, spec.tests, timeout=300)
+
+    assert [run.mode for run in result.runs] == [SurveyMode.REPORT, SurveyMode.OFF, SurveyMode.GATE]
+    assert result.runs[1].outcomes == {"passed": 4}
+    assert result.differences == (
+        "test_steps::test_sees_the_plugin: passed without the plugin, not in report mode",
+        "test_steps::test_sees_the_plugin: failed in report mode, not without the plugin",
+        "test_steps::test_sees_the_plugin: passed without the plugin, not in gate mode",
+        "test_steps::test_sees_the_plugin: failed in gate mode, not without the plugin",
+    )
+    assert [(site.file, site.function, site.kinds, site.count) for site in result.sites] == [
+        ("test_steps.py", "test_compiled", ("compiled", "scalar_read"), 2),
+        ("stepper/__init__.py", "scale", ("scalar_read",), 1),
+    ]
+    assert (result.syncing_tests, result.surveyed_tests) == (2, 4)
+    assert result.ratio(SurveyMode.REPORT) > 0
+
+
+def test_a_project_without_a_survey_is_refused_in_one_line(workspace):
+    done = hostsync(workspace, "survey", "--project", "stepper")
+
+    assert one_line_error(done) == (
+        "error: surveys.toml has no [stepper]: survey one of peft, or add its table"
+    )
