@@ -263,7 +263,7 @@ def test_the_report_records_a_compiled_call_and_changes_no_outcome(pytester):
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*SyncScopeError: a torch.compile'd function was called inside a SyncScope*",
+            "*CompiledInScope: a torch.compile'd function was called inside a SyncScope*",
             "test_compiled.py::test_calls_compiled_code: 2 host sync(s)",
             "  test_compiled.py:7: total = double(torch.ones(3))  (1x, compiled, not judged)",
             "  test_compiled.py:8: assert total.item() == 6.0  (1x, scalar_read)",
@@ -279,7 +279,7 @@ BEFORE = """
         return t / max(t.sum(), 1)
 
     def test_step():
-        t = torch.ones(4)
+        t = torch.ones(4, device=torch.get_default_device())
         scale(t)
         t.tolist()
 
@@ -296,7 +296,7 @@ AFTER = """
         return t / max(t.sum(), 1)
 
     def test_step():
-        t = torch.ones(4)
+        t = torch.ones(4, device=torch.get_default_device())
         scale(t)
         if t.sum() > 0:
             pass

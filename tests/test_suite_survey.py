@@ -8,8 +8,9 @@ import textwrap
 
 from hostsync.cases import Sdist
 from hostsync.projects import Project, RuffLint
-from hostsync.records import SurveyMode, Tree, TreeRole
+from hostsync.records import SurveyMode, TreeRole
 from hostsync.survey import SurveySpec, survey
+from hostsync.upstream.trees import Tree
 
 from conftest import hostsync, one_line_error
 

@@ -45,12 +45,12 @@ from hostsync.records import (
     SurveyRun,
     SurveySite,
     TestOutcome,
-    Tree,
     TreeRole,
     load,
 )
 from hostsync.sites import COMPILED
 from hostsync.upstream.sdists import fetch_sdist
+from hostsync.upstream.trees import Tree
 
 FILE = "surveys.toml"
 SURVEY = "survey"  # the folder of profiles/ the results go into
