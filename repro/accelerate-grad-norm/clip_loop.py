@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import os
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -37,11 +38,16 @@ STEPS = 4
 MAX_GRAD_NORM = 1.0
 
 
-def parse_args() -> argparse.Namespace:
-    parser = repro_parser(__doc__.splitlines()[0])
+def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
+    """What a scenario sets of the loop: the card's launch arguments (the profile's too)."""
     add_launch_arguments(parser, precisions=("fp32",))
     parser.add_argument("--zero-stage", type=int, choices=(1, 2), default=2)
     parser.add_argument("--accumulation", type=int, default=1, help="micro-batches per step")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = repro_parser(__doc__.splitlines()[0])
+    add_loop_arguments(parser)
     args = parser.parse_args()
     if len(args.scenarios) != 1:
         parser.error("one scenario per run: accelerate's state is made once per process")
@@ -70,16 +76,23 @@ def weights_checksum(model) -> float:
     return float(sum(p.detach().double().sum() for p in model.parameters()))
 
 
-def train(args: argparse.Namespace) -> tuple[Accelerator, list[dict[str, Any]]]:
-    """The accelerator and, for each optimizer step, its host reads and what training did."""
+def prepared(args: argparse.Namespace, steps: int) -> tuple[Accelerator, Any, Any, Iterator]:
+    """The accelerator, the tiny Llama and AdamW as it prepared them, and batches for `steps`
+    optimizer steps (the profile's too)."""
     accelerator = deepspeed_accelerator(args)
     model = trainer_llama()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     per_step = args.accumulation * accelerator.num_processes
-    loader = torch.utils.data.DataLoader(samples(per_step * STEPS), batch_size=1)
+    loader = torch.utils.data.DataLoader(samples(per_step * steps), batch_size=1)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     model.train()
-    batches, steps = iter(loader), []
+    return accelerator, model, optimizer, iter(loader)
+
+
+def train(args: argparse.Namespace) -> tuple[Accelerator, list[dict[str, Any]]]:
+    """The accelerator and, for each optimizer step, its host reads and what training did."""
+    accelerator, model, optimizer, batches = prepared(args, STEPS)
+    steps = []
     for _ in range(STEPS):
         with contextlib.nullcontext() if args.no_detector else SyncScope() as scope:
             for _ in range(args.accumulation):
