@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import functools
+import operator
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -90,11 +93,12 @@ def prepared(args: argparse.Namespace, steps: int) -> tuple[Accelerator, Any, An
 
 
 def train(args: argparse.Namespace) -> tuple[Accelerator, list[dict[str, Any]]]:
-    """The accelerator and, for each optimizer step, its host reads and what training did."""
+    """The accelerator and, for each optimizer step, its host reads, their cost (stalls, device
+    work) and what training did."""
     accelerator, model, optimizer, batches = prepared(args, STEPS)
     steps = []
     for _ in range(STEPS):
-        with contextlib.nullcontext() if args.no_detector else SyncScope() as scope:
+        with contextlib.nullcontext() if args.no_detector else SyncScope(account=True) as scope:
             for _ in range(args.accumulation):
                 with accelerator.accumulate(model):
                     loss = model(**next(batches)).loss
@@ -114,6 +118,7 @@ def train(args: argparse.Namespace) -> tuple[Accelerator, list[dict[str, Any]]]:
             ],
             "step_reads": len(scope.events) if scope else None,
             "step_sites": scope.sync_sites() if scope else [],
+            "cost": scope.cost() if scope else None,
             "norm_type": type(grad_norm).__name__,
             # Read here, after the step's reads were counted: what a loop logs.
             "loss": finite_or_name(float(loss)),
@@ -121,6 +126,13 @@ def train(args: argparse.Namespace) -> tuple[Accelerator, list[dict[str, Any]]]:
             "weights_checksum": weights_checksum(model),
         })  # fmt: skip
     return accelerator, steps
+
+
+def steps_cost(steps: list[dict[str, Any]]) -> dict:
+    """Every step's cost together, as a document: reads, stalls and device work over the
+    optimizer steps (the reads after a step, what the loop logs, left out)."""
+    total = functools.reduce(operator.add, [step["cost"] for step in steps])
+    return dataclasses.replace(total, steps=len(steps)).to_json()
 
 
 @rank_entry
@@ -138,6 +150,7 @@ def main() -> dict:
         "clip_reads_per_step": [step["clip_reads"] for step in steps],
         "reads_per_step": [step["step_reads"] for step in steps],
         "norm_type": steps[-1]["norm_type"],
+        **({"cost": steps_cost(steps)} if not args.no_detector else {}),
         "clip_sites": steps[-1]["clip_sites"],
         "sync_sites": steps[-1]["step_sites"],
         # What the fix must not change, step by step.
