@@ -4,6 +4,7 @@ names the cause and the fix, before long work where it can be known up front, an
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from local_index import make_sdist, serving
 from hostsync import cases, envs, launchers, locks, options, repro, results, review
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
-from hostsync.launchers import Run, RunFailed, RunHung, Start, World, run_group
+from hostsync.launchers import Run, RunFailed, Start, World, run_group
 from hostsync.layout import ROOT, Layout
 from hostsync.projects import get
 from hostsync.records import Device, Launcher, Tree, TreeRole, Verdict
@@ -256,9 +258,10 @@ def test_a_rank_that_breaks_the_contract_is_named_and_its_result_kept(tmp_path: 
 
 # --- Ctrl-C --------------------------------------------------------------------------------------
 
-HOLDS_A_BUILD_LOCK = """
+DIES_MIDWAY_THROUGH_A_BUILD = """
     import os
-    import time
+    import subprocess
+    import sys
     from pathlib import Path
 
     from torch.utils.file_baton import FileBaton
@@ -266,29 +269,93 @@ HOLDS_A_BUILD_LOCK = """
     build = Path(os.environ["TORCH_EXTENSIONS_DIR"], "op")
     build.mkdir(parents=True)
     assert FileBaton(str(build / "lock")).try_acquire()
-    time.sleep(3600)
+    subprocess.Popen(["sleep", "3600"])  # the compiler it started, still running
+    sys.exit(1)
+"""
+
+BUILDS_UNTIL_TOLD_TO_FINISH = """
+    import os
+    import sys
+    import time
+    from pathlib import Path
+
+    from torch.utils.file_baton import FileBaton
+
+    build = Path(os.environ["TORCH_EXTENSIONS_DIR"], "op")
+    build.mkdir(parents=True)
+    baton = FileBaton(str(build / "lock"))
+    assert baton.try_acquire()
+    Path(sys.argv[1], "building").touch()
+    while not Path(sys.argv[1], "finish").exists():  # the test says when
+        time.sleep(0.05)
+    baton.release()  # FileNotFoundError if another run removed the lock under it
+"""
+
+STOPPED_ONCE_ANOTHER_BUILDS = """
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    Path(sys.argv[1], "stopping").touch()
+    while not Path(sys.argv[1], "building").exists():  # the other run's build has begun
+        time.sleep(0.05)
+    subprocess.Popen(["sleep", "3600"])  # left running: the group is stopped, not finished
+    sys.exit(1)
 """
 
 
+def wait_until(happened: Callable[[], bool]) -> None:
+    """Until `happened()`: an event another process makes, looked for often (no time limit of
+    its own: the run it waits on has one)."""
+    while not happened():
+        time.sleep(0.05)
+
+
 class ExtensionsHere(Run):
-    """A run of a command that is no rank: this process's variables, its own extensions."""
+    """A run of a command that is no rank: this process's variables, one extensions folder."""
 
     def environment(self, extra=None) -> dict[str, str]:
-        return os.environ | {"TORCH_EXTENSIONS_DIR": str(self.run_dir / "extensions")}
+        return os.environ | {"TORCH_EXTENSIONS_DIR": str(self.run_dir.parent / "extensions")}
 
 
 def test_a_build_stopped_midway_leaves_no_lock_for_the_next_to_wait_on(tmp_path: Path) -> None:
     """torch frees an extension's build lock only when the build ends: one killed at a timeout
     or by Ctrl-C would make every later run of that environment hang."""
-    run = ExtensionsHere(tmp_path, tree=None)  # type: ignore[arg-type]
+    run = ExtensionsHere(tmp_path / "run", tree=None)  # type: ignore[arg-type]
     ever_held = tmp_path / "extensions" / "op" / "lock"
     script = tmp_path / "build.py"
-    script.write_text(textwrap.dedent(HOLDS_A_BUILD_LOCK))
+    script.write_text(textwrap.dedent(DIES_MIDWAY_THROUGH_A_BUILD))
 
-    with pytest.raises(RunHung):
-        run_group(run, [sys.executable, str(script)], timeout=15)
+    assert run_group(run, [sys.executable, str(script)], timeout=600) == 1
 
     assert ever_held.parent.is_dir() and not ever_held.exists()
+
+
+def test_a_run_stopped_beside_a_live_build_leaves_that_builds_lock(tmp_path: Path) -> None:
+    """Two runs share one extensions folder, and one is stopped while the other, started after
+    it, builds: the lock is the live build's, which fails when it releases a removed lock (and a
+    third build would write into its half-built op)."""
+    runs = {name: ExtensionsHere(tmp_path / f"{name}-run", tree=None)  # type: ignore[arg-type]
+            for name in ("build", "stop")}  # fmt: skip
+    commands = {}
+    for name, source in (("build", BUILDS_UNTIL_TOLD_TO_FINISH),
+                         ("stop", STOPPED_ONCE_ANOTHER_BUILDS)):  # fmt: skip
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        commands[name] = [sys.executable, str(tmp_path / f"{name}.py"), str(tmp_path)]
+    lock = tmp_path / "extensions" / "op" / "lock"
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        stop = pool.submit(run_group, runs["stop"], commands["stop"], timeout=600)
+        wait_until(lambda: (tmp_path / "stopping").exists() or stop.done())
+        build = pool.submit(run_group, runs["build"], commands["build"], timeout=600)
+        assert stop.result() == 1, runs["stop"].log_file.read_text()
+        still_held = lock.exists()
+        (tmp_path / "finish").touch()
+
+        assert still_held, "the run stopped removed the lock of a build that was still running"
+        assert build.result() == 0, runs["build"].log_file.read_text()
+    assert not lock.exists()
 
 
 IGNORES_SIGTERM = """

@@ -34,11 +34,11 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hostsync import nodes
+from hostsync import locks, nodes
 from hostsync.devices import device_env
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
@@ -504,58 +504,63 @@ def run_groups(commands: Sequence[tuple[Run, Sequence[str], Mapping[str, str] | 
     its run's log; their exit statuses once every one has exited, or as soon as one fails (the
     others, which would wait for it for ever, are ended). Raises RunHung on the timeout; either
     way every process of every group is gone when this returns."""
+    environments = [run.environment(env) for run, _, env in commands]
+    extensions = {environment.get("TORCH_EXTENSIONS_DIR") for environment in environments}
     processes: list[subprocess.Popen] = []
-    extensions: list[str | None] = []
-    started = time.time()
-    try:
-        for run, command, env in commands:
-            run.run_dir.mkdir(parents=True, exist_ok=True)
-            log.info("running %s (log: %s)", " ".join(command[:6]), run.log_file)
-            environment = run.environment(env)
-            with run.log_file.open("w") as output:
-                processes.append(subprocess.Popen(
-                    command, cwd=cwd, env=environment, stdout=output,
-                    stderr=subprocess.STDOUT, start_new_session=True,
-                ))  # fmt: skip
-            extensions.append(environment.get("TORCH_EXTENSIONS_DIR"))
-        deadline = time.monotonic() + timeout
-        while any(process.poll() is None for process in processes):
-            if any(process.poll() not in (None, 0) for process in processes):
-                break
-            if time.monotonic() > deadline:
-                logs = ", ".join(str(run.log_file) for run, _, _ in commands)
-                raise RunHung(
-                    f"run hung: no exit after {timeout:.0f} s, killed it and every process it"
-                    f" started; see {logs} and raise the timeout if the machine is just slow"
-                )
-            time.sleep(_POLL_S)
-    finally:
-        for process, folder in zip(processes, extensions, strict=True):
-            if _kill_group(process) and folder:
-                _drop_build_locks(Path(folder), since=started)
+    with locks.extension_builders(sorted(Path(f) for f in extensions if f)) as builders:
+        try:
+            for (run, command, _), environment in zip(commands, environments, strict=True):
+                run.run_dir.mkdir(parents=True, exist_ok=True)
+                log.info("running %s (log: %s)", " ".join(command[:6]), run.log_file)
+                with run.log_file.open("w") as output:
+                    processes.append(subprocess.Popen(
+                        command, cwd=cwd, env=environment, stdout=output,
+                        stderr=subprocess.STDOUT, start_new_session=True, pass_fds=builders,
+                    ))  # fmt: skip
+            _wait_for_groups(processes, timeout, [run for run, _, _ in commands])
+        finally:
+            with _uninterrupted():
+                for process in processes:
+                    _kill_group(process)
     return [process.returncode for process in processes]
 
 
-def _drop_build_locks(extensions: Path, since: float) -> None:
-    """Remove the build locks a stopped group took since `since`: torch's extension builder
-    frees its `lock` only when it finishes, and every later build waits for it for ever."""
-    for lock in extensions.glob("*/lock"):
-        with contextlib.suppress(FileNotFoundError):
-            if lock.stat().st_mtime >= since:
-                lock.unlink()
-                log.info("removed %s, left by a stopped build", lock)
+def _wait_for_groups(processes: Sequence[subprocess.Popen], timeout: float,
+                     runs: Sequence[Run]) -> None:  # fmt: skip
+    """Until every process has exited, or one has failed; RunHung past the timeout."""
+    deadline = time.monotonic() + timeout
+    while any(process.poll() is None for process in processes):
+        if any(process.poll() not in (None, 0) for process in processes):
+            return
+        if time.monotonic() > deadline:
+            logs = ", ".join(str(run.log_file) for run in runs)
+            raise RunHung(
+                f"run hung: no exit after {timeout:.0f} s, killed it and every process it"
+                f" started; see {logs} and raise the timeout if the machine is just slow"
+            )
+        time.sleep(_POLL_S)
 
 
-def _kill_group(process: subprocess.Popen) -> bool:
-    """SIGTERM the group, then SIGKILL what is left: the launcher may already be gone. Whether
-    anything of it was still there to stop."""
-    stopped = False
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back while the block runs: a second Ctrl-C, or nox's SIGTERM after
+    its own wait, must not cut the stopping of the groups short and leave ranks behind. A signal
+    held back is delivered when the block ends."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGTERM the group, then SIGKILL what is left: the launcher may already be gone."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:
             break
-        stopped = True
         deadline = time.monotonic() + _KILL_GRACE_S
         while time.monotonic() < deadline and _group_alive(process.pid):
             time.sleep(0.1)
@@ -563,7 +568,6 @@ def _kill_group(process: subprocess.Popen) -> bool:
             break
     if process.poll() is None:
         process.wait()
-    return stopped
 
 
 def _group_alive(pgid: int) -> bool:
