@@ -385,10 +385,11 @@ RETURNS_ROWS = """
 """
 
 
-def processes_running(text: str) -> list[str]:
-    listing = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
-    rows = [line.strip().partition(" ") for line in listing.splitlines()]
-    return [args for stat, _, args in rows if text in args and stat[0] != "Z"]
+def processes_running(text: str) -> dict[int, str]:
+    """Live processes (zombies aside) whose command line holds `text`: pid -> command line."""
+    listing = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True)
+    rows = [line.split(None, 2) for line in listing.stdout.splitlines()]
+    return {int(pid): args for pid, stat, args in rows if text in args and stat[0] != "Z"}
 
 
 def entry_point(layout: Layout, how: str) -> list[str]:
@@ -403,6 +404,10 @@ def entry_point(layout: Layout, how: str) -> list[str]:
     return [nox, "-f", str(layout.root / "noxfile.py"), "-s", "repro", "--"]
 
 
+# What the README promises: every process gone this long after Ctrl-C, on a loaded machine too.
+STOPPED_WITHIN_S = 10.0
+
+
 @pytest.mark.distributed
 @pytest.mark.network
 @pytest.mark.parametrize("how", ["hostsync", "nox"])
@@ -413,30 +418,39 @@ def test_ctrl_c_stops_every_rank_writes_nothing_and_the_next_run_works(
     script = layout.repro / "sp_loss.py"
     script.write_text(textwrap.dedent(IGNORES_SIGTERM))
     env = os.environ | {"PYTHONPATH": str(ROOT / "src"), "HOSTSYNC_ROOT": str(layout.root)}
+    # The run's own timeout ends it should its ranks never start.
     command = [*entry_point(layout, how), "--case", "sp-loss", "--trees", "pinned", "--ranks",
-               "2", "--scenarios", "all_tokens"]  # fmt: skip
-    # Its own process group, as a terminal's foreground job: Ctrl-C goes to that whole group.
-    started = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 300
-    while len(list(layout.work.glob("runs/*/world-*/started-*"))) < 2:
-        assert started.poll() is None, started.stdout.read()
-        assert time.monotonic() < deadline, "the ranks never started"
-        time.sleep(0.5)
+               "2", "--scenarios", "all_tokens", "--timeout", "600"]  # fmt: skip
+    # Its own process group, as a terminal's foreground job: Ctrl-C goes to that whole group. It
+    # starts with SIGINT ignored, as a job a script starts in the background (`sh -c 'nox &'`, CI
+    # runners) does, and which Python keeps: the command must still stop on Ctrl-C.
+    log = tmp_path / "output.txt"
+    with log.open("w") as output:
+        started = subprocess.Popen(
+            command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )  # fmt: skip
+    wait_until(lambda: len(list(layout.work.glob("runs/*/world-*/started-*"))) == 2
+               or started.poll() is not None)  # fmt: skip
+    assert started.poll() is None, log.read_text()
 
     interrupted = time.monotonic()
     os.killpg(started.pid, signal.SIGINT)
-    started.wait(timeout=30)
+    try:
+        started.wait(timeout=STOPPED_WITHIN_S)
+    except subprocess.TimeoutExpired:
+        left = processes_running(str(layout.root))
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        started.wait()
+        pytest.fail(f"still running {STOPPED_WITHIN_S:.0f} s after Ctrl-C: {list(left.values())}")
     stopped_in = time.monotonic() - interrupted
-    output = started.stdout.read()
+    output = log.read_text()
 
     assert started.returncode == 130, output
     assert "interrupted: every process it started was stopped" in output
     assert "Traceback" not in output
-    assert stopped_in < 10, f"{stopped_in:.1f} s to stop"
-    assert processes_running(str(layout.root)) == []
+    assert processes_running(str(layout.root)) == {}, f"{stopped_in:.1f} s to stop"
     assert not list(layout.profiles.glob("repro-*.json"))
 
     script.write_text(textwrap.dedent(RETURNS_ROWS))

@@ -44,7 +44,7 @@ from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout
 from hostsync.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV, free_port
-from hostsync.records import Device, Launcher, Tree
+from hostsync.records import Device, Launcher, SnippetExit, Tree
 
 log = logging.getLogger(__name__)
 
@@ -169,10 +169,28 @@ class World:
 
 
 @dataclass(frozen=True)
+class Snippet:
+    """A one-process script the fork launcher runs after its worlds, from the interpreter its
+    ranks are forked from (`hostsync.prefork`): its output in `log`, its own variables."""
+
+    script: Path
+    log: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def ended(self) -> SnippetExit | None:
+        """How it ended, or None where it never ran (a world before it failed)."""
+        written = self.log.with_name(self.log.name + ".exit.json")
+        if not written.exists():
+            return None
+        return SnippetExit.from_json(json.loads(written.read_text()), str(written))
+
+
+@dataclass(frozen=True)
 class Start:
     """What to launch: a script, the worlds to run it in (in turn), on which device, how long
     each world may take, extra variables, a prefix around the launcher (nsys, say; see
-    `RUN_DIR_FIELD`), and the nodes the ranks span."""
+    `RUN_DIR_FIELD`), the nodes the ranks span, and a snippet to run after the worlds (the fork
+    launcher on one machine only)."""
 
     script: Path
     worlds: tuple[World, ...]
@@ -182,6 +200,7 @@ class Start:
     wrap: tuple[str, ...] = ()
     deepspeed: DeepSpeedSetup = field(default_factory=lambda: DEFAULT_SETUP)
     nodes: NodeLayout = SINGLE
+    snippet: Snippet | None = None
 
     def environment(self) -> dict[str, str]:
         return device_env(self.device) | dict(self.env)
@@ -203,6 +222,8 @@ def start(launcher: Launcher, run: Run, what: Start) -> list[RankResults]:
     """Run `what` with `launcher`: for each world, its ranks' results, by rank. Raises RunFailed
     naming the failing rank (with its traceback) or the timeout; either way every process of the
     run is gone when this returns."""
+    if what.snippet and (launcher != Launcher.FORK or what.nodes.spans_nodes):
+        raise WorkspaceError(f"only the fork launcher on one machine runs a snippet: {launcher}")
     return LAUNCHERS[launcher](run, what)
 
 
@@ -392,6 +413,10 @@ def _fork(run: Run, what: Start) -> list[RankResults]:
     return [_raised(found) for found in fork_each(run, what, keep_going=False)]
 
 
+def _snippet_plan(snippet: Snippet) -> dict[str, object]:
+    return {"script": str(snippet.script), "log": str(snippet.log), "env": dict(snippet.env)}
+
+
 def _raised(found: RankResults | RunFailed) -> RankResults:
     if isinstance(found, RunFailed):
         raise found
@@ -416,6 +441,7 @@ def fork_each(run: Run, what: Start, *, keep_going: bool = True,
             }
             for folder, world in zip(folders, what.worlds, strict=True)
         ],
+        "snippet": what.snippet and _snippet_plan(what.snippet),
     }
     run.run_dir.mkdir(parents=True, exist_ok=True)
     plan_file = run.run_dir / "plan.json"
