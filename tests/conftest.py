@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hostsync.launchers import Run
 from hostsync.layout import ROOT, Layout
 
 CASE = "sp-loss"
@@ -57,6 +58,13 @@ def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
     assert "Traceback" not in done.stderr, done.stderr
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     return line
+
+
+class OwnEnvironment(Run):
+    """A run of a command that is no rank: this process's variables, no tree."""
+
+    def environment(self, extra=None) -> dict[str, str]:
+        return dict(os.environ)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from hostsync.records import Device, Launcher, ReproResult, Tree
 from hostsync.upstream.trees import prepare_tree, prepare_trees
 
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line
-from conftest import make_workspace
+from conftest import OwnEnvironment, make_workspace
 
 SP_SIZE = 2
 FIXED = "5.14.0"
@@ -401,6 +402,29 @@ def test_hung_rank_is_killed_at_the_timeout_and_nothing_survives(
     started = sorted(marker.name for marker in (tmp_path / "run").rglob("started-*"))
     assert started == ["started-0", "started-1"], "the run timed out before both ranks ran"
     assert survivors(tmp_path / "worker.py") == []
+
+
+def test_runs_side_by_side_stop_together_when_one_fails(tmp_path: Path) -> None:
+    """A run that fails stops the ones beside it at once, not at their timeout, and leaves none
+    of their processes behind."""
+    hangs = OwnEnvironment(tmp_path / "hangs", tree=None)  # type: ignore[arg-type]
+    started = tmp_path / "hangs" / "started"
+    script = f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(3600)"
+
+    def fails_once_the_other_runs() -> None:
+        while not started.exists():
+            time.sleep(0.05)
+        raise RunFailed("rank 0 raised ValueError")
+
+    with pytest.raises(RunFailed, match="rank 0 raised ValueError"):
+        launchers.side_by_side(
+            [lambda: launchers.run_group(hangs, [sys.executable, "-c", script], timeout=3600),
+             fails_once_the_other_runs], at_once=2,
+        )  # fmt: skip
+
+    assert started.exists()
+    listing = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
+    assert [row for row in listing.splitlines() if str(started) in row and "Z" not in row[:2]] == []
 
 
 # --- the live cases, pinned against patched ------------------------------------------------------

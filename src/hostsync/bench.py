@@ -10,9 +10,9 @@ times it (`call_seconds` of its rows; a step waits for its slowest rank, so each
 its slowest rank's time; each run's first call, a warm-up, is left out). Last, warm `repro`s
 of the whole case as the command runs them (the environment check nox makes first, the trees
 brought up to date, every tree's launches and its snippet): before (each snippet in an
-interpreter of its own, which imports torch and the tree again) and now (each snippet in the
-interpreter the tree's ranks were forked from), in one run, as a ratio, phase by phase, so that
-the next slowdown shows where it is.
+interpreter of its own, which imports torch and the tree again, the trees one after another)
+and now (each snippet in the interpreter the tree's ranks were forked from, the trees side by
+side), in one run, as a ratio, phase by phase, so that the next slowdown shows where it is.
 
 The detector's precision and recall come from its labelled suite (`hostsync.detector_suite`),
 per family too, with its cost per operation; `--detector-only` prints those alone, without any
@@ -159,11 +159,11 @@ ENV_CHECK, TREES_UP_TO_DATE, TOTAL = "environment check", "trees brought up to d
 
 
 def whole_repro_phases(layout: Layout, case: cases.Case, device: str, timeout: float, *,
-                       snippets_apart: bool) -> dict[str, float]:  # fmt: skip
+                       before: bool) -> dict[str, float]:  # fmt: skip
     """One warm `repro` of the case as `nox -s repro` runs it, seconds per phase and in all: the
     environment check (`python -m hostsync env`, which nox runs first), the trees brought up to
-    date, then each tree's launches (with its snippet, unless `snippets_apart`) and its
-    snippet."""
+    date, then each tree's launches and its snippet. `before`: as it ran before, the trees one
+    after another and each snippet in an interpreter of its own."""
     started = time.perf_counter()
     env = os.environ | {"PYTHONPATH": str(ENGINE_SRC), "HOSTSYNC_ROOT": str(layout.root)}
     subprocess.run([sys.executable, "-m", "hostsync", "env"], check=True, env=env,
@@ -173,7 +173,7 @@ def whole_repro_phases(layout: Layout, case: cases.Case, device: str, timeout: f
     phases[TREES_UP_TO_DATE] = time.perf_counter() - started - phases[ENV_CHECK]
     measured = repro.measure(
         layout, case, trees, list(case.scenarios), device=device, timeout=timeout,
-        snippets=True, snippets_apart=snippets_apart,
+        snippets=True, snippets_apart=before, trees_at_once=1 if before else None,
     )  # fmt: skip
     return phases | measured.phases | {TOTAL: time.perf_counter() - started}
 
@@ -185,10 +185,11 @@ def print_whole_repro(case: cases.Case, before: dict[str, float], now: dict[str,
         f" {now[TOTAL] / before[TOTAL]:.2f}"
     )
     rows = [[name, f"{before.get(name, 0):.1f}", f"{now[name]:.1f}"] for name in now]
-    print(table.text(["phase (s)", "before: snippets apart", "now: snippets in the fork"], rows))
+    print(table.text(["phase (s)", "before", "now"], rows))
     print(
-        "  (now, each tree's time holds its snippet's: it runs after the ranks, from their"
-        " interpreter)"
+        "  before: trees one after another, each snippet in an interpreter of its own; now: trees"
+        " side by side, each tree's time holding its snippet's, which runs after its ranks from"
+        " their interpreter"
     )
 
 
@@ -237,8 +238,8 @@ def bench_runs(layout: Layout, args: argparse.Namespace, truth: DetectorTruth,
             wall_s[detector].append(seconds)
             call_s[detector] += call_seconds(ranks)
 
-    before = whole_repro_phases(layout, case, args.device, args.timeout, snippets_apart=True)
-    now = whole_repro_phases(layout, case, args.device, args.timeout, snippets_apart=False)
+    before = whole_repro_phases(layout, case, args.device, args.timeout, before=True)
+    now = whole_repro_phases(layout, case, args.device, args.timeout, before=False)
     wall = {detector: statistics.median(s) for detector, s in wall_s.items()}
     call_ms = {d: 1000 * statistics.median(s) if s else None for d, s in call_s.items()}
     print(

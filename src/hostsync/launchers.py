@@ -24,6 +24,7 @@ folder, so that a failure is reported with its rank number.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -33,10 +34,12 @@ import re
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from hostsync import locks, nodes
 from hostsync.devices import device_env
@@ -58,6 +61,7 @@ _POLL_S = 0.2
 # Where the hostsync package is imported from: the ranks import its protocol and detector.
 ENGINE_SRC = Path(__file__).resolve().parents[1]
 RankResults = list[dict]
+T = TypeVar("T")
 # Fields of `Start.wrap`'s words, filled in for each wrapped command: the folder it runs for and
 # its node (each node's agent has its own), e.g. where nsys writes that node's report.
 RUN_DIR_FIELD, NODE_FIELD = "{run_dir}", "{node}"
@@ -69,6 +73,10 @@ class RunFailed(WorkspaceError):
 
 class RunHung(RunFailed):
     """A run passed its timeout and was killed."""
+
+
+class RunStopped(RunFailed):
+    """A run stopped because one beside it failed, or on Ctrl-C (`side_by_side`)."""
 
 
 @dataclass(frozen=True)
@@ -551,13 +559,45 @@ def run_groups(commands: Sequence[tuple[Run, Sequence[str], Mapping[str, str] | 
     return [process.returncode for process in processes]
 
 
+# Set while the calls of a `side_by_side` batch are being stopped: each stops its groups.
+_stopping = threading.Event()
+
+
+def side_by_side(calls: Sequence[Callable[[], T]], at_once: int) -> list[T]:
+    """Each call (which runs process groups) in a thread of its own, `at_once` at a time; their
+    results in order. On the first failure, or Ctrl-C, the other calls stop their groups, and
+    this raises only once every process of every call is gone."""
+    if at_once <= 1 or len(calls) <= 1:
+        return [call() for call in calls]
+    with concurrent.futures.ThreadPoolExecutor(at_once) as pool:
+        futures = [pool.submit(call) for call in calls]
+        try:
+            concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            for future in futures:
+                if future.done() and future.exception():
+                    future.result()
+            return [future.result() for future in futures]
+        except BaseException:
+            _stopping.set()
+            with _uninterrupted():
+                for future in futures:
+                    future.cancel()
+                concurrent.futures.wait(futures)
+            raise
+        finally:
+            _stopping.clear()
+
+
 def _wait_for_groups(processes: Sequence[subprocess.Popen], timeout: float,
                      runs: Sequence[Run]) -> None:  # fmt: skip
-    """Until every process has exited, or one has failed; RunHung past the timeout."""
+    """Until every process has exited, or one has failed; RunHung past the timeout, RunStopped
+    when the runs beside it are stopped."""
     deadline = time.monotonic() + timeout
     while any(process.poll() is None for process in processes):
         if any(process.poll() not in (None, 0) for process in processes):
             return
+        if _stopping.is_set():
+            raise RunStopped("stopped: a run beside it failed, or Ctrl-C")
         if time.monotonic() > deadline:
             logs = ", ".join(str(run.log_file) for run in runs)
             raise RunHung(

@@ -22,6 +22,8 @@ Writes `profiles/<case>/repro-<stamp>.json` (`records.ReproResult`).
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import re
 import shutil
 import sys
@@ -331,15 +333,19 @@ class Measured:
 def measure(
     layout: Layout, case: Case, trees: list[Tree], scenarios: Sequence[str], *,
     device: str, timeout: float, only_ranks: Sequence[int] = (), nodes: NodeLayout = SINGLE,
-    snippets: bool = False, snippets_apart: bool = False,
+    snippets: bool = False, snippets_apart: bool = False, trees_at_once: int | None = None,
 ) -> Measured:  # fmt: skip
     """Every (tree, launch, rank count) as one run, and with `snippets` the case's snippet on
     each tree: in the interpreter a fork launch on its device imported (the same calls, without
     importing torch and the tree again), else, or with `snippets_apart`, in one of its own.
-    `only_ranks` keeps the runs at those rank counts."""
-    found = Measured()
+    `only_ranks` keeps the runs at those rank counts. The trees run side by side, as many at
+    once as there are cores (`trees_at_once` says otherwise); across nodes one after another, as
+    every node pools its worlds in the same order."""
     snippets = snippets and bool(case.card.repro.snippet)
-    for tree in trees:
+    at_once = 1 if nodes.spans_nodes else trees_at_once or os.cpu_count() or 1
+
+    def one_tree(tree: Tree) -> Measured:
+        found = Measured()
         started = time.perf_counter()
         snippet = IssueSnippet.of(layout, case, tree, device) if snippets else None
         for spec, wanted, counts in planned(case, scenarios, only_ranks):
@@ -360,6 +366,16 @@ def measure(
             ended = snippet.snippet.ended() or snippet.run_apart()
             found.snippets[tree.label] = snippet.line(case, ended)
             found.phases[f"snippet {tree.label}"] = ended.seconds
+        return found
+
+    found = Measured()
+    for one in launchers.side_by_side([functools.partial(one_tree, tree) for tree in trees],
+                                      at_once):  # fmt: skip
+        found.runs.extend(one.runs)
+        found.used.update(one.used)
+        found.nodes.extend(one.nodes)
+        found.snippets.update(one.snippets)
+        found.phases.update(one.phases)
     return found
 
 
