@@ -418,9 +418,10 @@ def test_ctrl_c_stops_every_rank_writes_nothing_and_the_next_run_works(
     script = layout.repro / "sp_loss.py"
     script.write_text(textwrap.dedent(IGNORES_SIGTERM))
     env = os.environ | {"PYTHONPATH": str(ROOT / "src"), "HOSTSYNC_ROOT": str(layout.root)}
-    # The run's own timeout ends it should its ranks never start.
-    command = [*entry_point(layout, how), "--case", "sp-loss", "--trees", "pinned", "--ranks",
-               "2", "--scenarios", "all_tokens", "--timeout", "600"]  # fmt: skip
+    # Two trees, which run side by side where there are two cores; the run's own timeout ends it
+    # should its ranks never start.
+    command = [*entry_point(layout, how), "--case", "sp-loss", "--trees", "pinned,patched",
+               "--ranks", "2", "--scenarios", "all_tokens", "--timeout", "600"]  # fmt: skip
     # Its own process group, as a terminal's foreground job: Ctrl-C goes to that whole group. It
     # starts with SIGINT ignored, as a job a script starts in the background (`sh -c 'nox &'`, CI
     # runners) does, and which Python keeps: the command must still stop on Ctrl-C.
@@ -430,7 +431,7 @@ def test_ctrl_c_stops_every_rank_writes_nothing_and_the_next_run_works(
             command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )  # fmt: skip
-    wait_until(lambda: len(list(layout.work.glob("runs/*/world-*/started-*"))) == 2
+    wait_until(lambda: len(list(layout.work.glob("runs/*/world-*/started-*"))) >= 2
                or started.poll() is not None)  # fmt: skip
     assert started.poll() is None, log.read_text()
 
@@ -457,4 +458,4 @@ def test_ctrl_c_stops_every_rank_writes_nothing_and_the_next_run_works(
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     (written,) = layout.profiles.glob("repro-*.json")
-    assert json.loads(written.read_text())["runs"][0]["host_syncs"] == 0
+    assert [run["host_syncs"] for run in json.loads(written.read_text())["runs"]] == [0, 0]
