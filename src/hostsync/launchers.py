@@ -593,8 +593,8 @@ def _wait_for_groups(processes: Sequence[subprocess.Popen], timeout: float,
     """Until every process has exited, or one has failed; RunHung past the timeout, RunStopped
     when the runs beside it are stopped."""
     deadline = time.monotonic() + timeout
-    while any(process.poll() is None for process in processes):
-        if any(process.poll() not in (None, 0) for process in processes):
+    while any(_exit_status(process) is None for process in processes):
+        if any(_exit_status(process) not in (None, 0) for process in processes):
             return
         if _stopping.is_set():
             raise RunStopped("stopped: a run beside it failed, or Ctrl-C")
@@ -620,8 +620,19 @@ def _uninterrupted() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def _exit_status(process: subprocess.Popen) -> int | None:
+    """The launcher's exit status once it has exited, without reaping it: while it is a zombie
+    its pid, its group's id, cannot be given to another process, whose group `_kill_group` would
+    otherwise stop (pids come round again within minutes on a busy machine)."""
+    found = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    if found is None:
+        return None
+    return found.si_status if found.si_code == os.CLD_EXITED else -found.si_status
+
+
 def _kill_group(process: subprocess.Popen) -> None:
-    """SIGTERM the group, then SIGKILL what is left: the launcher may already be gone."""
+    """SIGTERM the group, then SIGKILL what is left: the launcher may already be gone (not
+    reaped: see `_exit_status`), and is reaped last."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(process.pid, sig)
@@ -632,8 +643,7 @@ def _kill_group(process: subprocess.Popen) -> None:
             time.sleep(0.1)
         if not _group_alive(process.pid):
             break
-    if process.poll() is None:
-        process.wait()
+    process.wait()
 
 
 def _group_alive(pgid: int) -> bool:
