@@ -418,8 +418,8 @@ def test_ctrl_c_stops_every_rank_writes_nothing_and_the_next_run_works(
     script = layout.repro / "sp_loss.py"
     script.write_text(textwrap.dedent(IGNORES_SIGTERM))
     env = os.environ | {"PYTHONPATH": str(ROOT / "src"), "HOSTSYNC_ROOT": str(layout.root)}
-    # Two trees, which run side by side where there are two cores; the run's own timeout ends it
-    # should its ranks never start.
+    # Two trees (side by side where the cores hold both trees' ranks); the run's own timeout ends
+    # it should its ranks never start.
     command = [*entry_point(layout, how), "--case", "sp-loss", "--trees", "pinned,patched",
                "--ranks", "2", "--scenarios", "all_tokens", "--timeout", "600"]  # fmt: skip
     # Its own process group, as a terminal's foreground job: Ctrl-C goes to that whole group. It

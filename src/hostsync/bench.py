@@ -12,7 +12,8 @@ of the whole case as the command runs them (the environment check nox makes firs
 brought up to date, every tree's launches and its snippet): before (each snippet in an
 interpreter of its own, which imports torch and the tree again, the trees one after another)
 and now (each snippet in the interpreter the tree's ranks were forked from, the trees side by
-side), in one run, as a ratio, phase by phase, so that the next slowdown shows where it is.
+side where the cores hold their ranks), in one run, as a ratio, phase by phase, so that the
+next slowdown shows where it is.
 
 The detector's precision and recall come from its labelled suite (`hostsync.detector_suite`),
 per family too, with its cost per operation; `--detector-only` prints those alone, without any
@@ -188,8 +189,8 @@ def print_whole_repro(case: cases.Case, before: dict[str, float], now: dict[str,
     print(table.text(["phase (s)", "before", "now"], rows))
     print(
         "  before: trees one after another, each snippet in an interpreter of its own; now: trees"
-        " side by side, each tree's time holding its snippet's, which runs after its ranks from"
-        " their interpreter"
+        " side by side where the cores hold their ranks, each tree's time holding its snippet's,"
+        " which runs after its ranks from their interpreter"
     )
 
 

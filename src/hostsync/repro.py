@@ -338,11 +338,15 @@ def measure(
     """Every (tree, launch, rank count) as one run, and with `snippets` the case's snippet on
     each tree: in the interpreter a fork launch on its device imported (the same calls, without
     importing torch and the tree again), else, or with `snippets_apart`, in one of its own.
-    `only_ranks` keeps the runs at those rank counts. The trees run side by side, as many at
-    once as there are cores (`trees_at_once` says otherwise); across nodes one after another, as
-    every node pools its worlds in the same order."""
+    `only_ranks` keeps the runs at those rank counts. The trees run side by side where the cores
+    hold every rank of them (ranks beyond the cores wait in each collective for one that is not
+    running: two trees of 4 ranks on 2 cores take twice as long side by side), unless
+    `trees_at_once` says otherwise; across nodes one after another, as every node pools its
+    worlds in the same order."""
     snippets = snippets and bool(case.card.repro.snippet)
-    at_once = 1 if nodes.spans_nodes else trees_at_once or os.cpu_count() or 1
+    widest = max((max(counts) for _, _, counts in planned(case, scenarios, only_ranks)), default=1)
+    fit = max(1, (os.cpu_count() or 1) // widest)
+    at_once = 1 if nodes.spans_nodes else trees_at_once or fit
 
     def one_tree(tree: Tree) -> Measured:
         found = Measured()
