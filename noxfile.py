@@ -11,12 +11,17 @@ interpreter, `python -m nox --no-venv -s repro`, which checks it instead of inst
 from __future__ import annotations
 
 import shutil
+import signal
 import sys
 import tempfile
 import tomllib
 from pathlib import Path
 
 import nox
+
+# Ctrl-C stops a session even where nox started with it ignored (a job a script runs in the
+# background): nox then waits for the command, which stops its processes (see INTERRUPT).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).parent
 SRC = str(ROOT / "src")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hostsync.launchers import Run
 from hostsync.layout import ROOT, Layout
 
 CASE = "sp-loss"
@@ -61,6 +62,13 @@ def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
     return line
 
 
+class OwnEnvironment(Run):
+    """A run of a command that is no rank: this process's variables, no tree."""
+
+    def environment(self, extra=None) -> dict[str, str]:
+        return dict(os.environ)
+
+
 @pytest.fixture
 def workspace(tmp_path: Path) -> Layout:
     return make_workspace(tmp_path / "workspace")
@@ -68,6 +76,37 @@ def workspace(tmp_path: Path) -> Layout:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--heavy", action="store_true", help="also run the tests marked heavy")
+    parser.addoption(
+        "--cpu-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the tests beside N CPU-bound processes (the loaded lane: a laptop doing other"
+        " work)",
+    )
+
+
+# Busy on one core until the test session that started it is gone, however it ends.
+CPU_BOUND = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == parent:\n    pass\n"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The loaded lane's CPU-bound processes, started before the first test."""
+    config.cpu_load = [
+        subprocess.Popen([sys.executable, "-c", CPU_BOUND, str(os.getpid())])
+        for _ in range(config.getoption("cpu_load"))
+    ]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for process in getattr(config, "cpu_load", ()):
+        process.kill()
+        process.wait()
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    load = getattr(config, "cpu_load", ())
+    return f"loaded lane: {len(load)} CPU-bound processes run beside the tests" if load else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

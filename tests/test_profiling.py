@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes.util
 import dataclasses
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 
 from hostsync import cases, results
 from hostsync.errors import WorkspaceError
-from hostsync.launchers import Run, RunHung, run_group
+from hostsync.launchers import RunHung, run_group
 from hostsync.layout import ROOT, Layout
 from hostsync.profiling import capture as capturing
 from hostsync.profiling import command, nsys, report, traces
@@ -24,6 +23,7 @@ from hostsync.records import Capture, Device, NsysFigures, ProfileResult
 from hostsync.upstream.trees import prepare_tree
 
 import made
+from conftest import OwnEnvironment
 
 SYNC = SYNC_OP
 
@@ -240,13 +240,6 @@ needs_nsys = pytest.mark.skipif(
     shutil.which("nsys") is None or ctypes.util.find_library("nvToolsExt") is None,
     reason="needs Nsight Systems and libnvToolsExt (the README's optional install)",
 )
-
-
-class OwnEnvironment(Run):
-    """A run of a command that is no rank: this process's variables, no tree."""
-
-    def environment(self, extra=None) -> dict[str, str]:
-        return dict(os.environ)
 
 
 def agents_of(session: str) -> list[str]:

@@ -67,8 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     module_name, function_name = target.split(":")
     command = getattr(importlib.import_module(module_name), function_name)
     logging.basicConfig(level=logging.INFO, format="hostsync: %(message)s")
-    # A kill is a Ctrl-C: the runs stop their process groups on the way out either way.
+    # A kill is a Ctrl-C: the runs stop their process groups on the way out either way. Ctrl-C
+    # itself is taken even where it was ignored when the command started (a job a script runs in
+    # the background), which Python would otherwise keep.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return command(argv[1:])
     except WorkspaceError as error:

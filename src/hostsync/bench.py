@@ -7,8 +7,13 @@ empty DeepSpeed extensions cache, so it includes the one-time JIT compile of Dee
 shared-memory op (the OS file cache is left as it is); warm runs reuse the cache. The detector's
 overhead is measured on the whole run, and on the measured call itself where the rank script
 times it (`call_seconds` of its rows; a step waits for its slowest rank, so each call counts at
-its slowest rank's time; each run's first call, a warm-up, is left out). Last, one warm
-`repro` of the whole case (every tree, launch and rank count), as the command runs it.
+its slowest rank's time; each run's first call, a warm-up, is left out). Last, warm `repro`s
+of the whole case as the command runs them (the environment check nox makes first, the trees
+brought up to date, every tree's launches and its snippet): before (each snippet in an
+interpreter of its own, which imports torch and the tree again, the trees one after another)
+and now (each snippet in the interpreter the tree's ranks were forked from, the trees side by
+side where the cores hold their ranks), in one run, as a ratio, phase by phase, so that the
+next slowdown shows where it is.
 
 The detector's precision and recall come from its labelled suite (`hostsync.detector_suite`),
 per family too, with its cost per operation; `--detector-only` prints those alone, without any
@@ -18,13 +23,16 @@ run.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 
 from hostsync import cases, devices, locks, provenance, repro, results, table
+from hostsync.launchers import ENGINE_SRC
 from hostsync.layout import Layout
 from hostsync.options import add_case, add_device, add_timeout, case_layouts
 from hostsync.records import BenchResult, DetectorTruth, FamilyTruth
@@ -203,13 +211,42 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def whole_repro_seconds(layout: Layout, case: cases.Case, device: str, timeout: float) -> float:
-    """One warm `repro` of the case as the command runs it: its trees brought up to date, then
-    every launch at every rank count."""
+ENV_CHECK, TREES_UP_TO_DATE, TOTAL = "environment check", "trees brought up to date", "total"
+
+
+def whole_repro_phases(layout: Layout, case: cases.Case, device: str, timeout: float, *,
+                       before: bool) -> dict[str, float]:  # fmt: skip
+    """One warm `repro` of the case as `nox -s repro` runs it, seconds per phase and in all: the
+    environment check (`python -m hostsync env`, which nox runs first), the trees brought up to
+    date, then each tree's launches and its snippet. `before`: as it ran before, the trees one
+    after another and each snippet in an interpreter of its own."""
     started = time.perf_counter()
+    env = os.environ | {"PYTHONPATH": str(ENGINE_SRC), "HOSTSYNC_ROOT": str(layout.root)}
+    subprocess.run([sys.executable, "-m", "hostsync", "env"], check=True, env=env,
+                   capture_output=True, timeout=timeout)  # fmt: skip
+    phases = {ENV_CHECK: time.perf_counter() - started}
     trees = prepare_trees(layout, list(case.trees))
-    repro.measure(layout, case, trees, list(case.scenarios), device=device, timeout=timeout)
-    return time.perf_counter() - started
+    phases[TREES_UP_TO_DATE] = time.perf_counter() - started - phases[ENV_CHECK]
+    measured = repro.measure(
+        layout, case, trees, list(case.scenarios), device=device, timeout=timeout,
+        snippets=True, snippets_apart=before, trees_at_once=1 if before else None,
+    )  # fmt: skip
+    return phases | measured.phases | {TOTAL: time.perf_counter() - started}
+
+
+def print_whole_repro(case: cases.Case, before: dict[str, float], now: dict[str, float]) -> None:
+    print(
+        f"warm repro of the whole case ({len(case.trees)} trees, every launch, the snippet on"
+        f" each): before {before[TOTAL]:.1f} s, now {now[TOTAL]:.1f} s, ratio now/before"
+        f" {now[TOTAL] / before[TOTAL]:.2f}"
+    )
+    rows = [[name, f"{before.get(name, 0):.1f}", f"{now[name]:.1f}"] for name in now]
+    print(table.text(["phase (s)", "before", "now"], rows))
+    print(
+        "  before: trees one after another, each snippet in an interpreter of its own; now: trees"
+        " side by side where the cores hold their ranks, each tree's time holding its snippet's,"
+        " which runs after its ranks from their interpreter"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -257,7 +294,8 @@ def bench_runs(layout: Layout, args: argparse.Namespace, truth: DetectorTruth,
             wall_s[detector].append(seconds)
             call_s[detector] += call_seconds(ranks)
 
-    whole_s = whole_repro_seconds(layout, case, args.device, args.timeout)
+    before = whole_repro_phases(layout, case, args.device, args.timeout, before=True)
+    now = whole_repro_phases(layout, case, args.device, args.timeout, before=False)
     wall = {detector: statistics.median(s) for detector, s in wall_s.items()}
     call_ms = {d: 1000 * statistics.median(s) if s else None for d, s in call_s.items()}
     print(
@@ -266,7 +304,7 @@ def bench_runs(layout: Layout, args: argparse.Namespace, truth: DetectorTruth,
         f" each way, {len(call_s[True])} timed calls each way"
     )
     print(f"cold run (empty extensions cache, detector on): {cold_s:.1f} s")
-    print(f"warm repro of the whole case ({len(case.trees)} trees, every launch): {whole_s:.1f} s")
+    print_whole_repro(case, before, now)
     print(
         table.text(
             ["median", "with detector", "without", "overhead"],
@@ -286,7 +324,8 @@ def bench_runs(layout: Layout, args: argparse.Namespace, truth: DetectorTruth,
             "device": device.value,
             "scenarios": scenarios,
             "cold_run_s": cold_s,
-            "whole_repro_s": whole_s,
+            "whole_repro_s": now[TOTAL],
+            "whole_repro_phases_s": {"before": before, "now": now},
             "warm_run_s": {"with_detector": wall_s[True], "without_detector": wall_s[False]},
             "loss_call_s": {"with_detector": call_s[True], "without_detector": call_s[False]},
             "median_loss_call_ms": {

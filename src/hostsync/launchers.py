@@ -24,6 +24,7 @@ folder, so that a failure is reported with its rank number.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -33,18 +34,20 @@ import re
 import shlex
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
-from hostsync import nodes
+from hostsync import locks, nodes
 from hostsync.devices import device_env
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout
 from hostsync.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV, free_port
-from hostsync.records import Device, Launcher
+from hostsync.records import Device, Launcher, SnippetExit
 from hostsync.upstream.trees import Tree
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,7 @@ _POLL_S = 0.2
 # Where the hostsync package is imported from: the ranks import its protocol and detector.
 ENGINE_SRC = Path(__file__).resolve().parents[1]
 RankResults = list[dict]
+T = TypeVar("T")
 # Fields of `Start.wrap`'s words, filled in for each wrapped command: the folder it runs for and
 # its node (each node's agent has its own), e.g. where nsys writes that node's report.
 RUN_DIR_FIELD, NODE_FIELD = "{run_dir}", "{node}"
@@ -70,6 +74,10 @@ class RunFailed(WorkspaceError):
 
 class RunHung(RunFailed):
     """A run passed its timeout and was killed."""
+
+
+class RunStopped(RunFailed):
+    """A run stopped because one beside it failed, or on Ctrl-C (`side_by_side`)."""
 
 
 @dataclass(frozen=True)
@@ -170,10 +178,28 @@ class World:
 
 
 @dataclass(frozen=True)
+class Snippet:
+    """A one-process script the fork launcher runs after its worlds, from the interpreter its
+    ranks are forked from (`hostsync.prefork`): its output in `log`, its own variables."""
+
+    script: Path
+    log: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def ended(self) -> SnippetExit | None:
+        """How it ended, or None where it never ran (a world before it failed)."""
+        written = self.log.with_name(self.log.name + ".exit.json")
+        if not written.exists():
+            return None
+        return SnippetExit.from_json(json.loads(written.read_text()), str(written))
+
+
+@dataclass(frozen=True)
 class Start:
     """What to launch: a script, the worlds to run it in (in turn), on which device, how long
     each world may take, extra variables, a prefix around the launcher (nsys, say; see
-    `RUN_DIR_FIELD`), and the nodes the ranks span."""
+    `RUN_DIR_FIELD`), the nodes the ranks span, and a snippet to run after the worlds (the fork
+    launcher on one machine only)."""
 
     script: Path
     worlds: tuple[World, ...]
@@ -183,6 +209,7 @@ class Start:
     wrap: tuple[str, ...] = ()
     deepspeed: DeepSpeedSetup = field(default_factory=lambda: DEFAULT_SETUP)
     nodes: NodeLayout = SINGLE
+    snippet: Snippet | None = None
 
     def environment(self) -> dict[str, str]:
         return device_env(self.device) | dict(self.env)
@@ -204,6 +231,8 @@ def start(launcher: Launcher, run: Run, what: Start) -> list[RankResults]:
     """Run `what` with `launcher`: for each world, its ranks' results, by rank. Raises RunFailed
     naming the failing rank (with its traceback) or the timeout; either way every process of the
     run is gone when this returns."""
+    if what.snippet and (launcher != Launcher.FORK or what.nodes.spans_nodes):
+        raise WorkspaceError(f"only the fork launcher on one machine runs a snippet: {launcher}")
     return LAUNCHERS[launcher](run, what)
 
 
@@ -393,6 +422,10 @@ def _fork(run: Run, what: Start) -> list[RankResults]:
     return [_raised(found) for found in fork_each(run, what, keep_going=False)]
 
 
+def _snippet_plan(snippet: Snippet) -> dict[str, object]:
+    return {"script": str(snippet.script), "log": str(snippet.log), "env": dict(snippet.env)}
+
+
 def _raised(found: RankResults | RunFailed) -> RankResults:
     if isinstance(found, RunFailed):
         raise found
@@ -417,6 +450,7 @@ def fork_each(run: Run, what: Start, *, keep_going: bool = True,
             }
             for folder, world in zip(folders, what.worlds, strict=True)
         ],
+        "snippet": what.snippet and _snippet_plan(what.snippet),
     }
     run.run_dir.mkdir(parents=True, exist_ok=True)
     plan_file = run.run_dir / "plan.json"
@@ -505,66 +539,112 @@ def run_groups(commands: Sequence[tuple[Run, Sequence[str], Mapping[str, str] | 
     its run's log; their exit statuses once every one has exited, or as soon as one fails (the
     others, which would wait for it for ever, are ended). Raises RunHung on the timeout; either
     way every process of every group is gone when this returns."""
+    environments = [run.environment(env) for run, _, env in commands]
+    extensions = {environment.get("TORCH_EXTENSIONS_DIR") for environment in environments}
     processes: list[subprocess.Popen] = []
-    extensions: list[str | None] = []
-    started = time.time()
-    try:
-        for run, command, env in commands:
-            run.run_dir.mkdir(parents=True, exist_ok=True)
-            log.info("running %s (log: %s)", " ".join(command[:6]), run.log_file)
-            environment = run.environment(env)
-            with run.log_file.open("w") as output:
-                processes.append(subprocess.Popen(
-                    command, cwd=cwd, env=environment, stdout=output,
-                    stderr=subprocess.STDOUT, start_new_session=True,
-                ))  # fmt: skip
-            extensions.append(environment.get("TORCH_EXTENSIONS_DIR"))
-        deadline = time.monotonic() + timeout
-        while any(process.poll() is None for process in processes):
-            if any(process.poll() not in (None, 0) for process in processes):
-                break
-            if time.monotonic() > deadline:
-                logs = ", ".join(str(run.log_file) for run, _, _ in commands)
-                raise RunHung(
-                    f"run hung: no exit after {timeout:.0f} s, killed it and every process it"
-                    f" started; see {logs} and raise the timeout if the machine is just slow"
-                )
-            time.sleep(_POLL_S)
-    finally:
-        for process, folder in zip(processes, extensions, strict=True):
-            if _kill_group(process) and folder:
-                _drop_build_locks(Path(folder), since=started)
+    with locks.extension_builders(sorted(Path(f) for f in extensions if f)) as builders:
+        try:
+            for (run, command, _), environment in zip(commands, environments, strict=True):
+                run.run_dir.mkdir(parents=True, exist_ok=True)
+                log.info("running %s (log: %s)", " ".join(command[:6]), run.log_file)
+                with run.log_file.open("w") as output:
+                    processes.append(subprocess.Popen(
+                        command, cwd=cwd, env=environment, stdout=output,
+                        stderr=subprocess.STDOUT, start_new_session=True, pass_fds=builders,
+                    ))  # fmt: skip
+            _wait_for_groups(processes, timeout, [run for run, _, _ in commands])
+        finally:
+            with _uninterrupted():
+                for process in processes:
+                    _kill_group(process)
     return [process.returncode for process in processes]
 
 
-def _drop_build_locks(extensions: Path, since: float) -> None:
-    """Remove the build locks a stopped group took since `since`: torch's extension builder
-    frees its `lock` only when it finishes, and every later build waits for it for ever."""
-    for lock in extensions.glob("*/lock"):
-        with contextlib.suppress(FileNotFoundError):
-            if lock.stat().st_mtime >= since:
-                lock.unlink()
-                log.info("removed %s, left by a stopped build", lock)
+# Set while the calls of a `side_by_side` batch are being stopped: each stops its groups.
+_stopping = threading.Event()
 
 
-def _kill_group(process: subprocess.Popen) -> bool:
-    """SIGTERM the group, then SIGKILL what is left: the launcher may already be gone. Whether
-    anything of it was still there to stop."""
-    stopped = False
+def side_by_side(calls: Sequence[Callable[[], T]], at_once: int) -> list[T]:
+    """Each call (which runs process groups) in a thread of its own, `at_once` at a time; their
+    results in order. On the first failure, or Ctrl-C, the other calls stop their groups, and
+    this raises only once every process of every call is gone."""
+    if at_once <= 1 or len(calls) <= 1:
+        return [call() for call in calls]
+    with concurrent.futures.ThreadPoolExecutor(at_once) as pool:
+        futures = [pool.submit(call) for call in calls]
+        try:
+            concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            for future in futures:
+                if future.done() and future.exception():
+                    future.result()
+            return [future.result() for future in futures]
+        except BaseException:
+            _stopping.set()
+            with _uninterrupted():
+                for future in futures:
+                    future.cancel()
+                concurrent.futures.wait(futures)
+            raise
+        finally:
+            _stopping.clear()
+
+
+def _wait_for_groups(processes: Sequence[subprocess.Popen], timeout: float,
+                     runs: Sequence[Run]) -> None:  # fmt: skip
+    """Until every process has exited, or one has failed; RunHung past the timeout, RunStopped
+    when the runs beside it are stopped."""
+    deadline = time.monotonic() + timeout
+    while any(_exit_status(process) is None for process in processes):
+        if any(_exit_status(process) not in (None, 0) for process in processes):
+            return
+        if _stopping.is_set():
+            raise RunStopped("stopped: a run beside it failed, or Ctrl-C")
+        if time.monotonic() > deadline:
+            logs = ", ".join(str(run.log_file) for run in runs)
+            raise RunHung(
+                f"run hung: no exit after {timeout:.0f} s, killed it and every process it"
+                f" started; see {logs} and raise the timeout if the machine is just slow"
+            )
+        time.sleep(_POLL_S)
+
+
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back while the block runs: a second Ctrl-C, or nox's SIGTERM after
+    its own wait, must not cut the stopping of the groups short and leave ranks behind. A signal
+    held back is delivered when the block ends."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _exit_status(process: subprocess.Popen) -> int | None:
+    """The launcher's exit status once it has exited, without reaping it: while it is a zombie
+    its pid, its group's id, cannot be given to another process, whose group `_kill_group` would
+    otherwise stop (pids come round again within minutes on a busy machine)."""
+    found = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    if found is None:
+        return None
+    return found.si_status if found.si_code == os.CLD_EXITED else -found.si_status
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGTERM the group, then SIGKILL what is left: the launcher may already be gone (not
+    reaped: see `_exit_status`), and is reaped last."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:
             break
-        stopped = True
         deadline = time.monotonic() + _KILL_GRACE_S
         while time.monotonic() < deadline and _group_alive(process.pid):
             time.sleep(0.1)
         if not _group_alive(process.pid):
             break
-    if process.poll() is None:
-        process.wait()
-    return stopped
+    process.wait()
 
 
 def _group_alive(pgid: int) -> bool:

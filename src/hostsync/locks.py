@@ -1,10 +1,19 @@
-"""One command at a time per case: its clone, trees and results are not shared safely.
+"""One command at a time per case: its clone, trees and results are not shared safely; and build
+locks of compiled extensions removed only when their builders are dead.
 
 A command that works on a case holds `work/locks/<case>.lock` (an advisory lock, released by the
 kernel when the process ends, however it ends) for as long as it works on it. A second command
 on the same case is refused at once, naming the holder; commands on other cases run side by side.
 Across nodes each node's command holds a lock of its own (`<case>.node<R>.lock` beyond node 0):
 on a shared filesystem they would otherwise refuse each other.
+
+torch's extension builder (`FileBaton`) takes a folder's `lock` file and removes it when the
+build ends: a builder killed midway leaves it, and every later build of that op waits for it for
+ever. The file names no owner, and runs of other commands (other cases, the suite) share one
+extensions folder per environment. So every process group that may build into a folder inherits
+a shared advisory lock on the folder's `.builders` file (`extension_builders`): while any member
+of any such group lives, the lock is held; when nobody holds it, no builder is alive and a
+`lock` left there is stale.
 """
 
 from __future__ import annotations
@@ -12,15 +21,19 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import shlex
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
+
+log = logging.getLogger(__name__)
 
 _held: dict[str, int] = {}  # lock file -> how many times this process holds it
 
@@ -80,3 +93,46 @@ def _holder(fd: int) -> str:
             continue
         return f"pid {holder['pid']} (`{holder['command']}`, since {holder['since']})"
     return "another command"
+
+
+# --- compiled extensions' build locks -------------------------------------------------------------
+
+BUILDERS = ".builders"
+
+
+@contextlib.contextmanager
+def extension_builders(folders: Sequence[Path]) -> Iterator[tuple[int, ...]]:
+    """Join the builders of each extensions folder while the block runs: the descriptors it
+    yields hold a shared lock on each folder's builders file, for the process groups the block
+    starts to inherit (`pass_fds`), so that the lock lasts as long as any of their processes.
+    Build locks nobody can own any more are removed on the way in and on the way out."""
+    descriptors: list[int] = []
+    try:
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
+            descriptors.append(os.open(folder / BUILDERS, os.O_RDWR | os.O_CREAT, 0o644))
+            _drop_stale_build_locks(descriptors[-1], folder)
+            fcntl.flock(descriptors[-1], fcntl.LOCK_SH)
+        yield tuple(descriptors)
+    finally:
+        for descriptor in descriptors:
+            os.close(descriptor)
+        for folder in folders[: len(descriptors)]:
+            descriptor = os.open(folder / BUILDERS, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                _drop_stale_build_locks(descriptor, folder)
+            finally:
+                os.close(descriptor)
+
+
+def _drop_stale_build_locks(descriptor: int, folder: Path) -> None:
+    """Remove the build locks in `folder` if no process holds its builders file (`descriptor`
+    then holds it alone, exclusively, until the caller shares or closes it)."""
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return  # a live group may be building: its locks are its own
+    for lock in folder.glob("*/lock"):
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+            log.info("removed %s, left by a build that was stopped", lock)

@@ -13,10 +13,15 @@ no GPU at import, and PYTORCH_NVML_BASED_CUDA_CHECK keeps torch's CUDA probe (De
 its accelerator at import) from creating a CUDA context that a fork cannot inherit.
 
 The plan, written by `hostsync.launchers`: {"script": path, "keep_going": bool, "worlds":
-[{"ranks": n, "run_dir": path, "args": [...], "env": {...}}, ...]}. Each rank calls the
-script's `main` (its `rank_entry`) with its world's variables set. A failed world stops the plan
-unless `keep_going` (independent runs, such as the census's setups). Exit status: 0, or the
-first failing rank's.
+[{"ranks": n, "run_dir": path, "args": [...], "env": {...}}, ...], "snippet": null or {"script":
+path, "log": path, "env": {...}}}. Each rank calls the script's `main` (its `rank_entry`) with
+its world's variables set. A failed world stops the plan unless `keep_going` (independent runs,
+such as the census's setups). Exit status: 0, or the first failing rank's.
+
+The snippet, a one-process script an issue quotes, runs last, as `python SNIPPET` would run it
+(as `__main__`, its output in its log) but forked from this interpreter, whose imports it
+shares: it would otherwise import torch and the tree again. How it ended goes beside its log
+(`records.SnippetExit`); its exit status is not the plan's.
 Standard library only, like `hostsync.protocol`: the script brings torch.
 """
 
@@ -25,8 +30,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import runpy
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -77,9 +84,29 @@ def run_world(main: Callable[[], object], script: str, world: dict) -> int:
     return failed
 
 
+def run_snippet(snippet: dict) -> None:
+    """Fork the snippet as `python SNIPPET` with its output in its log; write how it ended."""
+    started = time.monotonic()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        with Path(snippet["log"]).open("wb") as log:
+            os.dup2(log.fileno(), sys.stdout.fileno())
+            os.dup2(log.fileno(), sys.stderr.fileno())
+        os.environ.update(snippet["env"])
+        sys.argv = [snippet["script"]]
+        _run_rank(lambda: runpy.run_path(snippet["script"], run_name="__main__"))
+    _, status = os.waitpid(pid, 0)
+    ended = {"exit_status": os.waitstatus_to_exitcode(status),
+             "seconds": time.monotonic() - started}  # fmt: skip
+    Path(snippet["log"] + ".exit.json").write_text(json.dumps(ended) + "\n")
+
+
 def _run_rank(main: Callable[[], object]) -> None:
-    """Run `main` in a forked rank and leave with its status, never returning into the parent's
-    loop (`rank_entry` has already written a failure's traceback into the run folder)."""
+    """Run `main` in a forked rank (or the snippet) and leave with its status, never returning
+    into the parent's loop (`rank_entry` has already written a failure's traceback into the run
+    folder)."""
     code = 1
     try:
         main()
@@ -108,7 +135,9 @@ def main(argv: list[str]) -> int:
         failed = run_world(entry, plan["script"], world)
         first_failure = first_failure or failed
         if failed and not plan.get("keep_going"):
-            break
+            return first_failure
+    if plan.get("snippet"):
+        run_snippet(plan["snippet"])
     return first_failure
 
 

@@ -415,6 +415,14 @@ class TrainerComparison(Record):
 
 
 @dataclass(frozen=True)
+class SnippetExit(Record):
+    """How a snippet run in the fork launcher's interpreter ended (`hostsync.prefork`)."""
+
+    exit_status: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class SnippetRuns(Record):
     """The case's one-process snippet and the line it printed on each tree."""
 

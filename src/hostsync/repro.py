@@ -22,9 +22,12 @@ Writes `profiles/<case>/repro-<stamp>.json` (`records.ReproResult`).
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import re
 import shutil
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +37,7 @@ from hostsync import cases, cost, devices, launchers, locks, provenance, results
 from hostsync.cases import Case, Launch
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
-from hostsync.launchers import Run, RunFailed, Start, World, run_group
+from hostsync.launchers import Run, RunFailed, Snippet, Start, World, run_group
 from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout, clear_stale, node_0_first, shares_of
 from hostsync.options import (
@@ -52,9 +55,11 @@ from hostsync.records import (
     Cost,
     Device,
     Json,
+    Launcher,
     NodeShare,
     ReproResult,
     RunRow,
+    SnippetExit,
     SnippetRuns,
     TrainerComparison,
     is_site_list,
@@ -74,13 +79,15 @@ def run_launch(
     detector: bool = True,
     env: Mapping[str, str] | None = None,
     nodes: NodeLayout = SINGLE,
+    snippet: IssueSnippet | None = None,
 ) -> list[tuple[int, Device, list[dict]]]:
     """A launch on `tree` at each rank count of `counts`: (ranks, device, each rank's result).
 
     Each rank count gets its own device (`auto` uses GPUs only where there is one per rank on
     each machine); the rank counts that share a device go to the launcher together (`fork` runs
-    them all from one import of its script). Run folders are removed after a success and kept,
-    with the launcher log and the failing rank's traceback, after a failure.
+    them all from one import of its script, and then `snippet`, where its device is theirs). Run
+    folders are removed after a success and kept, with the launcher log and the failing rank's
+    traceback, after a failure.
     """
     script = layout.repro / spec.script
     name = f"repro-{tree.label}-{spec.script.removesuffix('.py')}"
@@ -94,7 +101,8 @@ def run_launch(
         args += () if detector else ("--no-detector",)
         run = Run(layout.new_run_dir(name), tree, layout)
         worlds = tuple(World(n, args) for n in group)
-        what = Start(script, worlds, used, timeout, env or {}, nodes=nodes)
+        carried = snippet.snippet if snippet and snippet.device == used else None
+        what = Start(script, worlds, used, timeout, env or {}, nodes=nodes, snippet=carried)
         worlds = launchers.start(spec.launcher, run, what)
         for rank_results in worlds:
             check_contract(rank_results, scenarios, run.run_dir)
@@ -321,28 +329,66 @@ def planned(case: Case, scenarios: Sequence[str], only_ranks: Sequence[int] = ()
 
 @dataclass(frozen=True)
 class Measured:
-    """Every run's merged rows, the devices they used, and which node ran which ranks."""
+    """Every run's merged rows, the devices they used, which node ran which ranks, the line the
+    snippet printed on each tree, and how long each phase took (seconds, in the order run)."""
 
     runs: list[RunRow] = field(default_factory=list)
     used: set[Device] = field(default_factory=set)
     nodes: list[NodeShare] = field(default_factory=list)
+    snippets: dict[str, str] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 def measure(
     layout: Layout, case: Case, trees: list[Tree], scenarios: Sequence[str], *,
     device: str, timeout: float, only_ranks: Sequence[int] = (), nodes: NodeLayout = SINGLE,
+    snippets: bool = False, snippets_apart: bool = False, trees_at_once: int | None = None,
 ) -> Measured:  # fmt: skip
-    """Every (tree, launch, rank count) as one run. `only_ranks` keeps the runs at those rank
-    counts."""
-    found = Measured()
-    for tree in trees:
+    """Every (tree, launch, rank count) as one run, and with `snippets` the case's snippet on
+    each tree: in the interpreter a fork launch on its device imported (the same calls, without
+    importing torch and the tree again), else, or with `snippets_apart`, in one of its own.
+    `only_ranks` keeps the runs at those rank counts. The trees run side by side where the cores
+    hold every rank of them (ranks beyond the cores wait in each collective for one that is not
+    running: two trees of 4 ranks on 2 cores take twice as long side by side), unless
+    `trees_at_once` says otherwise; across nodes one after another, as every node pools its
+    worlds in the same order."""
+    snippets = snippets and bool(case.card.repro.snippet)
+    widest = max((max(counts) for _, _, counts in planned(case, scenarios, only_ranks)), default=1)
+    fit = max(1, (os.cpu_count() or 1) // widest)
+    at_once = 1 if nodes.spans_nodes else trees_at_once or fit
+
+    def one_tree(tree: Tree) -> Measured:
+        found = Measured()
+        started = time.perf_counter()
+        snippet = IssueSnippet.of(layout, case, tree, device) if snippets else None
         for spec, wanted, counts in planned(case, scenarios, only_ranks):
+            carries = (
+                snippet
+                if snippet and not snippets_apart and not snippet.snippet.ended()
+                and spec.launcher == Launcher.FORK and not nodes.spans_nodes
+                else None
+            )  # fmt: skip
             done = run_launch(layout, tree, spec, counts, wanted, device=device, timeout=timeout,
-                              nodes=nodes)  # fmt: skip
+                              nodes=nodes, snippet=carries)  # fmt: skip
             for ranks, device_used, rank_results in done:
                 found.used.add(device_used)
                 found.runs.extend(merge_ranks(rank_results, tree.label, spec.script, ranks))
                 found.nodes.extend(shares_of(f"{tree.label} {spec.script} x{ranks}", rank_results))
+        found.phases[f"tree {tree.label}"] = time.perf_counter() - started
+        if snippet:
+            ended = snippet.snippet.ended() or snippet.run_apart()
+            found.snippets[tree.label] = snippet.line(case, ended)
+            found.phases[f"snippet {tree.label}"] = ended.seconds
+        return found
+
+    found = Measured()
+    for one in launchers.side_by_side([functools.partial(one_tree, tree) for tree in trees],
+                                      at_once):  # fmt: skip
+        found.runs.extend(one.runs)
+        found.used.update(one.used)
+        found.nodes.extend(one.nodes)
+        found.snippets.update(one.snippets)
+        found.phases.update(one.phases)
     return found
 
 
@@ -361,29 +407,51 @@ def check_nodes(case: Case, settings: ReproSettings, scenarios: Sequence[str],
             settings.nodes.per_node(ranks, f"{case.name}'s {spec.script} x{ranks}")
 
 
-def run_snippet(layout: Layout, case: Case, tree: Tree, device: str) -> str:
-    """The line the case's one-process snippet prints on `tree` (its `snippet_output`): what an
-    issue quotes, with the versions it ran on."""
-    snippet = layout.repro / case.card.repro.snippet
-    run = Run(layout.new_run_dir(f"snippet-{tree.label}"), tree, layout)
-    used = devices.resolve_device(device, 1, tree.python)
-    env = {"MASTER_PORT": str(free_port())} | devices.device_env(used)
-    status = run_group(run, [tree.python, str(snippet)], timeout=300, env=env)
-    found = re.findall(case.card.repro.snippet_output, run.log_file.read_text(), re.MULTILINE)
-    if status != 0 or not found:
-        raise WorkspaceError(
-            f"{snippet.name} failed on {tree.label} (exit status {status}): see {run.log_file}"
-        )
-    shutil.rmtree(run.run_dir)
-    return found[-1]
+@dataclass(frozen=True)
+class IssueSnippet:
+    """The case's one-process snippet on one tree: where its output goes, on which device."""
+
+    snippet: Snippet
+    device: Device
+    run: Run
+
+    @classmethod
+    def of(cls, layout: Layout, case: Case, tree: Tree, device: str) -> IssueSnippet:
+        run = Run(layout.new_run_dir(f"snippet-{tree.label}"), tree, layout)
+        used = devices.resolve_device(device, 1, tree.python)
+        env = {"MASTER_PORT": str(free_port())} | devices.device_env(used)
+        return cls(Snippet(layout.repro / case.card.repro.snippet, run.log_file, env), used, run)
+
+    def run_apart(self) -> SnippetExit:
+        """As a user runs it: a fresh interpreter, which imports torch and the tree itself."""
+        started = time.perf_counter()
+        command = [self.run.tree.python, str(self.snippet.script)]
+        status = run_group(self.run, command, timeout=SNIPPET_TIMEOUT_S, env=self.snippet.env)
+        return SnippetExit(status, time.perf_counter() - started)
+
+    def line(self, case: Case, ended: SnippetExit) -> str:
+        """The line it printed (its `snippet_output`): what an issue quotes, with the versions
+        it ran on."""
+        log = self.snippet.log
+        found = re.findall(case.card.repro.snippet_output, log.read_text(), re.MULTILINE)
+        if ended.exit_status != 0 or not found:
+            raise WorkspaceError(
+                f"{self.snippet.script.name} failed on {self.run.tree.label} (exit status"
+                f" {ended.exit_status}): see {log}"
+            )
+        shutil.rmtree(self.run.run_dir)
+        return found[-1]
 
 
-def snippet_runs(layout: Layout, case: Case, trees: list[Tree], device: str) -> SnippetRuns | None:
+# How long the snippet, one call of one function, may take in an interpreter of its own.
+SNIPPET_TIMEOUT_S = 300.0
+
+
+def snippet_runs(case: Case, layout: Layout, outputs: Mapping[str, str]) -> SnippetRuns | None:
     if not case.card.repro.snippet:
         return None
     snippet = layout.repro / case.card.repro.snippet
-    outputs = {tree.label: run_snippet(layout, case, tree, device) for tree in trees}
-    return SnippetRuns(file=snippet.name, sha256=sha256(snippet), output=outputs)
+    return SnippetRuns(file=snippet.name, sha256=sha256(snippet), output=dict(outputs))
 
 
 def repro_case(layout: Layout, settings: ReproSettings) -> ReproResult:
@@ -395,9 +463,10 @@ def repro_case(layout: Layout, settings: ReproSettings) -> ReproResult:
     names = list(settings.trees or case.trees)
     trees = node_0_first(settings.nodes, f"trees of {case.name}", settings.timeout,
                          lambda: prepare_trees(layout, names))  # fmt: skip
+    # The snippet is one process, as a user runs it: once, on the node that writes the result.
     measured = measure(
         layout, case, trees, scenarios, device=settings.device, timeout=settings.timeout,
-        only_ranks=only_ranks, nodes=settings.nodes,
+        only_ranks=only_ranks, nodes=settings.nodes, snippets=settings.nodes.writes_results,
     )  # fmt: skip
     runs, used = measured.runs, measured.used
     trainer = tuple(
@@ -413,8 +482,7 @@ def repro_case(layout: Layout, settings: ReproSettings) -> ReproResult:
         runs=tuple(runs),
         comparisons=tuple(compare_trees(runs, case.compare)),
         trainer=trainer,
-        # One process, as a user runs it: once, on the node that writes the result.
-        snippet=snippet_runs(layout, case, trees, settings.device)
+        snippet=snippet_runs(case, layout, measured.snippets)
         if settings.nodes.writes_results
         else None,
         nodes=tuple(measured.nodes),
