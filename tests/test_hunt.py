@@ -130,7 +130,7 @@ def step(number: int, *sites: dict, logging: bool = False) -> dict:
     reads, stalls = sum(s["count"] for s in sites), sum(s["stalls"] for s in sites)
     cost = Cost(1, reads, stalls, DeviceWork(kernels=10 * len(sites)))
     return {"step": number, "warmup": number == 1, "logging": logging, "sites": list(sites),
-            "cost": cost.to_json()}  # fmt: skip
+            "cost": cost.to_json(), "host_reads": 0}  # fmt: skip
 
 
 def rank(number: int) -> dict:
@@ -232,6 +232,9 @@ def test_profiler_reads_beyond_the_twin_step_are_listed_with_their_kernel() -> N
         ("_fused_adam", "aten::_fused_adamw_", 2)
     ]
     assert measure.cross_check([record], twin=3) == [CrossCheck(rank=0, profiler=4, detector=6)]
+    # A read of host memory (AdamW's step counter): the profiler sees it, the detector apart.
+    record["steps"][2]["host_reads"] = 1
+    assert measure.cross_check([record], twin=3) == [CrossCheck(rank=0, profiler=4, detector=7)]
 
 
 @pytest.mark.parametrize(

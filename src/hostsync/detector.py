@@ -121,6 +121,9 @@ class SyncScope:
         self.refuse_compiled = refuse_compiled
         self.events: list[SyncEvent] = []
         self.cuda_syncs: int | None = None
+        # Scalar reads of host memory: no wait on a GPU, so no event; a profiler sees them all
+        # the same (`aten::_local_scalar_dense`), which a cross-check with one must add back.
+        self.host_reads = 0
         self.work: DeviceWork | None = None
         self._work_at_open = DeviceWork()
         self._allowing: list[str] = []
@@ -480,6 +483,10 @@ class _Observer:
         syncs = [(rule.kind, n) for rule in rules if (n := rule.syncs(args, kwargs, self.host))]
         with self.quieted():
             result = call()
+        if op is _SCALAR_READ and not syncs:
+            with self._lock:
+                for scope in self.scopes:
+                    scope.host_reads += 1
         for kind, count in syncs:
             self.record(kind, str(op), count, read=args[0] if args else None)
         return result
@@ -792,6 +799,7 @@ def _observing(
 
 
 _CPU = torch.device("cpu")
+_SCALAR_READ = torch.ops.aten._local_scalar_dense.default
 
 
 def _device_storages(value: object, host: _HostMemory, seen: set[int]) -> int:

@@ -218,17 +218,17 @@ def profiler_only(ranks: list[dict], twin: int) -> list[ProfilerOnly]:
 def cross_check(ranks: list[dict], twin: int) -> list[CrossCheck]:
     """Per rank: the reads the profiler saw in its step against the detector's twin. Both see
     a read inside an op (`masked_fill_` with a tensor value, a fused optimizer's step) too: the
-    profiler names the op, the detector the dispatch of its line."""
+    profiler names the op, the detector the dispatch of its line. The profiler also sees the
+    scalar reads of host memory, which the detector counts apart (no wait on a GPU)."""
     return [
         CrossCheck(
             rank=rank["rank"],
             profiler=sum(e["count"] for e in rank["profiled"]),
             detector=sum(
-                site["count"]
+                sum(site["count"] for site in step["sites"] if site["kind"] == "scalar_read")
+                + step["host_reads"]
                 for step in rank["steps"]
                 if step["step"] == twin
-                for site in step["sites"]
-                if site["kind"] == "scalar_read"
             ),
         )
         for rank in ranks

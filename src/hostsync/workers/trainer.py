@@ -174,6 +174,7 @@ class SyncHunt:
                 for (kind, site, caller), count in sorted(found.items(), key=_site_order)
             ],
             "cost": scope.cost().to_json(),
+            "host_reads": scope.host_reads,
         })  # fmt: skip
 
     def _keep_profile(self, profile: torch.profiler.profile) -> None:
