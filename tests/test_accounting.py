@@ -70,6 +70,21 @@ def test_reads_in_a_loop_stall_each_time_only_with_work_between_them():
     assert stalls(working) == [True] * 4
 
 
+def test_a_read_after_an_in_place_update_that_returns_nothing_stalls():
+    params = [torch.nn.Parameter(matrix()) for _ in range(2)]
+    for param in params:
+        param.grad = torch.ones(4, 4)
+    fused = torch.optim.AdamW(params, fused=True)
+    norm = matrix().sum()
+    with SyncScope(account=True) as scope:
+        norm.item()  # nothing queued in the scope yet: free
+        fused.step()  # aten._fused_adamw_ writes the parameters and returns ()
+        norm.item()
+        torch._foreach_mul_([param.grad for param in params], 0.5)  # returns () too
+        norm.item()
+    assert stalls(scope) == [False, True, True]
+
+
 def test_views_and_allocations_queue_nothing():
     t = matrix()
     with SyncScope(account=True) as scope:

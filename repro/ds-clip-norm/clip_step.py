@@ -19,7 +19,10 @@ for, and trains it. Returned through `rank_entry`:
   `--no-overflow-check`, the invalid norm reaches the clip under test.
 
 The scenario's row (see `hostsync.repro`) holds the reads per step, in the clip and in all, the
-sites of the last step, and `training`, everything the fix must leave unchanged.
+sites of the last step, its reads, stalls and device work (`cost`: that step's scope accounts),
+the kernels each of its clip reads waited for (the first group's follow the step's own read of
+the norm, the later groups' a group's update), and `training`, everything the fix must leave
+unchanged.
 """
 
 from __future__ import annotations
@@ -168,10 +171,11 @@ def batches(engine, dtype: str, count: int):
         yield inputs, target
 
 
-def train(args: argparse.Namespace) -> tuple[object, list[dict]]:
-    """The engine and, for each step, what it read on the host and what training did."""
+def train(args: argparse.Namespace) -> tuple[object, list[dict], dict | None, list[int]]:
+    """The engine; for each step, what it read on the host and what training did; the last
+    step's cost (None without the detector) and the kernels each of its clip reads waited for."""
     engine = engine_for(args)
-    steps = []
+    steps, cost, clip_waits = [], None, []
     for step, (inputs, target) in enumerate(batches(engine, args.dtype, args.steps), start=1):
         hook = None
         if step == args.overflow_step:
@@ -181,12 +185,16 @@ def train(args: argparse.Namespace) -> tuple[object, list[dict]]:
         loss = torch.nn.functional.mse_loss(engine(inputs).float(), target)
         # The detector's mode on top, so that it sees each read at its own source line.
         counting = not args.no_detector
-        detector = SyncScope() if counting else contextlib.nullcontext()
+        accounting = counting and step == args.steps
+        detector = SyncScope(account=accounting) if counting else contextlib.nullcontext()
         with ReadsByZeroMethod() as by_method, detector as scope:
             engine.backward(loss)
             engine.step()
         if hook is not None:
             hook.remove()
+        if accounting:
+            cost = scope.cost().to_json()
+            clip_waits = [e.waited_for.kernels for e in scope.events if _in_clip(e)]
         norm = engine.get_global_grad_norm()
         steps.append({
             "step": step,
@@ -199,13 +207,18 @@ def train(args: argparse.Namespace) -> tuple[object, list[dict]]:
             "reads_by_zero_method": dict(by_method.counts.most_common()),
             "clip_reads_after_an_update": by_method.clip_reads_after_an_update,
         })  # fmt: skip
-    return engine, steps
+    return engine, steps, cost, clip_waits
+
+
+def _in_clip(event) -> bool:
+    """A read made by a clip under test, or by a helper it called."""
+    return event.site.function in CLIPS or event.caller.rsplit(":", 1)[-1] in CLIPS
 
 
 @rank_entry
 def main() -> dict:
     args = parse_args()
-    engine, steps = train(args)
+    engine, steps, cost, clip_waits = train(args)
     by_method = [step["reads_by_zero_method"] for step in steps]
     row = {
         "scenario": args.scenario,
@@ -224,6 +237,7 @@ def main() -> dict:
             step["clip_reads_after_an_update"] for step in steps
         ],
         "reads_per_step": [sum(counts.values()) for counts in by_method],
+        "clip_read_waited_kernels": clip_waits,
         "reads_by_zero_method": by_method[-1],
         "sync_sites": steps[-1]["sync_sites"],
         "skipped_steps": steps[-1]["skipped_steps"],
@@ -232,6 +246,7 @@ def main() -> dict:
             key: [step[key] for step in steps]
             for key in ("loss", "grad_norm", "step_applied", "skipped_steps", "weights_checksum")
         },
+        **({"cost": cost} if cost else {}),
     }
     return {"runs": [row]}
 

@@ -7,8 +7,9 @@ batches in the adapter, all ranks forming one SP group, and draws every micro-ba
 `hostsync.detector.SyncScope`.
 
 Returns through `rank_entry` one row per scenario: the reads of ulysses_sp.py per refill, those
-of the length check apart, by source line; and a checksum of every micro-batch the rank got,
-which the fix must leave unchanged.
+of the length check apart, by source line; the reads, stalls and device work of the whole
+iteration per refill (`cost`: the scope accounts); and a checksum of every micro-batch the rank
+got, which the fix must leave unchanged.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def run_scenario(name: str, device: torch.device, no_detector: bool) -> dict[str
             checks.append(sum(1 for site in own if LENGTH_CHECK in site.code))
 
     loader.refill = measured_refill
-    with contextlib.nullcontext() if no_detector else SyncScope() as scope:
+    with contextlib.nullcontext() if no_detector else SyncScope(account=True) as scope:
         micro_batches = list(loader)
     own = [event.site for event in scope.events if event.site.file == SP_FILE] if scope else []
     return {
@@ -82,6 +83,7 @@ def run_scenario(name: str, device: torch.device, no_detector: bool) -> dict[str
             {key: int(value.sum()) for key, value in batch.items() if torch.is_tensor(value)}
             for batch in micro_batches
         ],
+        **({"cost": scope.cost(len(per_refill)).to_json()} if scope else {}),
     }
 
 

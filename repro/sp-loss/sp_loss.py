@@ -7,7 +7,8 @@ reference over the whole sequence for each scenario, then registers Ulysses, bui
 once, and for each scenario calls the transformers function of the tree under test unchanged.
 The host syncs inside its loss aggregation are counted with the model forward allowed (and
 reported apart), the loss is compared with the reference, and the gradients after
-`engine.backward` with the reference gradients. Each rank returns one row per scenario, with the
+`engine.backward` with the reference gradients; then one more call, untimed, accounts for the
+call's reads, stalls and device work (`cost`). Each rank returns one row per scenario, with the
 problems it saw (see `hostsync.repro` for the contract)."""
 
 from __future__ import annotations
@@ -145,23 +146,37 @@ def around_forward(
             hook.remove()
 
 
-def compute_loss(engine, inputs: dict, pc, detect: bool) -> tuple[object, dict]:
-    """Call the function under test, counting syncs in the aggregation apart from the forward."""
+def loss_under_test(engine, inputs: dict, pc) -> object:
+    """The transformers function of the tree under test, called unchanged."""
     # The deepspeed branch (sp_backend "deepspeed", sp_size > 1) never reads the accelerator; an
     # `Accelerator` would need accelerate's own launcher state. This stand-in carries the one
     # attribute the other branch would read, set so that branch would refuse.
     accelerator = types.SimpleNamespace(torch_device_mesh=None)
+    return deepspeed_sp_compute_loss(accelerator, engine, inputs, False, pc)
+
+
+def compute_loss(engine, inputs: dict, pc, detect: bool) -> tuple[object, dict]:
+    """Call the function under test, counting syncs in the aggregation apart from the forward."""
     if not detect:
-        return deepspeed_sp_compute_loss(accelerator, engine, inputs, False, pc), {}
+        return loss_under_test(engine, inputs, pc), {}
 
     with SyncScope() as scope, around_forward(engine, lambda: scope.allow("model forward")):
-        loss = deepspeed_sp_compute_loss(accelerator, engine, inputs, False, pc)
+        loss = loss_under_test(engine, inputs, pc)
     return loss, {
         "host_syncs": len(scope.unexpected),
         "sync_sites": scope.sync_sites(),
         "forward_syncs": scope.allowed_sync_sites(),
         "cuda_syncs": scope.cuda_syncs,
     }
+
+
+def call_cost(engine, inputs: dict, pc) -> dict:
+    """The reads, stalls and device work of one call, the model forward included, measured in a
+    call of its own: accounting sees every aten call, which the timed call under the gate (what
+    bench times) must not pay for."""
+    with SyncScope(account=True) as scope:
+        loss_under_test(engine, inputs, pc)
+    return scope.cost().to_json()
 
 
 def run_scenario(engine, pc, batch: dict, ref_loss: float, ref_grads: dict, detect: bool) -> dict:
@@ -196,6 +211,8 @@ def run_scenario(engine, pc, batch: dict, ref_loss: float, ref_grads: dict, dete
         result["backward_error"] = f"{type(error).__name__}: {error}"
     else:
         result.update(compare_grads(engine.module, ref_grads, sp_size))
+    if detect:
+        result["cost"] = call_cost(engine, inputs, pc)
     result["problems"] = problems(result)
     return result
 

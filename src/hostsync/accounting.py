@@ -82,7 +82,7 @@ class Accounting(TorchDispatchMode):
     ) -> DeviceWork:
         """The device work one call launches (nothing for views, allocations, host memory)."""
         inputs = list(_tensors(args, kwargs))
-        outputs = list(_tensors(result))
+        outputs = list(_tensors(result)) or list(_written(func, args, kwargs))
         if func.namespace == "c10d":
             return DeviceWork(1, 1, _bytes(inputs), 0)
         if func in _NO_KERNEL or func.is_view:
@@ -119,6 +119,14 @@ def _tensors(*values: object) -> Iterator[torch.Tensor]:
             yield from _tensors(*value)
         elif isinstance(value, dict):
             yield from _tensors(*value.values())
+
+
+def _written(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
+    """The tensors a call writes in place: what `_foreach_*_` and the fused optimizers update,
+    though they return nothing."""
+    for index, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            yield from _tensors(args[index] if index < len(args) else kwargs.get(argument.name))
 
 
 def _bytes(tensors: Iterator[torch.Tensor] | Sequence[torch.Tensor]) -> int:
