@@ -121,8 +121,9 @@ class SyncScope:
         self.refuse_compiled = refuse_compiled
         self.events: list[SyncEvent] = []
         self.cuda_syncs: int | None = None
-        # Scalar reads of host memory: no wait on a GPU, so no event; a profiler sees them all
-        # the same (`aten::_local_scalar_dense`), which a cross-check with one must add back.
+        # Scalar reads of host memory (`.item()`, an op's 0-d value): no wait on a GPU, so no
+        # event; a CPU profiler sees them all the same (`aten::_local_scalar_dense`), which a
+        # cross-check with one must add back.
         self.host_reads = 0
         self.work: DeviceWork | None = None
         self._work_at_open = DeviceWork()
@@ -483,10 +484,14 @@ class _Observer:
         syncs = [(rule.kind, n) for rule in rules if (n := rule.syncs(args, kwargs, self.host))]
         with self.quieted():
             result = call()
-        if op is _SCALAR_READ and not syncs:
+        # What the CPU still reads where the tensor lives in host memory (a GPU would not wait).
+        host_reads = sum(
+            rule.syncs(args, kwargs, _NOTHING_ON_HOST) for rule in rules if rule.kind == _READ
+        ) - sum(count for kind, count in syncs if kind == _READ)
+        if host_reads:
             with self._lock:
                 for scope in self.scopes:
-                    scope.host_reads += 1
+                    scope.host_reads += host_reads
         for kind, count in syncs:
             self.record(kind, str(op), count, read=args[0] if args else None)
         return result
@@ -799,7 +804,22 @@ def _observing(
 
 
 _CPU = torch.device("cpu")
-_SCALAR_READ = torch.ops.aten._local_scalar_dense.default
+_READ = "scalar_read"
+
+
+class _NothingOnHost:
+    """A host model that holds no tensor: what a rule counts when every tensor is the device's."""
+
+    @staticmethod
+    def holds(tensor: object) -> bool:
+        return False
+
+    @staticmethod
+    def named() -> bool:
+        return False
+
+
+_NOTHING_ON_HOST = _NothingOnHost()
 
 
 def _device_storages(value: object, host: _HostMemory, seen: set[int]) -> int:
