@@ -94,9 +94,15 @@ def test_logging_syncs_are_told_apart_from_every_step_ones(hunted: HuntTree) -> 
 
 @pytest.mark.distributed
 def test_the_profiler_and_the_detector_agree_on_every_read(hunted: HuntTree) -> None:
+    """Every read, apart from those a CPU kernel makes inside itself where the accounting judges
+    the op as its CUDA kernel (fused AdamW reads its step counters on the CPU, not on a GPU):
+    the hunt lists those apart, by the op they were made in."""
     assert hunted.cross_check, "every rank is cross-checked"
     for check in hunted.cross_check:
-        assert check.profiler == check.detector > 0, check
+        inside = sum(
+            entry.count for entry in hunted.profiler_only if entry.via and check.rank in entry.ranks
+        )
+        assert check.profiler == check.detector + inside > 0, (check, hunted.profiler_only)
 
 
 @pytest.mark.heavy
