@@ -112,6 +112,7 @@ PROJECTS = {
             # `make quality`: the ruff of setup.py's quality extra.
             lint=RuffLint("setup.py", r"ruff\s*==\s*([\w.]+)"),
             before_sending=("Run `make style` and `make quality` in your clone of accelerate",),
+            system_info="accelerate env",
         ),
         Project(
             "deepspeed", "https://github.com/deepspeedai/DeepSpeed", ".",
