@@ -185,21 +185,28 @@ def survey(layout: Layout, tree: Tree, spec: SurveySpec, tests: Sequence[str],
     # One argument: pytest takes an existing path among its arguments into its choice of rootdir,
     # which names the tests the baseline is keyed by.
     plugin = ("-p", PLUGIN, f"--host-sync-baseline={baseline}")
-    # The report first: what a cold start costs (imports, inductor's kernel cache) counts against
-    # the plugin, never for it.
+    # One unmeasured run first takes the cold start (imports, inductor's kernel cache), so that
+    # it counts for no measured run.
     arguments = {
         SurveyMode.REPORT: (*plugin, "--host-sync-report"),
         SurveyMode.OFF: ("-p", f"no:{PLUGIN}"),
         SurveyMode.GATE: (*plugin, "--host-sync-gate", "all"),
     }
-    runs, outcomes = [], {}
-    for mode, extra in arguments.items():
-        run = launchers.Run(run_dir / mode.value, tree, layout)
+
+    def pytest(folder: str, extra: tuple[str, ...]) -> tuple[launchers.Run, list[str], Path]:
+        run = launchers.Run(run_dir / folder, tree, layout)
         report = run.run_dir / "junit.xml"
         command = [
             tree.python, "-m", "pytest", *tests, *spec.options, *extra, f"--junitxml={report}",
             f"--rootdir={tree.root}", "-p", "no:cacheprovider", "-q",
         ]  # fmt: skip
+        return run, command, report
+
+    warmup, command, _ = pytest("warmup", arguments[SurveyMode.OFF])
+    launchers.run_group(warmup, command, timeout=timeout, cwd=tree.root, env=env)
+    runs, outcomes = [], {}
+    for mode, extra in arguments.items():
+        run, command, report = pytest(mode.value, extra)
         started, cpu_before = time.monotonic(), _children_cpu_s()
         returncode = launchers.run_group(run, command, timeout=timeout, cwd=tree.root, env=env)
         wall_s, cpu_s = time.monotonic() - started, _children_cpu_s() - cpu_before
@@ -314,8 +321,8 @@ def render(result: SurveyResult, path: Path) -> str:
         f"**What ran.** `{shlex.join(result.tests)}` of the {result.origin}, at its root with its"
         f" package imported from there (`{shlex.join(result.options)}`), three times in one"
         " invocation: with `--host-sync-report` (writing a baseline), without the plugin, and"
-        " with `--host-sync-gate all` against that baseline. The ratios are over the run without"
-        " the plugin; the report runs first, so a cold start counts against it. CPU time (of"
+        " with `--host-sync-gate all` against that baseline, after one unmeasured run that takes"
+        " the cold start. The ratios are over the run without the plugin. CPU time (of"
         " pytest and what it started) is steadier than wall time where other jobs share the"
         " machine.",
         "",
