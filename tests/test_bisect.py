@@ -98,18 +98,24 @@ def planted(tmp_path: Path) -> tuple[Path, Path]:
     git(repo, "init", "--quiet", "--initial-branch=master")
     index = tmp_path / "index"
     for number, (subject, stage, version) in enumerate(HISTORY):
-        files = deepspeed_files(version or "0.0.0", stage)
-        for path, text in files.items():
-            (repo / path).parent.mkdir(parents=True, exist_ok=True)
-            (repo / path).write_text(text)
-        date = f"@{1_700_000_000 + 86400 * number} +0000"
-        git(repo, "add", "--all")
-        git(repo, "commit", "--quiet", "--allow-empty", "-m", subject,
-            env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
-        if version:
-            git(repo, "tag", f"v{version}")
-            make_sdist(index / "files" / "deepspeed", "deepspeed", version, files)
+        commit(repo, index, number, subject, deepspeed_files(version or "0.0.0", stage), version)
     return repo, index
+
+
+def commit(repo: Path, index: Path, number: int, subject: str, files: dict[str, str],
+           version: str | None, requires: tuple[str, ...] = ()) -> None:  # fmt: skip
+    """Commit number `number` of a planted history, a day after the one before; a release is
+    tagged and published to the index as an sdist declaring `requires`."""
+    for path, text in files.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    date = f"@{1_700_000_000 + 86400 * number} +0000"
+    git(repo, "add", "--all")
+    git(repo, "commit", "--quiet", "--allow-empty", "-m", subject,
+        env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
+    if version:
+        git(repo, "tag", f"v{version}")
+        make_sdist(index / "files" / "deepspeed", "deepspeed", version, files, requires=requires)
 
 
 def history_of(result_path: Path, function: str | None = None) -> dict:
@@ -538,18 +544,7 @@ def test_the_commit_that_made_the_read_is_found_by_running(tmp_path: Path) -> No
         ("Release (#80)", "  # a tensor", "0.4.0"),
     )
     for number, (subject, item, version) in enumerate(history):
-        files = clip_release(item)
-        for path, text in files.items():
-            (repo / path).parent.mkdir(parents=True, exist_ok=True)
-            (repo / path).write_text(text)
-        date = f"@{1_700_000_000 + 86400 * number} +0000"
-        git(repo, "add", "--all")
-        git(repo, "commit", "--quiet", "--allow-empty", "-m", subject,
-            env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
-        if version:
-            git(repo, "tag", f"v{version}")
-            make_sdist(index / "files" / "deepspeed", "deepspeed", version, files,
-                       requires=("torch",))  # fmt: skip
+        commit(repo, index, number, subject, clip_release(item), version, requires=("torch",))
     layout = own_downloads(make_workspace(tmp_path / "workspace"))
     with serving(index) as url:
         done = hostsync(layout, "bisect", "--project", "deepspeed", "--file", CLIP_UTILS,
