@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import rankkit, results
+from hostsync import rankkit, results, table
 from hostsync.census import command, report, setups
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
@@ -201,6 +202,59 @@ def test_a_compiled_setup_is_reported_compiled_not_judged_and_fails_nothing(
     assert results.read(path, CensusResult) == result
 
 
+def test_a_candidate_shows_its_disposition_and_one_without_is_listed_apart(
+    tmp_path: Path,
+) -> None:
+    workspace = make_workspace(tmp_path / "workspace")
+    with workspace.allowlist.open("a") as rules:
+        rules.write('\n[[not_carried]]\nfile = "trl/a.py"\nreason = "metrics only, see #1"\n')
+    left, undecided = _site("trl/a.py", 2.0), _site("trl/b.py", 1.0)
+    info = TreeInfo("transformers", "5.24.0", "abc", "a test", "src")
+    result = CensusResult(
+        stamp=Stamp.now("census", "census", Provenance("", "", {}, {})),
+        environment=Environment("3.11", {"torch": "2.13.0"}, "linux", "cpu", 0),
+        steps=4,
+        setups={"one": CensusSetup(about="one")},
+        columns={"today": CensusTrees(info, (), ())},
+        allowlist=(),
+        runs=(_run("one", "today", (left, undecided)),),
+        wall_s=10.0,
+    )
+    layout = Layout(workspace.root, "census")
+    path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
+
+    text = report.write_reports(layout, path)[0].read_text()
+
+    sites = report.census_sites(result.runs, report.dispositions(layout))
+    assert [s.site.file for s in report.undecided(sites)] == ["trl/b.py"]
+    rows = {line.split(" | ")[2]: line for line in text.splitlines() if "| trl/" in line}
+    assert "| not carried: metrics only, see #1 |" in rows["trl/a.py:1 `f`"]
+    assert f"| {report.UNDECIDED} |" in rows["trl/b.py:1 `f`"]
+    assert "## Candidates without a disposition\n\n- trl/b.py:1 `f` `x.item()`" in text
+
+
+def test_each_reference_census_candidate_ends_somewhere_and_rebuilds_without_events() -> None:
+    """The committed census result, with hunt_allowlist.toml as it is: each candidate carried,
+    accepted or not carried with its reason, shown on its row; the report is the same from the
+    result without the ranks' raw events, which the census no longer writes."""
+    found = results.latest(ROOT / "profiles" / "census" / "reference", CensusResult)
+    result = results.read(found, CensusResult)
+    rules = report.dispositions(Layout(ROOT, "census"))
+
+    sites = report.census_sites(result.runs, rules)
+    text = report.render(result, found.name, None, rules)
+
+    assert not [
+        f"{s.site.file} {s.site.function} {s.site.code}" for s in report.undecided(sites)
+    ], "give each a case, an [[allow]] or a [[not_carried]] table in hunt_allowlist.toml"
+    assert report.UNDECIDED not in text and "## Candidates without a disposition" not in text
+    assert all(table.markdown(("verdict",), [(s.verdict,)]).splitlines()[-1] in text for s in sites)
+    events_left_out = dataclasses.replace(
+        result, runs=tuple(dataclasses.replace(run, ranks=()) for run in result.runs)
+    )
+    assert report.render(events_left_out, found.name, None, rules) == text
+
+
 @pytest.mark.distributed
 @pytest.mark.network
 def test_the_census_smoke_setup_runs_and_reports_a_compiled_one_as_not_judged(
@@ -223,5 +277,6 @@ def test_the_census_smoke_setup_runs_and_reports_a_compiled_one_as_not_judged(
     found = results.latest(workspace.root / "profiles" / "census", CensusResult)
     runs = {run.setup: run for run in results.read(found, CensusResult).runs}
     assert runs["smoke"].measured and runs["smoke"].sites, runs["smoke"].error
+    assert runs["smoke"].cost and not runs["smoke"].ranks  # per-site totals, no raw events
     compiled = runs["trainer-compile"]
     assert compiled.error is None and compiled.not_judged.startswith("compiled, not judged")

@@ -175,7 +175,9 @@ def run_column(layout: Layout, tree: Tree, column: str, matrix: Matrix, device: 
 def hunted(layout: Layout, tree: Tree, column: str, name: str,
            outcome: list[dict] | RunFailed, rules: tuple[AllowRule, ...],
            carried: tuple[AllowRule, ...]) -> HuntTree:  # fmt: skip
-    """One setup's run in one column as the hunt records a tree: its sites, or its error."""
+    """One setup's run in one column as the hunt records a tree: its sites, or its error. The
+    ranks' raw step events stay out: the report and the heat map need only the per-site rates and
+    the steady cost, and every setup's events would make the result megabytes."""
     record = HuntTree(
         label=f"{name} {column}", tree=column, setup=name, info=tree.info(layout.root),
         stacked=tuple(str(path.relative_to(layout.root.resolve())) for path in tree.stacked),
@@ -192,7 +194,6 @@ def hunted(layout: Layout, tree: Tree, column: str, name: str,
         seconds=max(result["seconds"] for result in outcome),
         sites=tuple(summarize(ranks, rules, carried)),
         cost=steady_cost(ranks),
-        ranks=tuple(ranks),
     )
 
 

@@ -1,6 +1,11 @@
 """The census's report: every site ranked by its reads per optimizer step summed over the
 setups, with its verdict; the setups with their reads per step today and with every carried
-fix; a heat map of setups x sites. Markdown and PNG beside the JSON result."""
+fix; a heat map of setups x sites. Markdown and PNG beside the JSON result.
+
+Every candidate ends somewhere: carried by a case, accepted by an allow rule, or not carried
+with its reason (hunt_allowlist.toml's `[[not_carried]]`). The allow-list is matched again when
+the report is rendered, so a rule or reason added since the census ran needs no new run. A
+candidate with none of these is listed apart, as one without a disposition."""
 
 from __future__ import annotations
 
@@ -10,15 +15,40 @@ from pathlib import Path
 
 from hostsync import results, table
 from hostsync.cost import BOUND, judge
+from hostsync.hunt.allowlist import ACCEPTED, NOT_CARRIED, load_allowlist, reason
 from hostsync.hunt.report import reading
 from hostsync.layout import Layout
 from hostsync.records import CensusResult, HuntSite, HuntTree
+from hostsync.sites import AllowRule, Site
 
 # The columns of the census: the releases as published, and with every carried fix.
 TODAY, FIXED = "today", "fixed"
 # How many sites the heat map and the setups x sites table show.
 TOP = 25
 TOP_IN_TABLE = 10
+# A site's kind of verdict, and its label's colour in the heat map.
+KIND_COLOURS = {
+    "carried": "tab:green", "accepted": "tab:gray", "not carried": "tab:blue",
+    "candidate": "tab:red",
+}  # fmt: skip
+# The verdict of a candidate no case carries, no allow rule accepts and no reason leaves.
+UNDECIDED = (
+    "candidate without a disposition: carry it in a case, or give it an [[allow]] or a"
+    " [[not_carried]] table with its reason in hunt_allowlist.toml"
+)
+
+
+@dataclass(frozen=True)
+class Dispositions:
+    """hunt_allowlist.toml's rules as they are now: what the report matches each candidate on."""
+
+    accepted: tuple[AllowRule, ...] = ()
+    not_carried: tuple[AllowRule, ...] = ()
+
+
+def dispositions(layout: Layout) -> Dispositions:
+    path = layout.allowlist
+    return Dispositions(load_allowlist(path, ACCEPTED), load_allowlist(path, NOT_CARRIED))
 
 
 @dataclass
@@ -28,6 +58,10 @@ class CensusSite:
 
     site: HuntSite
     rates: dict[str, dict[str, float]] = field(default_factory=dict)  # column -> setup -> rate
+    # For a site the census left a candidate, the reason of the allow-list's rule matching it
+    # now: an [[allow]] (`accepted`), else a [[not_carried]].
+    accepted: str | None = None
+    not_carried: str | None = None
 
     def total(self, column: str) -> float:
         return sum(self.rates.get(column, {}).values())
@@ -36,21 +70,35 @@ class CensusSite:
     def verdict(self) -> str:
         if self.site.carried:
             return f"carried by case {self.site.carried}"
-        return f"accepted: {self.site.allowed}" if self.site.allowed else "candidate"
+        if self.site.allowed or self.accepted:
+            return f"accepted: {self.site.allowed or self.accepted}"
+        return f"not carried: {self.not_carried}" if self.not_carried else UNDECIDED
 
     @property
     def kind(self) -> str:
-        return "carried" if self.site.carried else "accepted" if self.site.allowed else "candidate"
+        if self.site.carried:
+            return "carried"
+        if self.site.allowed or self.accepted:
+            return "accepted"
+        return "not carried" if self.not_carried else "candidate"
 
 
-def census_sites(runs: Sequence[HuntTree]) -> list[CensusSite]:
+def census_sites(runs: Sequence[HuntTree],
+                 rules: Dispositions = Dispositions()) -> list[CensusSite]:  # fmt: skip
     """Every site of any run, ranked by its reads per step summed over the setups today (then
-    with every fix), candidates first among equals."""
+    with every fix), candidates first among equals; each site the census left a candidate with
+    the reason of the first of `rules` matching it, if any."""
     found: dict[tuple, CensusSite] = {}
     for run in runs:
         for site in run.sites:
             entry = found.setdefault(site.identity, CensusSite(site))
             entry.rates.setdefault(run.tree, {})[run.setup] = site.rate
+    for entry in found.values():
+        site = entry.site
+        if not (site.carried or site.allowed):
+            where = Site(site.file, site.line, site.function, site.code)
+            entry.accepted = reason(rules.accepted, where, site.caller)
+            entry.not_carried = reason(rules.not_carried, where, site.caller)
     return sorted(
         found.values(),
         key=lambda s: (-s.total(TODAY), -s.total(FIXED), s.kind != "candidate", s.site.file),
@@ -97,9 +145,15 @@ def _where(site: HuntSite) -> str:
     return f"{site.file}:{site.line} `{site.function}`{called}"
 
 
-def render(result: CensusResult, source: str, png: str | None) -> str:
+def undecided(sites: Sequence[CensusSite]) -> list[CensusSite]:
+    """The candidates without a disposition: what a finished census report has none of."""
+    return [site for site in sites if site.kind == "candidate"]
+
+
+def render(result: CensusResult, source: str, png: str | None,
+           rules: Dispositions = Dispositions()) -> str:  # fmt: skip
     setups = list(result.setups)
-    sites = census_sites(result.runs)
+    sites = census_sites(result.runs, rules)
     columns = list(result.columns)
     totals = {column: per_setup(result, column) for column in columns}
     open_reads = {column: per_setup(result, column, unaccepted=True) for column in columns}
@@ -171,11 +225,16 @@ def render(result: CensusResult, source: str, png: str | None) -> str:
         ]
     if png:
         out += [f"![setups x sites, reads per optimizer step]({png})", ""]
+    kinds = {kind: sum(s.kind == kind for s in sites) for kind in KIND_COLOURS}
     out += [
         "## Every site, ranked by reads per step summed over the setups",
         "",
         "*when*: the steps of its first setup that read there (every step, logging steps, some"
-        " steps, or one step: a one-off averaged over the steady steps).",
+        " steps, or one step: a one-off averaged over the steady steps). *verdict*: carried by a"
+        " case, accepted by an allow rule, or not carried with its reason (hunt_allowlist.toml's"
+        " `[[allow]]` and `[[not_carried]]`, matched again when this report was rendered): "
+        + ", ".join(f"{n} {kind}" for kind, n in kinds.items() if kind != "candidate")
+        + f", {kinds['candidate']} without a disposition.",
         "",
         table.markdown(
             (
@@ -197,12 +256,15 @@ def render(result: CensusResult, source: str, png: str | None) -> str:
                     len(s.rates.get(TODAY, s.rates.get(FIXED, {}))),
                     s.verdict,
                     f"`{s.site.code}`",
-                    reading(s.site) if s.kind == "candidate" else "",
+                    reading(s.site) if s.kind in ("candidate", "not carried") else "",
                 )
                 for number, s in enumerate(sites, start=1)
             ],
         ),
     ]
+    if undecided(sites):
+        out += ["", "## Candidates without a disposition", ""]
+        out += [f"- {_where(s.site)} `{s.site.code}`" for s in undecided(sites)]
     failed = [run for run in result.runs if not run.measured]
     if failed:
         out += ["", "## Not measured", ""]
@@ -217,9 +279,9 @@ def _column_text(name: str, trees) -> str:
     return f"*{name}*: {shown}{carried}"
 
 
-def heat_map(result: CensusResult, path: Path) -> None:
+def heat_map(result: CensusResult, path: Path, rules: Dispositions = Dispositions()) -> None:
     """Setups x the top sites, reads per optimizer step today, each cell written in; the
-    site labels coloured by verdict (carried, accepted, candidate)."""
+    site labels coloured by verdict (carried, accepted, not carried, candidate)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -227,7 +289,7 @@ def heat_map(result: CensusResult, path: Path) -> None:
     from matplotlib.colors import PowerNorm
 
     setups = list(result.setups)
-    sites = census_sites(result.runs)[:TOP]
+    sites = census_sites(result.runs, rules)[:TOP]
     values = [[s.rates.get(TODAY, {}).get(name, 0.0) for s in sites] for name in setups]
     figure, axes = plt.subplots(figsize=(2.2 + 0.55 * len(sites), 1.6 + 0.42 * len(setups)))
     # A square-root scale: a one-off burst (ZeRO 3's trace check) must not wash out the rest.
@@ -236,16 +298,15 @@ def heat_map(result: CensusResult, path: Path) -> None:
     labels = [f"#{n} {s.site.file.rsplit('/', 1)[-1]}:{s.site.line}" for n, s in
               enumerate(sites, start=1)]  # fmt: skip
     axes.set_xticks(range(len(sites)), labels, rotation=70, ha="right", fontsize=7)
-    colours = {"carried": "tab:green", "accepted": "tab:gray", "candidate": "tab:red"}
     for tick, site in zip(axes.get_xticklabels(), sites, strict=True):
-        tick.set_color(colours[site.kind])
+        tick.set_color(KIND_COLOURS[site.kind])
     for row, line in enumerate(values):
         for column, value in enumerate(line):
             if value:
                 axes.text(column, row, _rate(value), ha="center", va="center", fontsize=6)
     axes.set_title(
-        f"Host reads per optimizer step ({TODAY}); site labels: red candidate, green carried,"
-        " grey accepted",
+        f"Host reads per optimizer step ({TODAY}); site labels: green carried, grey accepted,"
+        " blue not carried, red without a disposition",
         fontsize=9,
     )
     figure.colorbar(image, ax=axes, fraction=0.02)
@@ -257,7 +318,7 @@ def heat_map(result: CensusResult, path: Path) -> None:
 def write_reports(layout: Layout, json_path: Path) -> list[Path]:
     """The Markdown and the heat map beside the result, and census.md from the newest."""
     png = json_path.with_suffix(".png")
-    heat_map(results.read(json_path, CensusResult), png)
+    heat_map(results.read(json_path, CensusResult), png, dispositions(layout))
     beside = json_path.with_suffix(".md")
     with beside.open("x") as out:
         out.write(render_file(layout, json_path))
@@ -271,7 +332,7 @@ def render_file(layout: Layout, json_path: Path) -> str:
     result = results.read(json_path, CensusResult)
     png = json_path.with_suffix(".png")
     return render(result, str(json_path.relative_to(layout.root)),
-                  png.name if png.exists() else None)  # fmt: skip
+                  png.name if png.exists() else None, dispositions(layout))  # fmt: skip
 
 
 def console_summary(result: CensusResult) -> str:

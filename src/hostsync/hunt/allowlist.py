@@ -3,7 +3,9 @@
 `hunt_allowlist.toml` holds one `[[allow]]` table per accepted site: `file` (a path suffix),
 optionally `function`, `line`, `code`, `caller` (for a read inside a shared helper: which of its
 callers is accepted), and a `reason` a reviewer can check. A site a case's fix removes is named
-by that case's card (`[[carries]]`), with the case's name as its reason.
+by that case's card (`[[carries]]`), with the case's name as its reason. `[[not_carried]]` tables,
+with the same keys, name the candidates read and left as they are, each with why: the census
+report shows that reason where it would show a bare candidate.
 """
 
 from __future__ import annotations
@@ -17,24 +19,27 @@ from hostsync.errors import WorkspaceError
 from hostsync.sites import AllowRule, Site, first_match
 
 _RULE_KEYS = {item.name for item in fields(AllowRule)}
+# The tables of hunt_allowlist.toml: sites accepted by design, and candidates not carried.
+ACCEPTED, NOT_CARRIED = "allow", "not_carried"
 
 
-def load_allowlist(path: Path) -> tuple[AllowRule, ...]:
-    """The accepted sites of `path`, each a rule with its reason."""
+def load_allowlist(path: Path, table: str = ACCEPTED) -> tuple[AllowRule, ...]:
+    """The sites of `path`'s `[[table]]` entries (accepted, or not carried), each a rule with
+    its reason."""
     if not path.exists():
         raise WorkspaceError(f"no allow-list at {path}: restore it from version control")
     try:
-        entries = tomllib.loads(path.read_text()).get("allow", [])
+        entries = tomllib.loads(path.read_text()).get(table, [])
     except tomllib.TOMLDecodeError as error:
         raise WorkspaceError(f"{path.name} is not valid TOML ({error}): fix that line") from None
     rules = []
     for number, entry in enumerate(entries, start=1):
         unknown = sorted(set(entry) - _RULE_KEYS)
-        where = f"{path.name}, [[allow]] #{number}"
+        where = f"{path.name}, [[{table}]] #{number}"
         if unknown:
             raise WorkspaceError(f"{where} has unknown keys {unknown}: use {sorted(_RULE_KEYS)}")
         if not str(entry.get("file", "")).strip() or not str(entry.get("reason", "")).strip():
-            raise WorkspaceError(f"{where} needs a file and a reason saying why it is accepted")
+            raise WorkspaceError(f"{where} needs a file and a reason a reviewer can check")
         rules.append(AllowRule(**entry))
     return tuple(rules)
 
