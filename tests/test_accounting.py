@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
 
 from hostsync.detector import SyncScope, SyncScopeError
 from hostsync.protocol import free_port
@@ -140,6 +141,19 @@ def test_factories_without_a_device_make_host_memory():
         torch.tensor(t).sum().item()  # sync: follows t
         torch.tensor([t[0, 0], t[0, 1]])  # sync 2: the host list reads each element
     assert sorted(scope.counts().values()) == [1, 1, 1, 2]
+
+
+def test_a_file_loaded_with_safetensors_is_host_memory(tmp_path):
+    """safetensors maps the file (`UntypedStorage.from_file`) and makes each tensor with
+    `torch.asarray` of a slice of that storage, which reads the slice's first byte on the host:
+    host memory on a GPU box too (`device="cuda"` moves the tensors only after)."""
+    path = tmp_path / "weights.safetensors"
+    save_file({"a": torch.ones(3), "b": torch.zeros(2, 2)}, path)
+    with SyncScope() as scope:
+        loaded = load_file(path)
+        torch.asarray(torch.UntypedStorage(4), dtype=torch.uint8)  # sync: memory of no file
+    assert list(scope.counts().values()) == [1]
+    assert sorted(loaded) == ["a", "b"]
 
 
 @pytest.mark.parametrize(

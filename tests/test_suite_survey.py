@@ -3,13 +3,16 @@ baseline the report wrote; outcomes compared test by test, the cost as ratios, t
 
 from __future__ import annotations
 
+import statistics
 import sys
 import textwrap
+
+import pytest
 
 from hostsync.cases import Sdist
 from hostsync.projects import Project, RuffLint
 from hostsync.records import SurveyMode, TreeRole
-from hostsync.survey import SurveySpec, survey
+from hostsync.survey import SurveySpec, parser, survey
 from hostsync.upstream.trees import Tree
 
 from conftest import hostsync, one_line_error
@@ -61,22 +64,39 @@ def test_a_survey_compares_each_outcome_and_ranks_the_sites(workspace):
     spec = SurveySpec("1.0", Sdist("https://example.invalid/stepper-1.0.tar.gz", 1, "0" * 64),
                       options=("-o", "addopts="), tests=("tests",))  # fmt: skip
 
-    result = survey(workspace.for_case("survey"), tree, spec, spec.tests, timeout=300)
+    result = survey(workspace.for_case("survey"), tree, spec, spec.tests, timeout=300, rounds=2)
 
-    assert [run.mode for run in result.runs] == [SurveyMode.REPORT, SurveyMode.OFF, SurveyMode.GATE]
-    assert result.runs[1].outcomes == {"passed": 4}
+    modes = [SurveyMode.OFF, SurveyMode.REPORT, SurveyMode.GATE]
+    assert [(run.round, run.mode) for run in result.runs] == [
+        (round, mode) for round in (1, 2) for mode in modes
+    ]
+    assert [run.outcomes for run in result.runs if run.mode is SurveyMode.OFF] == [
+        {"passed": 4},
+        {"passed": 4},
+    ]
     assert result.differences == (
-        "test_steps::test_sees_the_plugin: passed without the plugin, not in report mode",
-        "test_steps::test_sees_the_plugin: failed in report mode, not without the plugin",
-        "test_steps::test_sees_the_plugin: passed without the plugin, not in gate mode",
-        "test_steps::test_sees_the_plugin: failed in gate mode, not without the plugin",
+        "test_steps::test_sees_the_plugin: passed without the plugin, not in report mode"
+        " (rounds 1, 2)",
+        "test_steps::test_sees_the_plugin: failed in report mode, not without the plugin"
+        " (rounds 1, 2)",
+        "test_steps::test_sees_the_plugin: passed without the plugin, not in gate mode"
+        " (rounds 1, 2)",
+        "test_steps::test_sees_the_plugin: failed in gate mode, not without the plugin"
+        " (rounds 1, 2)",
     )
     assert [(site.file, site.function, site.kinds, site.count) for site in result.sites] == [
         ("test_steps.py", "test_compiled", ("compiled", "scalar_read"), 2),
         ("stepper/__init__.py", "scale", ("scalar_read",), 1),
     ]
     assert (result.syncing_tests, result.surveyed_tests) == (2, 4)
-    assert result.ratio(SurveyMode.REPORT) > 0
+    # Each run over the run without the plugin of its own round; the median over the rounds.
+    off, report, gate = ([run for run in result.runs if run.mode is mode] for mode in modes)
+    assert result.ratios(SurveyMode.GATE, cpu=True) == [
+        run.cpu_s / base.cpu_s for run, base in zip(gate, off, strict=True)
+    ]
+    assert result.ratio(SurveyMode.REPORT) == statistics.median(
+        run.wall_s / base.wall_s for run, base in zip(report, off, strict=True)
+    )
 
 
 def test_a_project_without_a_survey_is_refused_in_one_line(workspace):
@@ -84,4 +104,14 @@ def test_a_project_without_a_survey_is_refused_in_one_line(workspace):
 
     assert one_line_error(done) == (
         "error: surveys.toml has no [stepper]: survey one of peft, or add its table"
+    )
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "many"])
+def test_rounds_that_are_no_positive_count_are_refused(value, capsys):
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--project", "peft", "--rounds", value])
+
+    assert f"argument --rounds: {value!r} is no whole number of at least 1" in (
+        capsys.readouterr().err
     )

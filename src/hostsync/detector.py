@@ -25,7 +25,8 @@ storage. Event kinds are the table's.
 The model is "every tensor would be on the GPU", except host memory the code names as such
 (`device="cpu"` spelled in the statement, `pin_memory=True`, a Python number written with
 `t[i] = 0.0`), what a factory makes when it names no device (`torch.tensor(0.0)`: the CPU on a
-GPU box too, while the default device is the CPU) and what is computed from named host memory:
+GPU box too, while the default device is the CPU), tensors over a storage made from a file, and
+what is computed from named host memory:
 reads of those are free, copies into them (`host[i] = t0`, `host.copy_(t)`) count. Once the
 code names host memory, a dispatch mode follows what is computed from it (every aten call goes
 through Python from then on, in the thread that opened the scope). A chained read of a fresh
@@ -566,11 +567,13 @@ class _HostMemory:
     as host only when the statement spells it.
 
     A factory call that names no device and takes no tensor (`torch.tensor(0.0)`,
-    `torch.zeros(())`) makes host memory on a GPU box too, while the default device is the CPU.
-    What is known to be host memory stays known across scopes (optimizer state outlives the step
-    that made it: AdamW's `step` counters when neither capturable nor fused); what is computed
-    from it is followed only in the scope that named it, and not from a factory's result alone
-    (that would put every later aten call of the gate through Python).
+    `torch.zeros(())`) makes host memory on a GPU box too, while the default device is the CPU,
+    and so does a file: a storage `UntypedStorage.from_file` made (safetensors loads so) is host
+    memory, as is every tensor over it while the storage lives. What is known to be host memory
+    stays known across scopes (optimizer state outlives the step that made it: AdamW's `step`
+    counters when neither capturable nor fused); what is computed from it is followed only in the
+    scope that named it, and not from a factory's result alone (that would put every later aten
+    call of the gate through Python).
     """
 
     def __init__(self, observer: _Observer) -> None:
@@ -584,7 +587,9 @@ class _HostMemory:
 
     def holds(self, tensor: object) -> bool:
         held = _ON_HOST.get(id(tensor)) if _ON_HOST else None
-        return held is not None and held() is tensor
+        if held is not None and held() is tensor:
+            return True
+        return bool(_FROM_FILES) and _over_a_file(tensor)
 
     @staticmethod
     def made(values: object) -> None:
@@ -620,6 +625,34 @@ class _HostMemory:
 
 # Tensors known to live in host memory, by id, process-wide (see _HostMemory).
 _ON_HOST: dict[int, weakref.ref[torch.Tensor]] = {}
+# The memory of each storage made from a file, by the id of the storage while it lives (no other
+# storage can be given its addresses before): first address and the one past its end.
+_FROM_FILES: dict[int, tuple[int, int]] = {}
+
+
+def _over_a_file(value: object) -> bool:
+    """Whether a tensor's (or a storage's) memory lies in a storage made from a file."""
+    if isinstance(value, torch.Tensor) and torch._C._has_storage(value):
+        value = value.untyped_storage()
+    if not isinstance(value, torch.UntypedStorage):
+        return False
+    address = value.data_ptr()
+    return any(start <= address < end for start, end in list(_FROM_FILES.values()))
+
+
+@functools.cache
+def _reading_files(from_file: Callable[..., Any]) -> Callable[..., Any]:
+    """`UntypedStorage.from_file`: its storage holds the file in host memory, on any box."""
+
+    @functools.wraps(from_file)
+    def from_a_file(*args: Any, **kwargs: Any) -> torch.UntypedStorage:
+        storage = from_file(*args, **kwargs)
+        key, start = id(storage), storage.data_ptr()
+        _FROM_FILES[key] = (start, start + storage.nbytes())
+        weakref.finalize(storage, _FROM_FILES.pop, key, None)
+        return storage
+
+    return from_a_file
 
 
 def _tensors_in(values: object) -> Iterator[torch.Tensor]:
@@ -847,6 +880,7 @@ class _ProcessWide:
 
     - the Python-level calls of `sync_ops.FUNCTION_SYNCS`, judged in contexts with a scope;
     - `torch.save` and `torch.serialization.save`: each device storage is copied to the host;
+    - `torch.UntypedStorage.from_file`: its memory is host memory (`_FROM_FILES`);
     - the torch.compile guard (`_COMPILED_IN_SCOPE`);
     - on CUDA, torch's sync-debug mode, whose warnings are counted for the context they are
       raised in (warnings of autograd's device threads are replayed in the thread that called
@@ -891,11 +925,12 @@ class _ProcessWide:
             owner_name, _, name = qualified.rpartition(".")
             owner = sync_ops.resolve(owner_name)
             replacements.append((owner, name, _observing(qualified, rule, getattr(owner, name))))
-        save = torch.serialization.save
+        save, from_file = torch.serialization.save, torch.UntypedStorage.from_file
         replacements += [
             (torch.Tensor, "__setitem__", _writing(torch.Tensor.__setitem__)),
             (torch, "save", _saving(save)),
             (torch.serialization, "save", _saving(save)),
+            (torch.UntypedStorage, "from_file", staticmethod(_reading_files(from_file))),
         ]
         restore.enter_context(_replaced(replacements))
         self._guarded = "torch._dynamo.eval_frame" in sys.modules

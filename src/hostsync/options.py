@@ -60,6 +60,17 @@ def add_device(parser: argparse.ArgumentParser) -> None:
 MAX_TIMEOUT_S = 86400.0
 
 
+def positive_count(text: str) -> int:
+    """A whole number of at least 1 (rounds, runs)."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is no whole number of at least 1")
+    return count
+
+
 def positive_seconds(text: str) -> float:
     try:
         seconds = float(text)

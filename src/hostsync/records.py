@@ -15,6 +15,8 @@ JSON (`Json`); everything the engine itself reads is typed. Built on `hostsync.c
 from __future__ import annotations
 
 import dataclasses
+import operator
+import statistics
 import typing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -1060,13 +1062,15 @@ class SurveyMode(StrEnum):
 @dataclass(frozen=True)
 class SurveyRun(Record):
     """One run of the slice: its wall time, the CPU time of its processes (steadier than wall
-    time on a shared machine), pytest's exit status and its outcomes counted."""
+    time on a shared machine), pytest's exit status, its outcomes counted, and the round of
+    interleaved runs it belongs to (a result of one round leaves it out)."""
 
     mode: SurveyMode
     wall_s: float
     cpu_s: float
     returncode: int
     outcomes: dict[str, int]
+    round: int = field(default=1, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -1085,8 +1089,9 @@ class SurveySite(Record):
 @dataclass(frozen=True)
 class SurveyResult(Result):
     """A project's own tests run without the plugin, in report mode and gated by the baseline
-    the report wrote, one after the other: outcomes compared test by test, wall times as ratios
-    of one invocation, and the sites the report found."""
+    the first report wrote, in interleaved rounds: outcomes compared test by test over every
+    run, each mode's cost as the median over the rounds of its ratio to the run without the
+    plugin of the same round, and the sites the report found."""
 
     KIND: ClassVar[str] = "survey"
     environment: Environment
@@ -1103,16 +1108,29 @@ class SurveyResult(Result):
     compiled_tests: int
     sites: tuple[SurveySite, ...]
 
-    def run(self, mode: SurveyMode) -> SurveyRun:
-        return next(run for run in self.runs if run.mode == mode)
+    @property
+    def rounds(self) -> int:
+        return max(run.round for run in self.runs)
+
+    def run(self, mode: SurveyMode, round: int = 1) -> SurveyRun:
+        return next(run for run in self.runs if (run.mode, run.round) == (mode, round))
+
+    def ratios(self, mode: SurveyMode, cpu: bool = False) -> list[float]:
+        """`mode`'s wall (or CPU) time over the run without the plugin, round by round: runs
+        next to each other share the machine's load."""
+        time = operator.attrgetter("cpu_s" if cpu else "wall_s")
+        return [
+            time(self.run(mode, round)) / time(self.run(SurveyMode.OFF, round))
+            for round in range(1, self.rounds + 1)
+        ]
 
     def ratio(self, mode: SurveyMode) -> float:
-        """`mode`'s wall time over the run without the plugin."""
-        return self.run(mode).wall_s / self.run(SurveyMode.OFF).wall_s
+        """The median over the rounds of `mode`'s wall-time ratio."""
+        return statistics.median(self.ratios(mode))
 
     def cpu_ratio(self, mode: SurveyMode) -> float:
-        """`mode`'s CPU time over the run without the plugin."""
-        return self.run(mode).cpu_s / self.run(SurveyMode.OFF).cpu_s
+        """The median over the rounds of `mode`'s CPU-time ratio."""
+        return statistics.median(self.ratios(mode, cpu=True))
 
 
 KINDS: dict[str, type[Result]] = {

@@ -2,10 +2,13 @@
 pytest plugin, in report mode and gated by the baseline the report wrote.
 
 What a project sees before it adopts the gate: the outcomes must not change (compared test by
-test; a difference fails the command), the plugin's cost is a ratio of wall times measured in
-one invocation (the machine's load is the same for the three runs), and the report lists the
-sites the suite syncs at most. The suite comes from the project's sha256-verified PyPI sdist
-(`surveys.toml`), unpacked under work/surveys/ and imported from there.
+test over every run; a difference fails the command), the plugin's cost, and the sites the suite
+syncs at most. On a shared machine one run's wall time swings more than the cost measured, so the
+modes run interleaved, round after round (off, report, gate, off, ...), and each mode's cost is
+the median over the rounds of its ratio to the run without the plugin of its own round, in wall
+time and in the CPU time (user + system) of pytest and what it started. The suite comes from the
+project's sha256-verified PyPI sdist (`surveys.toml`), unpacked under work/surveys/ and imported
+from there.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import hashlib
 import resource
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -33,7 +37,7 @@ from hostsync.cases import Sdist
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.files import sha256
 from hostsync.layout import Layout
-from hostsync.options import add_timeout
+from hostsync.options import add_timeout, positive_count
 from hostsync.patch_proof import read_junit
 from hostsync.records import (
     Provenance,
@@ -55,6 +59,11 @@ from hostsync.upstream.trees import Tree
 FILE = "surveys.toml"
 SURVEY = "survey"  # the folder of profiles/ the results go into
 TOP = 10  # sites in the report
+# Interleaved rounds by default: with the unmeasured run, 16 runs of the slice of surveys.toml,
+# about 4 minutes on 2 idle cores.
+ROUNDS = 5
+# The cost the plugin may add to a suite, as a ratio of wall time over the run without it.
+BOUNDS = {SurveyMode.REPORT: 1.15, SurveyMode.GATE: 1.10}
 PLUGIN = "hostsync.pytest_plugin"
 ENGINE = Path(__file__).parent
 
@@ -94,7 +103,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m hostsync survey",
         description="Run a slice of a project's own tests without the pytest plugin, in report"
         " mode and gated by the baseline the report wrote: same outcomes (asserted), the"
-        " plugin's cost as ratios of one invocation, the top sites.",
+        " plugin's cost as median ratios over interleaved rounds, the top sites.",
     )
     parser.add_argument("--project", required=True, help=f"a project of {FILE}")
     parser.add_argument(
@@ -102,6 +111,14 @@ def parser() -> argparse.ArgumentParser:
         metavar="ARGS",
         help="the pytest arguments that choose the tests, from the sdist's root, as one string:"
         f" 'tests/test_x.py -k lora' (default: the slice of {FILE})",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=positive_count,
+        default=ROUNDS,
+        metavar="N",
+        help="rounds of interleaved runs (off, report, gate), the ratios being their medians"
+        " (default: %(default)s)",
     )
     add_timeout(parser, "one run of the slice")
     return parser
@@ -119,7 +136,7 @@ def main(argv: list[str]) -> int:
         python=sys.executable,
     )  # fmt: skip
     tests = tuple(shlex.split(args.tests)) if args.tests else spec.tests
-    result = survey(layout, tree, spec, tests, args.timeout)
+    result = survey(layout, tree, spec, tests, args.timeout, args.rounds)
     json_path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
     for path in [json_path, *results.write_markdown(json_path, SurveyResult, render)]:
         print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
@@ -175,23 +192,25 @@ def test_requirements(layout: Layout, spec: SurveySpec) -> Path | None:
 
 
 def survey(layout: Layout, tree: Tree, spec: SurveySpec, tests: Sequence[str],
-           timeout: float) -> SurveyResult:  # fmt: skip
+           timeout: float, rounds: int = ROUNDS) -> SurveyResult:  # fmt: skip
     run_dir = layout.new_run_dir(f"survey-{tree.label}")
     requirements = test_requirements(layout, spec)
     env = dict(tree.project.test_env)
     if requirements is not None:
         tree = dataclasses.replace(tree, stacked=(requirements,))
+    # The first report run writes the baseline every gated run reads; each later report run
+    # writes one of its own, so that every report run does the same work.
     baseline = run_dir / "baseline.json"
-    # One argument: pytest takes an existing path among its arguments into its choice of rootdir,
-    # which names the tests the baseline is keyed by.
-    plugin = ("-p", PLUGIN, f"--host-sync-baseline={baseline}")
-    # One unmeasured run first takes the cold start (imports, inductor's kernel cache), so that
-    # it counts for no measured run.
-    arguments = {
-        SurveyMode.REPORT: (*plugin, "--host-sync-report"),
-        SurveyMode.OFF: ("-p", f"no:{PLUGIN}"),
-        SurveyMode.GATE: (*plugin, "--host-sync-gate", "all"),
-    }
+
+    def arguments(mode: SurveyMode, index: int) -> tuple[str, ...]:
+        # The baseline as one argument: pytest takes an existing path among its arguments into
+        # its choice of rootdir, which names the tests the baseline is keyed by.
+        if mode is SurveyMode.OFF:
+            return ("-p", f"no:{PLUGIN}")
+        if mode is SurveyMode.GATE:
+            return ("-p", PLUGIN, f"--host-sync-baseline={baseline}", "--host-sync-gate", "all")
+        written = baseline if index == 1 else run_dir / f"report-{index}" / baseline.name
+        return ("-p", PLUGIN, f"--host-sync-baseline={written}", "--host-sync-report")
 
     def pytest(folder: str, extra: tuple[str, ...]) -> tuple[launchers.Run, list[str], Path]:
         run = launchers.Run(run_dir / folder, tree, layout)
@@ -202,23 +221,26 @@ def survey(layout: Layout, tree: Tree, spec: SurveySpec, tests: Sequence[str],
         ]  # fmt: skip
         return run, command, report
 
-    warmup, command, _ = pytest("warmup", arguments[SurveyMode.OFF])
+    # One unmeasured run first takes the cold start (imports, inductor's kernel cache), so that
+    # it counts for no measured run.
+    warmup, command, _ = pytest("warmup", arguments(SurveyMode.OFF, 0))
     launchers.run_group(warmup, command, timeout=timeout, cwd=tree.root, env=env)
     runs, outcomes = [], {}
-    for mode, extra in arguments.items():
-        run, command, report = pytest(mode.value, extra)
-        started, cpu_before = time.monotonic(), _children_cpu_s()
-        returncode = launchers.run_group(run, command, timeout=timeout, cwd=tree.root, env=env)
-        wall_s, cpu_s = time.monotonic() - started, _children_cpu_s() - cpu_before
-        if not report.exists():
-            raise WorkspaceError(
-                f"pytest exited with status {returncode} and wrote no report ({mode.value} run):"
-                f" see {run.log_file}"
-            )
-        outcomes[mode] = read_junit(report)
-        counted = Counter(test.outcome.value for test in outcomes[mode])
-        runs.append(SurveyRun(mode, round(wall_s, 2), round(cpu_s, 2), returncode,
-                              dict(sorted(counted.items()))))  # fmt: skip
+    for index in range(1, rounds + 1):
+        for mode in (SurveyMode.OFF, SurveyMode.REPORT, SurveyMode.GATE):
+            run, command, report = pytest(f"{mode.value}-{index}", arguments(mode, index))
+            started, cpu_before = time.monotonic(), _children_cpu_s()
+            returncode = launchers.run_group(run, command, timeout=timeout, cwd=tree.root, env=env)
+            wall_s, cpu_s = time.monotonic() - started, _children_cpu_s() - cpu_before
+            if not report.exists():
+                raise WorkspaceError(
+                    f"pytest exited with status {returncode} and wrote no report ({mode.value} run"
+                    f" of round {index}): see {run.log_file}"
+                )
+            outcomes[mode, index] = read_junit(report)
+            counted = Counter(test.outcome.value for test in outcomes[mode, index])
+            runs.append(SurveyRun(mode, round(wall_s, 2), round(cpu_s, 2), returncode,
+                                  dict(sorted(counted.items())), index))  # fmt: skip
     written = Baseline.read(baseline) if baseline.exists() else Baseline.of({})
     return SurveyResult(
         stamp=Stamp.now(
@@ -231,9 +253,9 @@ def survey(layout: Layout, tree: Tree, spec: SurveySpec, tests: Sequence[str],
         tests=tuple(tests),
         options=spec.options,
         runs=tuple(runs),
-        collected=len(outcomes[SurveyMode.OFF]),
+        collected=len(outcomes[SurveyMode.OFF, 1]),
         differences=tuple(differences(outcomes)),
-        surveyed_tests=len(outcomes[SurveyMode.REPORT]),
+        surveyed_tests=len(outcomes[SurveyMode.REPORT, 1]),
         syncing_tests=len(written.tests),
         compiled_tests=sum(
             any(COMPILED in entry.kinds for entry in entries) for entries in written.tests.values()
@@ -259,22 +281,35 @@ def inputs(layout: Layout) -> Provenance:
     )
 
 
-def differences(outcomes: dict[SurveyMode, list[TestOutcome]]) -> list[str]:
-    """Each outcome a run with the plugin does not share with the run without (a test counted
-    by name and outcome: two modules may hold tests of one name)."""
-    without = Counter((test.test, test.outcome.value) for test in outcomes[SurveyMode.OFF])
-    found = []
-    for mode, tests in outcomes.items():
-        with_plugin = Counter((test.test, test.outcome.value) for test in tests)
-        found += [
-            f"{test}: {outcome} without the plugin, not in {mode.value} mode"
-            for test, outcome in sorted(without - with_plugin)
+def differences(outcomes: dict[tuple[SurveyMode, int], list[TestOutcome]]) -> list[str]:
+    """Each outcome a run does not share with the first run without the plugin (a test counted
+    by name and outcome: two modules may hold tests of one name), naming the rounds it differs
+    in where there are several."""
+    first = (SurveyMode.OFF, 1)
+    without = Counter((test.test, test.outcome.value) for test in outcomes[first])
+    found: dict[str, list[int]] = {}
+    for (mode, index), tests in outcomes.items():
+        if (mode, index) == first:
+            continue
+        run = "a later run without the plugin" if mode is SurveyMode.OFF else f"{mode.value} mode"
+        within = Counter((test.test, test.outcome.value) for test in tests)
+        lost = [
+            f"{test}: {outcome} without the plugin, not in {run}"
+            for test, outcome in without - within
         ]
-        found += [
-            f"{test}: {outcome} in {mode.value} mode, not without the plugin"
-            for test, outcome in sorted(with_plugin - without)
+        new = [
+            f"{test}: {outcome} in {run}, not without the plugin"
+            for test, outcome in within - without
         ]
-    return found
+        for difference in sorted(lost) + sorted(new):
+            found.setdefault(difference, []).append(index)
+    several = max(index for _, index in outcomes) > 1
+    return [
+        f"{difference} (round{'s' * (len(indices) > 1)} {', '.join(map(str, indices))})"
+        if several
+        else difference
+        for difference, indices in found.items()
+    ]
 
 
 def top_sites(baseline: Baseline) -> tuple[SurveySite, ...]:
@@ -304,10 +339,12 @@ def summary(result: SurveyResult) -> str:
         for mode in (SurveyMode.REPORT, SurveyMode.GATE)
     )
     same = "identical" if not result.differences else f"{len(result.differences)} differ"
+    off = statistics.median(run.wall_s for run in result.runs if run.mode is SurveyMode.OFF)
     return (
-        f"{result.project} {result.version}: {result.collected} tests, outcomes {same}; wall time"
-        f" {result.run(SurveyMode.OFF).wall_s:.1f} s without the plugin, {ratios};"
-        f" {result.syncing_tests} of {result.surveyed_tests} tests sync"
+        f"{result.project} {result.version}: {result.collected} tests, outcomes {same} over"
+        f" {len(result.runs)} runs; wall time {off:.1f} s without the plugin (median of"
+        f" {result.rounds}), median ratios {ratios}; {result.syncing_tests} of"
+        f" {result.surveyed_tests} tests sync"
     )
 
 
@@ -319,32 +356,48 @@ def render(result: SurveyResult, path: Path) -> str:
         f"> Generated by `python -m hostsync survey` from `{path.name}` ({result.stamp.created}).",
         "",
         f"**What ran.** `{shlex.join(result.tests)}` of the {result.origin}, at its root with its"
-        f" package imported from there (`{shlex.join(result.options)}`), three times in one"
-        " invocation: with `--host-sync-report` (writing a baseline), without the plugin, and"
-        " with `--host-sync-gate all` against that baseline, after one unmeasured run that takes"
-        " the cold start. The ratios are over the run without the plugin. CPU time (of"
-        " pytest and what it started) is steadier than wall time where other jobs share the"
-        " machine.",
+        f" package imported from there (`{shlex.join(result.options)}`), in {result.rounds}"
+        " round(s) after one unmeasured run that takes the cold start; each round runs it"
+        " without the plugin, with `--host-sync-report` (writing a baseline) and with"
+        " `--host-sync-gate all` against the baseline of the first round, one after the other.",
+        "",
+        "**How the cost is measured.** Each run's ratio is over the run without the plugin of its"
+        " own round (runs side by side share the machine's load); a mode's cost is the median of"
+        f" its {result.rounds} ratio(s). Wall time, and CPU time: the user and system time of"
+        " pytest and the processes it started, steadier than wall time where other jobs share"
+        " the machine.",
         "",
         f"**On.** {result.environment.device}; Python {result.environment.python},"
         f" torch {result.environment.packages.get('torch', '?')}.",
         "",
-        "| run | wall time | ratio | CPU time | ratio | exit | outcomes |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| mode | median wall ratio | wall ratios | median CPU ratio | CPU ratios | bound (wall) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for mode, bound in BOUNDS.items():
+        wall = ", ".join(f"{ratio:.3f}" for ratio in result.ratios(mode))
+        cpu = ", ".join(f"{ratio:.3f}" for ratio in result.ratios(mode, cpu=True))
+        within = "within" if result.ratio(mode) <= bound else "over"
+        lines.append(
+            f"| {mode.value} | {result.ratio(mode):.3f} | {wall} | {result.cpu_ratio(mode):.3f} |"
+            f" {cpu} | {bound:.2f}: {within} |"
+        )
+    lines += [
+        "",
+        "| round | run | wall time | CPU time | exit | outcomes |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for run in result.runs:
         counted = ", ".join(f"{n} {outcome}" for outcome, n in run.outcomes.items())
         lines.append(
-            f"| {run.mode.value} | {run.wall_s:.1f} s | {result.ratio(run.mode):.3f} |"
-            f" {run.cpu_s:.1f} s | {result.cpu_ratio(run.mode):.3f} | {run.returncode} |"
-            f" {counted} |"
+            f"| {run.round} | {run.mode.value} | {run.wall_s:.1f} s | {run.cpu_s:.1f} s |"
+            f" {run.returncode} | {counted} |"
         )
     lines += ["", f"**Outcomes.** {result.collected} tests;"]
     if result.differences:
-        lines[-1] += f" {len(result.differences)} differ with the plugin:"
+        lines[-1] += f" {len(result.differences)} differ with the plugin or between runs:"
         lines += [f"- {difference}" for difference in result.differences]
     else:
-        lines[-1] += " every test has the same outcome in the three runs."
+        lines[-1] += f" every test has the same outcome in the {len(result.runs)} runs."
     lines += [
         "",
         f"**Sites.** {result.syncing_tests} of {result.surveyed_tests} tests sync;"
