@@ -43,7 +43,7 @@ from packaging.version import InvalidVersion, Version
 from hostsync import cases, judge, locks, patch_proof, projects, provenance, results, table
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
-from hostsync.options import add_case, add_timeout, case_layouts
+from hostsync.options import add_case, add_timeout, chosen_cases
 from hostsync.projects import Project
 from hostsync.records import (
     BisectResult,
@@ -524,8 +524,8 @@ def main(argv: list[str]) -> int:
         reader = Reader(layout, targets, targets[0].project, settings.since, settings.until)
         report(layout, layout.sites, bisect_sites(layout, reader, targets, settings, None))
         return 0
-    for layout in case_layouts(args.case):
-        case = cases.load(layout.root, layout.case)
+    for case in chosen_cases(args.case):
+        layout = case.layout
         targets = case_targets(case, settings.anchor)
         reader = Reader(layout, targets, case.project, settings.since, settings.until)
         with locks.case(layout):

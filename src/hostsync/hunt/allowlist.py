@@ -9,10 +9,11 @@ by that case's card (`[[carries]]`), with the case's name as its reason.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
 
-from hostsync import cases
+from hostsync.cases import Case
 from hostsync.errors import WorkspaceError
 from hostsync.sites import AllowRule, Site, first_match
 
@@ -39,9 +40,9 @@ def load_allowlist(path: Path) -> tuple[AllowRule, ...]:
     return tuple(rules)
 
 
-def carried_rules(root: Path) -> tuple[AllowRule, ...]:
-    """Every case's `[[carries]]`, as rules whose reason is the case's name."""
-    return tuple(rule for name in cases.names(root) for rule in cases.load(root, name).carries)
+def carried_rules(everyone: Iterable[Case]) -> tuple[AllowRule, ...]:
+    """Every case's `[[carries]]` (`cases.every`), as rules whose reason is the case's name."""
+    return tuple(rule for case in everyone for rule in case.carries)
 
 
 def reason(rules: tuple[AllowRule, ...], site: Site, caller: str = "") -> str | None:
