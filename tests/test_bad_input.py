@@ -51,6 +51,8 @@ def test_a_case_is_named_not_given_as_a_path(workspace: Layout, name: str) -> No
          r"tests\.red_on_pinned: expected a list"),
         (r"size = 9196891", 'size = "9196891"', r"pin\.sdist\.size: expected an integer"),
         (r'state = "fixed"', 'state = "merged"', r"upstream\.state: expected one of"),
+        (r'launcher = "fork"', 'launcher = "python"',
+         r"repro\.launch\[0\]\.ranks: a `python` launch is one process: use \[1\]"),
     ],
 )  # fmt: skip
 def test_a_card_field_of_the_wrong_type_is_refused_before_anything_is_built(
