@@ -144,6 +144,61 @@ def untyped_signatures() -> tuple[list[str], int]:
     return found, total
 
 
+def _docstrings(tree: ast.Module) -> set[int]:
+    """The ids of the string constants that are docstrings: words about a thing, not data."""
+    holders = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, holders)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+
+
+def string_data(source: str, words: set[str]) -> list[tuple[int, str]]:
+    """The string literals of `source`, docstrings aside, that are one of `words` (any case),
+    as (line, literal): a name used as data, which comments and docstrings may still say."""
+    tree = ast.parse(source)
+    docstrings = _docstrings(tree)
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.lower() in words
+        and id(node) not in docstrings
+    ]
+
+
+def named_outside(words: set[str], home: str) -> list[tuple[str, int, str]]:
+    """Each string literal naming one of `words` in an engine module other than `home`, as
+    (module, line, literal)."""
+    return [
+        (name, line, literal)
+        for name, path in engine_modules().items()
+        if name != home
+        for line, literal in string_data(path.read_text(), words)
+    ]
+
+
+def launcher_comparisons(source: str) -> list[int]:
+    """The lines of `source` that compare a value with a member of `Launcher` (`==`, `!=`,
+    `in`, `is`): a branch on a launcher's name rather than on what it can do."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Compare)
+        and any(
+            isinstance(side, ast.Attribute)
+            and isinstance(side.value, ast.Name)
+            and side.value.id == "Launcher"
+            for side in [node.left, *node.comparators]
+        )
+    ]
+
+
 def back_edges() -> list[str]:
     """Each import that climbs from a module's floor to a higher one."""
     table = floors()

@@ -3,9 +3,15 @@ reads results (review, the reports, storage). The real ones come from the comman
 
 from __future__ import annotations
 
-from hostsync import provenance
+import json
+import os
+import subprocess
+import sys
+
+from hostsync import cases, provenance
 from hostsync.bisect import first_boundary
 from hostsync.files import sha256
+from hostsync.launchers import ENGINE_SRC
 from hostsync.layout import Layout
 from hostsync.records import (
     BisectResult,
@@ -39,6 +45,38 @@ from hostsync.sites import AllowRule
 ENVIRONMENT = Environment(
     python="3.11.7", packages={"torch": "2.13.0"}, platform="Linux", device="cpu", device_count=0
 )
+
+
+def case_of(layout: Layout) -> cases.Case:
+    """The case `layout` names, read as a command reads it once."""
+    return cases.load(layout.root, layout.case)
+
+
+# Runs a command as `python -m hostsync` does, and prints the case of each call of
+# `cases.load` it made (in any thread), seen by Python's profiler hook: the real reader runs.
+_COUNT_CARD_READS = """
+import atexit, json, runpy, sys, threading
+loads = []
+def seen(frame, event, arg):
+    code = frame.f_code
+    if event == "call" and code.co_name == "load" and code.co_filename.endswith("cases.py"):
+        loads.append(frame.f_locals["name"])
+sys.setprofile(seen)
+threading.setprofile(seen)
+atexit.register(lambda: print("card reads:", json.dumps(loads)))
+sys.argv = ["hostsync", *sys.argv[1:]]
+runpy.run_module("hostsync", run_name="__main__")
+"""
+
+
+def card_reads(layout: Layout, *argv: str) -> tuple[int, list[str]]:
+    """Run `python -m hostsync ARGV` in the workspace `layout`: its exit status, and the case
+    of each card it read (`cases.load`), one entry per read."""
+    env = os.environ | {"HOSTSYNC_ROOT": str(layout.root), "PYTHONPATH": str(ENGINE_SRC)}
+    done = subprocess.run([sys.executable, "-c", _COUNT_CARD_READS, *argv], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    line = next(line for line in done.stdout.splitlines() if line.startswith("card reads:"))
+    return done.returncode, json.loads(line.removeprefix("card reads:"))
 
 
 def info(version: str) -> TreeInfo:

@@ -39,7 +39,7 @@ from conftest import hostsync, make_workspace, one_line_error
 @pytest.mark.parametrize("name", ["../cases/sp-loss", "", "sp-loss/../sp-loss", "SP-LOSS"])
 def test_a_case_is_named_not_given_as_a_path(workspace: Layout, name: str) -> None:
     with pytest.raises(WorkspaceError, match=r"is no case name: name one of .*sp-loss"):
-        options.case_layouts(name, workspace)
+        options.chosen_cases(name, workspace)
     assert not (workspace.work / "cases").exists()
 
 
@@ -51,6 +51,8 @@ def test_a_case_is_named_not_given_as_a_path(workspace: Layout, name: str) -> No
          r"tests\.red_on_pinned: expected a list"),
         (r"size = 9196891", 'size = "9196891"', r"pin\.sdist\.size: expected an integer"),
         (r'state = "fixed"', 'state = "merged"', r"upstream\.state: expected one of"),
+        (r'launcher = "fork"', 'launcher = "python"',
+         r"repro\.launch\[0\]\.ranks: a `python` launch is one process: use \[1\]"),
     ],
 )  # fmt: skip
 def test_a_card_field_of_the_wrong_type_is_refused_before_anything_is_built(
@@ -198,7 +200,7 @@ def test_a_failed_proof_is_never_drafted(results_of_sp_loss: Layout, reason: str
     results.write(layout.profiles, proof, layout.unsaved)
 
     with pytest.raises(WorkspaceError, match=r"is no passing proof .*a draft never says"):
-        review.review(layout)
+        review.review(made.case_of(layout))
 
     assert not layout.issue_drafts.exists()
 
@@ -210,7 +212,7 @@ def test_a_result_that_measured_nothing_is_never_drafted(workspace: Layout) -> N
         results.write(workspace.profiles, result, workspace.unsaved)
 
     with pytest.raises(WorkspaceError, match=r"holds no runs: rerun `nox -s repro"):
-        review.review(workspace)
+        review.review(made.case_of(workspace))
 
 
 def test_another_cases_result_is_refused_and_never_rerun(results_of_sp_loss: Layout) -> None:
@@ -220,7 +222,7 @@ def test_another_cases_result_is_refused_and_never_rerun(results_of_sp_loss: Lay
     before = sorted(layout.profiles.iterdir())
 
     with pytest.raises(WorkspaceError, match=f"{copied.name} is a result of case ds-clip-norm"):
-        review.review(layout, rerun=True)
+        review.review(made.case_of(layout), rerun=True)
 
     assert sorted(layout.profiles.iterdir()) == before
 

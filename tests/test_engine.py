@@ -19,6 +19,7 @@ from hostsync.records import HuntResult, HuntSetup, ReproResult, TestPatchResult
 from hostsync.upstream import envs
 from hostsync.upstream.patchqueue import series
 
+import made
 from conftest import make_workspace
 
 # --- cases ---------------------------------------------------------------------------------------
@@ -48,7 +49,7 @@ def test_fixed_stands_for_upstreams_release_and_is_refused_without_one() -> None
 
 def test_an_unknown_case_names_the_known_ones(workspace: Layout) -> None:
     with pytest.raises(WorkspaceError, match=r"no case 'nope' .*sp-loss"):
-        options.case_layouts("nope", workspace)
+        options.chosen_cases("nope", workspace)
 
 
 def test_a_malformed_card_is_refused_in_one_line(workspace: Layout) -> None:
@@ -62,8 +63,8 @@ def test_a_malformed_card_is_refused_in_one_line(workspace: Layout) -> None:
 def test_no_case_means_the_default_and_all_means_every_one(workspace: Layout) -> None:
     default = load_pin(workspace.pin_file).default_case
 
-    assert [layout.case for layout in options.case_layouts(None, workspace)] == [default]
-    assert [layout.case for layout in options.case_layouts("all", workspace)] == cases.names(
+    assert [case.name for case in options.chosen_cases(None, workspace)] == [default]
+    assert [case.name for case in options.chosen_cases("all", workspace)] == cases.names(
         workspace.root
     )
 
@@ -73,9 +74,10 @@ def test_a_case_is_added_by_adding_files(workspace: Layout) -> None:
     card = (workspace.root / "cases" / "sp-loss.toml").read_text()
     (workspace.root / "cases" / "copy.toml").write_text(card)
 
-    (layout,) = options.case_layouts("copy", workspace)
+    (case,) = options.chosen_cases("copy", workspace)
+    layout = case.layout
 
-    assert cases.load(layout.root, "copy").project is projects.get("transformers")
+    assert case.project is projects.get("transformers")
     assert layout.patches == workspace.root / "patches" / "copy"
     assert layout.profiles == workspace.root / "profiles" / "copy"
 
@@ -299,4 +301,4 @@ def test_review_without_results_says_which_session_to_run(tmp_path: Path) -> Non
     layout = make_workspace(tmp_path / "ws")
 
     with pytest.raises(WorkspaceError, match=r"no repro result in profiles/sp-loss/: run `nox"):
-        review.review(layout)
+        review.review(made.case_of(layout))

@@ -125,7 +125,9 @@ def test_a_cases_profiled_step_runs_dry_on_a_cpu_each_tree_with_its_own_reads(
         assert done.returncode == 0, done.stderr
 
     script(sys.executable, "pack")
-    tree_python = prepare_tree(layout, "pinned").python  # deepspeed's own dependencies
+    tree_python = prepare_tree(
+        made.case_of(layout), "pinned"
+    ).python  # deepspeed's own dependencies
     script(tree_python, "measure", "--device", "cpu", "--warmup", "1", "--steps", "2",
            "--out-dir", str(tmp_path))  # fmt: skip
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, projects, results, trainer_run
+from hostsync import cases, projects, results, trainer_launch
 from hostsync.errors import WorkspaceError
 from hostsync.hunt import allowlist, command, measure, report
-from hostsync.launchers import DeepSpeedSetup
 from hostsync.layout import ROOT, Layout
+from hostsync.projects import DeepSpeedSetup
 from hostsync.records import (
     Cost,
     CrossCheck,
@@ -32,7 +32,7 @@ import made
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line
 from conftest import make_workspace
 
-SP_SIZE = trainer_run.SP_SIZE
+SP_SIZE = trainer_launch.SP_SIZE
 
 
 # --- the real run ---------------------------------------------------------------------------------
@@ -45,7 +45,7 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Layout:
 
 @pytest.fixture(scope="module")
 def pinned(layout: Layout) -> Tree:
-    return prepare_tree(layout, "pinned")
+    return prepare_tree(made.case_of(layout), "pinned")
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_the_profiler_and_the_detector_agree_on_every_read(hunted: HuntTree) -> 
 @pytest.mark.heavy
 @pytest.mark.distributed
 def test_trainer_loss_with_sp_equals_the_loss_without(layout: Layout, pinned: Tree) -> None:
-    compared = trainer_run.compare_losses(layout, pinned, steps=2, timeout=600)
+    compared = trainer_launch.compare_losses(layout, pinned, steps=2, timeout=600)
 
     assert compared.sp_ranks_agree
     assert compared.max_abs_diff < 1e-5, compared
@@ -357,7 +357,7 @@ def test_a_site_a_case_carries_is_labelled_with_the_case_not_accepted() -> None:
 
 
 def test_every_case_carries_sites_the_hunt_matches_by_its_rules() -> None:
-    carried = allowlist.carried_rules(ROOT)
+    carried = allowlist.carried_rules(cases.every(ROOT))
 
     assert {rule.reason for rule in carried} == set(cases.names(ROOT))
 
@@ -379,24 +379,36 @@ def test_cases_of_two_releases_are_not_stacked_on_one_tree(workspace: Layout) ->
 
     # sp-loss pins transformers 5.13.1, trainer-nan-filter 5.24.0: refused before any download.
     with pytest.raises(WorkspaceError, match="trainer-nan-filter pin another project or release"):
-        command.stacked(workspace, tree, ("trainer-nan-filter",))
+        command.stacked(made.case_of(workspace), tree, [cases.load(ROOT, "trainer-nan-filter")])
 
 
 def test_a_stack_of_the_same_project_without_the_patched_tree_is_refused(
     workspace: Layout,
 ) -> None:
     args = command.parser().parse_args(["--trees", "pinned", "--stack", "trainer-grad-norm"])
-    layout = workspace.for_case("trainer-nan-filter")
+    case = cases.load(workspace.root, "trainer-nan-filter")
+    stack = [cases.load(workspace.root, "trainer-grad-norm")]
 
     with pytest.raises(WorkspaceError, match="add patched to --trees"):
-        command.check_stack(layout, command.settings_from(args))
+        command.check_stack(case, stack, command.settings_from(args))
+
+
+def test_the_hunt_reads_every_card_once(workspace: Layout) -> None:
+    """Its case, the cases it stacks and every case's carried sites: each card read once, up to
+    the refusal of a stack without the patched tree (before anything is downloaded)."""
+    args = ["--case", "trainer-nan-filter", "--trees", "pinned", "--stack", "trainer-grad-norm"]
+
+    status, reads = made.card_reads(workspace, "hunt", *args)
+
+    assert status == 2
+    assert sorted(reads) == cases.names(workspace.root)
 
 
 @pytest.mark.network
 def test_two_series_of_one_release_stack_on_one_tree(workspace: Layout) -> None:
     names = ["trainer-nan-filter", "trainer-grad-norm"]
 
-    tree = stack_trees(workspace, names)[0]
+    tree = stack_trees(workspace, [cases.load(workspace.root, name) for name in names])[0]
 
     applied = git(tree.root, "log", "--format=%s", f"{cases.load(ROOT, names[0]).pin.tag}..HEAD")
     expected = [p for name in names for p in series(workspace.for_case(name))]

@@ -19,6 +19,7 @@ from hostsync.layout import Layout
 from hostsync.nodes import NodeLayout, Pool
 from hostsync.records import Device
 
+import made
 from conftest import make_workspace
 
 SLURM = {"SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]",
@@ -214,7 +215,7 @@ def test_two_nodes_give_the_loss_case_the_rows_of_one(tmp_path: Path) -> None:
     def measured(node_layout: NodeLayout) -> dict:
         settings = repro.ReproSettings(("pinned",), "all_tokens", "2", "cpu", 900, False,
                                        node_layout)  # fmt: skip
-        return repro.repro_case(layout, settings).document()
+        return repro.repro_case(made.case_of(layout), settings).document()
 
     one, two = measured(nodes.SINGLE), measured(layout_of(nnodes=2))
 

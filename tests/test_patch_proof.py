@@ -31,6 +31,7 @@ from hostsync.records import TreeRole, Verdict
 from hostsync.upstream import sdists
 from hostsync.upstream.trees import Tree
 
+import made
 from conftest import make_workspace, own_downloads
 
 CASE = cases.load(ROOT, "sp-loss")
@@ -336,7 +337,9 @@ def test_red_on_the_pinned_release_green_on_the_patched_tree_and_on_the_fix(
 ) -> None:
     said: list[str] = []
 
-    status, path = patch_proof.prove_and_report(workspace, [], timeout=900, say=said.append)
+    status, path = patch_proof.prove_and_report(
+        made.case_of(workspace), [], timeout=900, say=said.append
+    )
 
     result = json.loads(path.read_text())
     checks = {(c["check"], c["label"]): c for c in result["checks"]}
@@ -364,7 +367,9 @@ def test_the_live_trainer_case_is_red_on_its_release_and_green_patched(tmp_path:
     case = cases.load(layout.root, layout.case)
     said: list[str] = []
 
-    status, path = patch_proof.prove_and_report(layout, [], timeout=900, say=said.append)
+    status, path = patch_proof.prove_and_report(
+        made.case_of(layout), [], timeout=900, say=said.append
+    )
 
     checks = {(c["check"], c["label"]): c for c in json.loads(path.read_text())["checks"]}
     assert status == 0, "\n".join(said)
@@ -384,7 +389,9 @@ def test_the_deepspeed_case_is_red_on_its_release_green_patched_and_formatted(
     layout = make_workspace(tmp_path / "workspace").for_case("ds-clip-norm")
     said: list[str] = []
 
-    status, path = patch_proof.prove_and_report(layout, [], timeout=900, say=said.append)
+    status, path = patch_proof.prove_and_report(
+        made.case_of(layout), [], timeout=900, say=said.append
+    )
 
     checks = json.loads(path.read_text())["checks"]
     assert status == 0, "\n".join(said)

@@ -31,7 +31,7 @@ SYNC = SYNC_OP
 
 
 def capture(layout: Layout, tree_name: str, tmp_path: Path) -> dict:
-    tree = prepare_tree(layout, tree_name)
+    tree = prepare_tree(made.case_of(layout), tree_name)
     settings = capturing.ProfileSettings(
         case=cases.load(layout.root, layout.case), trees=(tree_name,), scenario="all_tokens",
         warmup=1, steps=2, device="cpu", profiler="torch", timeout=600.0,
@@ -276,7 +276,7 @@ def test_nsys_on_a_cpu_records_the_measured_ranges_and_zero_cuda(workspace: Layo
          "--warmup", "1", "--steps", "2"]
     )  # fmt: skip
 
-    command.profile_case(workspace, command.settings_for(workspace, args))
+    command.profile_case(command.settings_for(made.case_of(workspace), args))
 
     path = results.latest(workspace.profiles, ProfileResult)
     (captured,) = results.read(path, ProfileResult).captures

@@ -22,6 +22,7 @@ from hostsync.layout import Layout
 from hostsync.records import Device, Launcher, ReproResult
 from hostsync.upstream.trees import Tree, prepare_tree, prepare_trees
 
+import made
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line
 from conftest import OwnEnvironment, make_workspace
 
@@ -47,7 +48,7 @@ def case(layout: Layout) -> cases.Case:
 
 @pytest.fixture(scope="module")
 def trees(layout: Layout) -> dict[str, Tree]:
-    return {name: prepare_tree(layout, name) for name in ("pinned", "fixed")}
+    return {name: prepare_tree(made.case_of(layout), name) for name in ("pinned", "fixed")}
 
 
 def settings(trees: tuple[str, ...], scenarios: list[str] | None = None,
@@ -60,7 +61,7 @@ def settings(trees: tuple[str, ...], scenarios: list[str] | None = None,
 
 @pytest.fixture(scope="module")
 def result(layout: Layout, trees: dict[str, Tree]) -> ReproResult:
-    return repro.repro_case(layout, settings(("pinned", "fixed"), ranks=str(SP_SIZE)))
+    return repro.repro_case(made.case_of(layout), settings(("pinned", "fixed"), ranks=str(SP_SIZE)))
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +207,7 @@ def test_patched_alone_with_an_empty_series_is_refused(workspace: Layout) -> Non
     (workspace.patches / "series").write_text("")
 
     with pytest.raises(WorkspaceError, match="the case's series is empty"):
-        prepare_trees(workspace, ["patched"])
+        prepare_trees(made.case_of(workspace), ["patched"])
 
 
 # --- the launchers: one import for every world, a rank that raises, a rank that hangs -----------
@@ -434,7 +435,9 @@ def measure_live_case(tmp_path: Path, name: str, scenarios: list[str],
                       ranks: str | None = None) -> dict:  # fmt: skip
     """A case's reproducer on its pinned and patched trees, in a workspace of its own."""
     layout = make_workspace(tmp_path / "workspace").for_case(name)
-    result = repro.repro_case(layout, settings(("pinned", "patched"), scenarios, ranks))
+    result = repro.repro_case(
+        made.case_of(layout), settings(("pinned", "patched"), scenarios, ranks)
+    )
     return result.document()
 
 

@@ -64,8 +64,15 @@ def drafted(workspace: Layout) -> Layout:
     return workspace
 
 
+def test_review_reads_its_case_card_once(drafted: Layout) -> None:
+    status, reads = made.card_reads(drafted, "review", "--case", "sp-loss")
+
+    assert status == 0
+    assert reads == ["sp-loss"]
+
+
 def test_drafts_are_filled_from_the_results(drafted: Layout) -> None:
-    (path,) = review.review(drafted)
+    (path,) = review.review(made.case_of(drafted))
 
     assert path == drafted.root / "issue_drafts" / "sp-loss" / "issue.md"
     assert path.read_text() == (
@@ -97,7 +104,7 @@ def test_a_draft_upstream_should_not_get_is_refused_before_anything_is_written(
     draft(drafted, template, name)
 
     with pytest.raises(WorkspaceError, match=refusal):
-        review.review(drafted)
+        review.review(made.case_of(drafted))
 
     assert not drafted.issue_drafts.exists()
 
@@ -126,9 +133,9 @@ def test_filled_paragraphs_are_rewrapped_and_nothing_else_is() -> None:
 
 
 def test_the_same_results_give_byte_identical_drafts(drafted: Layout) -> None:
-    (first,) = review.review(drafted)
+    (first,) = review.review(made.case_of(drafted))
     text = first.read_bytes()
-    (second,) = review.review(drafted)
+    (second,) = review.review(made.case_of(drafted))
 
     assert second.read_bytes() == text
 
@@ -140,7 +147,7 @@ def test_a_changed_patch_makes_review_refuse_naming_the_results_and_the_change(
     patch.write_text(patch.read_text() + "\n")
 
     with pytest.raises(WorkspaceError) as refused:
-        review.review(drafted)
+        review.review(made.case_of(drafted))
 
     said = str(refused.value)
     assert f"patches/sp-loss/{patch.name} changed" in said
@@ -154,7 +161,7 @@ def test_a_changed_case_script_makes_the_results_stale(drafted: Layout) -> None:
     snippet.write_text(snippet.read_text() + "# changed\n")
 
     with pytest.raises(WorkspaceError) as refused:
-        review.review(drafted)
+        review.review(made.case_of(drafted))
 
     said = str(refused.value)
     assert said.count("repro/sp-loss/issue_snippet.py changed") == len(review.KINDS)
@@ -170,7 +177,7 @@ def test_a_fresh_clone_drafts_from_the_committed_reference_set_and_says_so(
             path.rename(reference / path.name)
 
     with caplog.at_level(logging.INFO, logger=review.__name__):
-        (path,) = review.review(drafted, refresh=True)
+        (path,) = review.review(made.case_of(drafted), refresh=True)
 
     assert path.read_text().startswith("Host reads per step on transformers 5.13.1: 3 at 2 ranks")
     assert "profiles/sp-loss/ holds no result of its own: citing the committed reference set" in (
@@ -181,16 +188,16 @@ def test_a_fresh_clone_drafts_from_the_committed_reference_set_and_says_so(
 
 def test_with_no_result_anywhere_review_names_the_session_to_run(workspace: Layout) -> None:
     with pytest.raises(WorkspaceError, match=r"run `nox -s repro -- --case sp-loss` first"):
-        review.review(workspace)
+        review.review(made.case_of(workspace))
 
 
 def test_the_reference_set_changes_only_when_asked(drafted: Layout) -> None:
     reference = drafted.profiles / review.REFERENCE
 
-    review.review(drafted)
+    review.review(made.case_of(drafted))
     assert not reference.exists()
 
-    review.review(drafted, refresh=True)
+    review.review(made.case_of(drafted), refresh=True)
     cited = {results.latest(drafted.profiles, kind).name for kind in review.KINDS}
     folder = results.attachments(results.latest(drafted.profiles, ProfileResult)).name
     assert {p.name for p in reference.iterdir()} == cited | {folder}
@@ -215,8 +222,8 @@ def test_running_review_twice_leaves_git_status_clean(drafted: Layout) -> None:
     before = subprocess.run(["git", "-C", str(drafted.root), "status", "--porcelain"],
                             capture_output=True, text=True, check=True).stdout  # fmt: skip
 
-    review.review(drafted)
-    review.review(drafted)
+    review.review(made.case_of(drafted))
+    review.review(made.case_of(drafted))
 
     after = subprocess.run(["git", "-C", str(drafted.root), "status", "--porcelain"],
                            capture_output=True, text=True, check=True).stdout  # fmt: skip

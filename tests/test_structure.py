@@ -4,7 +4,20 @@ a lower floor can be read, tested and changed without the ones above it."""
 
 from __future__ import annotations
 
-from engine_structure import back_edges, cycles, engine_modules, floor_of, floors, import_graph
+from engine_structure import (
+    back_edges,
+    cycles,
+    engine_modules,
+    floor_of,
+    floors,
+    import_graph,
+    launcher_comparisons,
+    named_outside,
+    string_data,
+)
+
+from hostsync.projects import PROJECTS
+from hostsync.records import Launcher
 
 
 def test_every_engine_module_has_a_floor_in_the_readme() -> None:
@@ -27,3 +40,31 @@ def test_the_checks_see_a_back_edge_and_a_cycle() -> None:
     table = [["hostsync.codec"], ["hostsync.records"], ["hostsync.upstream"]]
     assert floor_of("hostsync.upstream.trees", table) == 2
     assert floor_of("hostsync.codec", table) < floor_of("hostsync.records", table)
+
+
+def test_no_engine_module_but_the_table_names_a_project_as_data() -> None:
+    """Projects live in projects.py's table; the launcher of the same name as a project
+    (`accelerate`), which cards name, is a launcher's name."""
+    launchers = {launcher.value for launcher in Launcher}
+    found = named_outside(set(PROJECTS), "hostsync.projects")
+    assert [f for f in found if not (f[0] == "hostsync.records" and f[2] in launchers)] == []
+
+
+def test_no_engine_module_but_the_registry_branches_on_a_launcher_name() -> None:
+    found = [
+        f"{name}:{line}"
+        for name, path in engine_modules().items()
+        if name != "hostsync.launchers"
+        for line in launcher_comparisons(path.read_text())
+    ]
+    assert found == []
+
+
+def test_the_scans_see_a_name_used_as_data_and_a_launcher_compared() -> None:
+    """The measures themselves: a literal counts, a docstring does not; a comparison counts."""
+    source = '''def f(x):
+    """Runs DeepSpeed."""
+    return x == Launcher.FORK or x == "DeepSpeed"
+'''
+    assert string_data(source, {"deepspeed"}) == [(3, "DeepSpeed")]
+    assert launcher_comparisons(source) == [3]

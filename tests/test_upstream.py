@@ -70,7 +70,7 @@ def make_patches(layout: Layout, remote: Path, edits: dict[str, str]) -> list[Pa
         write(scratch / DEEPSPEED_PY, f"def loss(x):\n    {body}\n")
         git(scratch, "commit", "--quiet", "--all", "--message", subject)
     shutil.move(scratch, layout.clone)
-    patchqueue.export_patches(layout)
+    patchqueue.export_patches(made.case_of(layout))
     shutil.rmtree(layout.clone)
     return series(layout)
 
@@ -92,7 +92,7 @@ def conflicting_series(layout: Layout, remote: Path) -> tuple[Path, dict[str, by
 def test_git_path_clones_the_tag_and_applies_the_series(workspace: Layout, remote: Path) -> None:
     make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
 
-    said = patchqueue.clone(workspace, remote=str(remote))
+    said = patchqueue.clone(made.case_of(workspace), remote=str(remote))
 
     repo = workspace.clone
     assert said.startswith(f"git clone of {remote} at tag {TAG}")
@@ -104,10 +104,10 @@ def test_git_path_clones_the_tag_and_applies_the_series(workspace: Layout, remot
 
 def test_second_clone_does_nothing(workspace: Layout, remote: Path) -> None:
     make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
-    patchqueue.clone(workspace, remote=str(remote))
+    patchqueue.clone(made.case_of(workspace), remote=str(remote))
     head = git(workspace.clone, "rev-parse", "HEAD")
 
-    assert patchqueue.clone(workspace, remote=str(remote)) is None
+    assert patchqueue.clone(made.case_of(workspace), remote=str(remote)) is None
     assert git(workspace.clone, "rev-parse", "HEAD") == head
 
 
@@ -118,7 +118,7 @@ def test_patch_that_does_not_apply_names_itself_and_leaves_the_base(
 
     for _ in range(2):  # a failed apply is not remembered as done
         with pytest.raises(patchqueue.PatchDoesNotApply) as failure:
-            patchqueue.clone(workspace, remote=str(remote))
+            patchqueue.clone(made.case_of(workspace), remote=str(remote))
         assert bad.name in str(failure.value)
         assert DEEPSPEED_PY in str(failure.value)
 
@@ -135,9 +135,9 @@ def test_round_trip_without_edits_changes_no_byte(workspace: Layout, remote: Pat
         {"Keep the count on the device": "return x.clamp(min=1)", "Name it": "return x.clamp(1)"},
     )
     before = {p.name: p.read_bytes() for p in workspace.patches.iterdir()}
-    patchqueue.clone(workspace, remote=str(remote))
+    patchqueue.clone(made.case_of(workspace), remote=str(remote))
 
-    report = patchqueue.export_patches(workspace)
+    report = patchqueue.export_patches(made.case_of(workspace))
 
     assert report["unchanged"] == sorted(n for n in before if n != "series")
     assert not report["added"] + report["changed"] + report["removed"]
@@ -146,39 +146,39 @@ def test_round_trip_without_edits_changes_no_byte(workspace: Layout, remote: Pat
 
 def test_commit_in_the_clone_is_protected_then_exported(workspace: Layout, remote: Path) -> None:
     make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
-    patchqueue.clone(workspace, remote=str(remote))
+    patchqueue.clone(made.case_of(workspace), remote=str(remote))
     write(workspace.clone / "tests/test_loss.py", "def test_loss():\n    assert True\n")
     git(workspace.clone, "commit", "--quiet", "--all", "--message", "Test the loss")
 
     with pytest.raises(WorkspaceError, match="export_patches"):
-        patchqueue.clone(workspace, remote=str(remote))
-    report = patchqueue.export_patches(workspace)
+        patchqueue.clone(made.case_of(workspace), remote=str(remote))
+    report = patchqueue.export_patches(made.case_of(workspace))
 
     assert report["added"] == ["0002-Test-the-loss.patch"]
     assert not report["changed"] + report["removed"]
     assert series(workspace)[-1].name == "0002-Test-the-loss.patch"
-    assert patchqueue.clone(workspace, remote=str(remote)) is None
+    assert patchqueue.clone(made.case_of(workspace), remote=str(remote)) is None
 
 
 def test_uncommitted_edits_stop_clone_and_export(workspace: Layout, remote: Path) -> None:
     make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
-    patchqueue.clone(workspace, remote=str(remote))
+    patchqueue.clone(made.case_of(workspace), remote=str(remote))
     edited = workspace.clone / DEEPSPEED_PY
     edited.write_text("# work in progress\n")
 
     with pytest.raises(WorkspaceError, match="uncommitted changes"):
-        patchqueue.clone(workspace, remote=str(remote))
+        patchqueue.clone(made.case_of(workspace), remote=str(remote))
     with pytest.raises(WorkspaceError, match="uncommitted changes"):
-        patchqueue.export_patches(workspace)
+        patchqueue.export_patches(made.case_of(workspace))
     assert edited.read_text() == "# work in progress\n"
 
 
 def test_changed_series_is_reapplied(workspace: Layout, remote: Path) -> None:
     first = make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(1)"})
-    patchqueue.clone(workspace, remote=str(remote))
+    patchqueue.clone(made.case_of(workspace), remote=str(remote))
     first[0].write_text(first[0].read_text().replace("x.clamp(1)", "x.clamp(min=1)"))
 
-    assert "patches/ changed" in patchqueue.clone(workspace, remote=str(remote))
+    assert "patches/ changed" in patchqueue.clone(made.case_of(workspace), remote=str(remote))
     assert "x.clamp(min=1)" in (workspace.clone / DEEPSPEED_PY).read_text()
 
 
@@ -186,14 +186,14 @@ def test_changed_series_is_reapplied(workspace: Layout, remote: Path) -> None:
 def test_trees_are_worktrees_of_the_tag_and_the_series(workspace: Layout, remote: Path) -> None:
     make_patches(workspace, remote, {"Keep the count on the device": "return x.clamp(min=1)"})
     test_patch = workspace.patches / "0002-Test-the-loss.patch"
-    patchqueue.clone(workspace, remote=str(remote))
+    patchqueue.clone(made.case_of(workspace), remote=str(remote))
     write(workspace.clone / "tests/test_loss.py", "def test_loss():\n    assert False\n")
     git(workspace.clone, "commit", "--quiet", "--all", "--message", "Test the loss")
-    patchqueue.export_patches(workspace)
+    patchqueue.export_patches(made.case_of(workspace))
 
-    pinned = trees.prepare_tree(workspace, "pinned")
-    patched = trees.prepare_tree(workspace, "patched")
-    tests_only = trees.prepare_tree(workspace, "pinned+tests")
+    pinned = trees.prepare_tree(made.case_of(workspace), "pinned")
+    patched = trees.prepare_tree(made.case_of(workspace), "patched")
+    tests_only = trees.prepare_tree(made.case_of(workspace), "pinned+tests")
 
     assert patchqueue.touches_only_tests(test_patch)
     assert "max(x, 1)" in (pinned.src / "transformers/integrations/deepspeed.py").read_text()
@@ -201,7 +201,7 @@ def test_trees_are_worktrees_of_the_tag_and_the_series(workspace: Layout, remote
     assert "max(x, 1)" in (tests_only.src / "transformers/integrations/deepspeed.py").read_text()
     assert "assert False" in (tests_only.root / "tests/test_loss.py").read_text()
     assert patched.commit == git(workspace.clone, "rev-parse", "HEAD")
-    assert trees.prepare_tree(workspace, "pinned+tests").commit == tests_only.commit
+    assert trees.prepare_tree(made.case_of(workspace), "pinned+tests").commit == tests_only.commit
 
 
 # --- the PyPI sdist path --------------------------------------------------------------------
@@ -216,7 +216,7 @@ def sdist_cache(workspace: Layout) -> Path:
 
 @pytest.mark.network
 def test_sdist_path_when_the_remote_is_unreachable(workspace: Layout, sdist_cache: Path) -> None:
-    said = patchqueue.clone(workspace, remote=str(workspace.root / "nowhere.git"))
+    said = patchqueue.clone(made.case_of(workspace), remote=str(workspace.root / "nowhere.git"))
 
     repo = workspace.clone
     assert said.startswith(f"PyPI sdist {PIN.sdist.filename}")
@@ -248,7 +248,7 @@ def test_a_damaged_sdist_put_in_the_cache_is_refused_and_kept(
     archive.write_bytes(damage((sdist_cache / archive.name).read_bytes()))
 
     with pytest.raises(WorkspaceError, match=f"{archive.name} was not downloaded here .*{message}"):
-        patchqueue.clone(workspace, remote=str(workspace.root / "nowhere.git"))
+        patchqueue.clone(made.case_of(workspace), remote=str(workspace.root / "nowhere.git"))
     assert not workspace.clone.exists()
     assert archive.exists(), "a file the workspace did not download is never deleted"
 
@@ -260,17 +260,17 @@ def test_a_patch_added_to_the_series_by_hand_stops_the_export(
     workspace: Layout, remote: Path
 ) -> None:
     (first,) = make_patches(workspace, remote, {"Keep the count on device": "return x.clamp(1)"})
-    patchqueue.clone(workspace, remote=str(remote))
+    patchqueue.clone(made.case_of(workspace), remote=str(remote))
     added = workspace.patches / "0002-new.patch"
     added.write_text(first.read_text().replace("x.clamp(1)", "x.clamp(2)"))
     add_to_series(workspace, added)
     before = {p.name: p.read_bytes() for p in workspace.patches.iterdir()}
 
     with pytest.raises(WorkspaceError, match=r"0002-new\.patch.*nox -s clone .*--force"):
-        patchqueue.export_patches(workspace)
+        patchqueue.export_patches(made.case_of(workspace))
 
     assert {p.name: p.read_bytes() for p in workspace.patches.iterdir()} == before
-    report = patchqueue.export_patches(workspace, force=True)  # said, and done
+    report = patchqueue.export_patches(made.case_of(workspace), force=True)  # said, and done
     assert report["removed"] == ["0002-new.patch"]
 
 
@@ -278,12 +278,12 @@ def test_a_hand_edit_of_a_patch_not_in_the_clone_stops_the_export(
     workspace: Layout, remote: Path
 ) -> None:
     (first,) = make_patches(workspace, remote, {"Keep the count on device": "return x.clamp(1)"})
-    patchqueue.clone(workspace, remote=str(remote))
+    patchqueue.clone(made.case_of(workspace), remote=str(remote))
     edited = first.read_text().replace("x.clamp(1)", "x.clamp(min=1)")
     first.write_text(edited)
 
     with pytest.raises(WorkspaceError, match=f"has changed since the clone .*{first.name}"):
-        patchqueue.export_patches(workspace)
+        patchqueue.export_patches(made.case_of(workspace))
 
     assert first.read_text() == edited
 
@@ -293,10 +293,10 @@ def test_after_a_conflict_the_export_does_not_empty_the_series(
 ) -> None:
     bad, before = conflicting_series(workspace, remote)
     with pytest.raises(patchqueue.PatchDoesNotApply, match="apply the series there by hand"):
-        patchqueue.clone(workspace, remote=str(remote))
+        patchqueue.clone(made.case_of(workspace), remote=str(remote))
 
     with pytest.raises(WorkspaceError, match=f"does not hold the series \\({bad.name} did not"):
-        patchqueue.export_patches(workspace)  # what the old error advised
+        patchqueue.export_patches(made.case_of(workspace))  # what the old error advised
 
     assert {p.name: p.read_bytes() for p in workspace.patches.iterdir()} == before
 
@@ -310,7 +310,7 @@ def test_a_series_naming_a_missing_patch_is_refused_in_one_line(workspace: Layou
 
 def test_an_interrupted_apply_is_undone_by_the_next_clone(workspace: Layout, remote: Path) -> None:
     (first,) = make_patches(workspace, remote, {"Keep the count on device": "return x.clamp(1)"})
-    patchqueue.clone(workspace, remote=str(remote))
+    patchqueue.clone(made.case_of(workspace), remote=str(remote))
     # What Ctrl-C inside `git am` leaves: the apply begun, the clone back at the tag mid-way.
     repo = workspace.clone
     git(repo, "reset", "--quiet", "--hard", TAG)
@@ -319,7 +319,7 @@ def test_an_interrupted_apply_is_undone_by_the_next_clone(workspace: Layout, rem
     gitmodule.git(repo, "am", "-3", str(workspace.root / "half.patch"), check=False)
     gitmodule.write_state(repo, applying=True)
 
-    said = patchqueue.clone(workspace, remote=str(remote))
+    said = patchqueue.clone(made.case_of(workspace), remote=str(remote))
 
     assert said.startswith("an interrupted apply was undone")
     assert "x.clamp(1)" in (repo / DEEPSPEED_PY).read_text()
@@ -351,7 +351,7 @@ def outbox_ready(workspace: Layout, remote: Path, tmp_path: Path, identity: str,
     """A clone with its series, results the drafts cite, templates (a PR's unless given), the
     card's upstream state, and git's config."""
     make_patches(workspace, remote, {"Keep the count on device": "return x.clamp(1)"})
-    patchqueue.clone(workspace, remote=str(remote))
+    patchqueue.clone(made.case_of(workspace), remote=str(remote))
     set_upstream(workspace, state, *upstream)
     for old in (workspace.root / "cases" / "sp-loss").glob("*.md"):
         old.unlink()
@@ -373,7 +373,7 @@ def test_the_outbox_sends_the_series_as_the_contributors_commits(
 ) -> None:
     outbox_ready(workspace, remote, tmp_path, ADA, monkeypatch)
 
-    target = outbox.outbox(workspace)
+    target = outbox.outbox(made.case_of(workspace))
 
     (patch,) = (target / "patches").glob("*.patch")
     text = patch.read_text()
@@ -386,7 +386,7 @@ def test_the_outbox_sends_the_series_as_the_contributors_commits(
     assert "Disclose any assistance the way transformers asks: the Code Agent Policy" in checklist
     assert "make check-repo" in checklist, "a PR gets the project's PR steps"
     with pytest.raises(WorkspaceError, match="outbox exists: move it aside"):
-        outbox.outbox(workspace)
+        outbox.outbox(made.case_of(workspace))
 
 
 def test_a_dco_project_gets_the_contributors_sign_off(
@@ -396,7 +396,7 @@ def test_a_dco_project_gets_the_contributors_sign_off(
     case = cases.load(workspace.root, workspace.case)
     dco = dataclasses.replace(case, project=dataclasses.replace(case.project, sign_off=True))
 
-    outbox.remake_patches(workspace, dco, (ADA_NAME, ADA_EMAIL), tmp_path / "out")
+    outbox.remake_patches(dco, (ADA_NAME, ADA_EMAIL), tmp_path / "out")
 
     (patch,) = (tmp_path / "out").glob("*.patch")
     assert "Signed-off-by: Ada Lovelace <ada@analytical-engine.org>" in patch.read_text()
@@ -409,7 +409,7 @@ def test_a_comment_is_sent_without_its_note_and_gets_a_comment_checklist(
     outbox_ready(workspace, remote, tmp_path, ADA, monkeypatch, {"comment.md": COMMENT_TEMPLATE},
                  state="open-pr", upstream=("carries_pr_change = true",))  # fmt: skip
 
-    target = outbox.outbox(workspace)
+    target = outbox.outbox(made.case_of(workspace))
 
     assert (target / "comment.md").read_text() == "Reads per step: 3.\n"
     checklist = (target / "checklist.md").read_text()
@@ -435,7 +435,7 @@ def test_nothing_to_send_is_an_answer_saying_why_and_what_was_checked(
     outbox_ready(workspace, remote, tmp_path, ADA, monkeypatch, {"comment.md": COMMENT_TEMPLATE},
                  state=state)  # fmt: skip
 
-    target = outbox.outbox(workspace)
+    target = outbox.outbox(made.case_of(workspace))
 
     assert [path.name for path in target.iterdir()] == ["nothing-to-send.md"]
     said = (target / "nothing-to-send.md").read_text()
@@ -471,5 +471,5 @@ def test_an_outbox_without_a_real_identity_is_refused_whatever_it_would_hold(
                  state=state)  # fmt: skip
 
     with pytest.raises(WorkspaceError, match=refusal):
-        outbox.outbox(workspace)
+        outbox.outbox(made.case_of(workspace))
     assert not workspace.issue_drafts.exists(), "refused before anything is drafted"

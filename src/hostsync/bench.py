@@ -34,7 +34,7 @@ from collections.abc import Callable
 from hostsync import cases, devices, locks, provenance, repro, results, table
 from hostsync.launchers import ENGINE_SRC
 from hostsync.layout import Layout
-from hostsync.options import add_case, add_device, add_timeout, case_layouts
+from hostsync.options import add_case, add_device, add_timeout, chosen_cases
 from hostsync.records import BenchResult, DetectorTruth, FamilyTruth
 from hostsync.upstream.trees import infos, prepare_tree, prepare_trees
 
@@ -225,7 +225,7 @@ def whole_repro_phases(layout: Layout, case: cases.Case, device: str, timeout: f
     subprocess.run([sys.executable, "-m", "hostsync", "env"], check=True, env=env,
                    capture_output=True, timeout=timeout)  # fmt: skip
     phases = {ENV_CHECK: time.perf_counter() - started}
-    trees = prepare_trees(layout, list(case.trees))
+    trees = prepare_trees(case, list(case.trees))
     phases[TREES_UP_TO_DATE] = time.perf_counter() - started - phases[ENV_CHECK]
     measured = repro.measure(
         layout, case, trees, list(case.scenarios), device=device, timeout=timeout,
@@ -251,7 +251,8 @@ def print_whole_repro(case: cases.Case, before: dict[str, float], now: dict[str,
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    (layout,) = case_layouts(args.case)
+    (case,) = chosen_cases(args.case)
+    layout = case.layout
     measured_against = provenance.inputs(layout)
     truth, op_us = detector_truth(), intercepted_op_us()
     if args.detector_only:
@@ -262,16 +263,16 @@ def main(argv: list[str]) -> int:
             print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
         return 0
     with locks.case(layout):
-        return bench_runs(layout, args, truth, op_us, measured_against)
+        return bench_runs(case, args, truth, op_us, measured_against)
 
 
-def bench_runs(layout: Layout, args: argparse.Namespace, truth: DetectorTruth,
+def bench_runs(case: cases.Case, args: argparse.Namespace, truth: DetectorTruth,
                op_us: dict[str, dict[str, float]], measured_against) -> int:  # fmt: skip
     """The reproducer's wall times, cold and warm, with the detector and without."""
-    case = cases.load(layout.root, layout.case)
+    layout = case.layout
     spec = case.launches[0]
     sp_size = spec.ranks[0]
-    tree = prepare_tree(layout, args.tree)
+    tree = prepare_tree(case, args.tree)
     device = devices.resolve_device(args.device, sp_size, tree.python)
     scenarios = list(spec.scenarios) * args.repeat
 

@@ -43,7 +43,7 @@ from packaging.version import InvalidVersion, Version
 from hostsync import cases, judge, locks, patch_proof, projects, provenance, results, table
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
-from hostsync.options import add_case, add_timeout, case_layouts
+from hostsync.options import add_case, add_timeout, chosen_cases
 from hostsync.projects import Project
 from hostsync.records import (
     BisectResult,
@@ -266,7 +266,8 @@ def narrow(remote: Path, project: Project, site: AllowRule, older: str, newer: s
 
 
 def narrow_reads(layout: Layout, reader: Reader, target: Target, made: SiteHistory,
-                 settings: Settings, tags: str, snippet: Path | None) -> SiteHistory:  # fmt: skip
+                 settings: BisectSettings, tags: str,
+                 snippet: Path | None) -> SiteHistory:  # fmt: skip
     """Where a judged boundary's older release runs the line without a device read, the commit
     that made it read: its value turned into a device tensor with the same text."""
     (boundary,) = [b for b in made.boundaries if b.side == "first"]
@@ -291,7 +292,7 @@ def narrow_reads(layout: Layout, reader: Reader, target: Target, made: SiteHisto
 
 
 @dataclass(frozen=True)
-class Settings:
+class BisectSettings:
     """What `bisect` was asked, read once from the command line."""
 
     since: str | None
@@ -342,7 +343,7 @@ def case_targets(case: cases.Case, anchor: str | None) -> list[Target]:
     return targets
 
 
-def judged(layout: Layout, case: cases.Case, made: SiteHistory, settings: Settings,
+def judged(layout: Layout, case: cases.Case, made: SiteHistory, settings: BisectSettings,
            checks: dict[str, tuple]) -> SiteHistory:  # fmt: skip
     """`made` with the case's tests run on its boundary releases (`checks` keeps them per
     version, for the case's other sites)."""
@@ -410,7 +411,7 @@ def first_boundary(older: str | None, newer: str, decided: Decided,
     return Boundary("first", older, newer, decided, f"{newer} ({how})")
 
 
-def bisect_sites(layout: Layout, reader: Reader, targets: list[Target], settings: Settings,
+def bisect_sites(layout: Layout, reader: Reader, targets: list[Target], settings: BisectSettings,
                  case: cases.Case | None) -> BisectResult:  # fmt: skip
     """Each target's history, narrowed to a commit in the home project's `--remote`, judged by
     the case's tests where asked."""
@@ -485,7 +486,7 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
+def settings_from(args: argparse.Namespace) -> BisectSettings:
     """The settings, every value checked before anything is downloaded."""
     if args.project and args.case:
         raise WorkspaceError("--case and --project name different things: give one of them")
@@ -502,7 +503,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise WorkspaceError(
             f"--tag-format {args.tag_format!r} has no {{version}}: e.g. v{{version}}"
         )
-    return Settings(
+    return BisectSettings(
         since=_version(args.since, "--since"),
         until=_version(args.until, "--until"),
         anchor=_version(args.anchor, "--anchor"),
@@ -524,8 +525,8 @@ def main(argv: list[str]) -> int:
         reader = Reader(layout, targets, targets[0].project, settings.since, settings.until)
         report(layout, layout.sites, bisect_sites(layout, reader, targets, settings, None))
         return 0
-    for layout in case_layouts(args.case):
-        case = cases.load(layout.root, layout.case)
+    for case in chosen_cases(args.case):
+        layout = case.layout
         targets = case_targets(case, settings.anchor)
         reader = Reader(layout, targets, case.project, settings.since, settings.until)
         with locks.case(layout):

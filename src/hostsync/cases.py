@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hostsync import projects, records
 from hostsync.codec import Json, RecordError, Strict
 from hostsync.errors import WorkspaceError
+from hostsync.layout import Layout
 from hostsync.records import Launcher, TreeRole, UpstreamState
 from hostsync.sites import AllowRule
 
@@ -150,11 +152,18 @@ class Card(Strict):
 
 @dataclass(frozen=True)
 class Case:
-    """A card, read and checked, with its project resolved."""
+    """A card, read and checked, with its project resolved and its workspace: read once per
+    command (`load`) and handed to everything the command does for the case."""
 
     name: str
     card: Card
     project: projects.Project
+    root: Path
+
+    @property
+    def layout(self) -> Layout:
+        """Where the case's files live."""
+        return Layout(self.root, self.name)
 
     @property
     def title(self) -> str:
@@ -242,6 +251,19 @@ def names(root: Path) -> list[str]:
     return sorted(path.stem for path in (root / "cases").glob("*.toml"))
 
 
+def every(root: Path, loaded: Sequence[Case] = ()) -> tuple[Case, ...]:
+    """Every case of the workspace, each card read once: those already `loaded` (the command's
+    own) are not read again."""
+    return tuple(named(loaded, names(root), root))
+
+
+def named(known: Sequence[Case], wanted: Sequence[str], root: Path) -> list[Case]:
+    """The cases `wanted`, those among `known` not read again; an unknown name is refused as
+    `load` refuses it."""
+    by_name = {case.name: case for case in known}
+    return [by_name[name] if name in by_name else load(root, name) for name in wanted]
+
+
 def load(root: Path, name: str) -> Case:
     """The card of case `name`; a missing or malformed one is refused in one line."""
     if not NAME.fullmatch(name) or name in RESERVED:
@@ -264,7 +286,7 @@ def load(root: Path, name: str) -> Case:
         project = projects.get(card.project)
     except WorkspaceError as error:
         raise WorkspaceError(f"{where}: project: {error}") from None
-    return Case(name, card, project)
+    return Case(name, card, project, root)
 
 
 def load_card(data: Json) -> Card:
@@ -276,8 +298,6 @@ def load_card(data: Json) -> Card:
         where = f"repro.launch[{number}]"
         if not launch.ranks or any(n < 1 for n in launch.ranks):
             raise RecordError(f"{where}.ranks", "must list rank counts of at least 1")
-        if launch.launcher == Launcher.PYTHON and launch.ranks != (1,):
-            raise RecordError(f"{where}.ranks", "a `python` launch is one process: use [1]")
         if not launch.scenarios:
             raise RecordError(f"{where}.scenarios", "names no scenario")
     if bool(card.repro.snippet) != bool(card.repro.snippet_output):

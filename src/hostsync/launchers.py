@@ -1,15 +1,17 @@
 """How ranks start, and multi-process runs that leave nothing behind.
 
-Every command that runs ranks (repro, profile, bench, the hunt) starts them through `LAUNCHERS`,
-one entry per way a case card can name (`records.Launcher`):
+Every command that runs ranks (repro, profile, bench, the hunt, the census) starts them through
+`LAUNCHERS`, one `LauncherEntry` per way a case card can name (`records.Launcher`), holding what
+it can do (one process, forked ranks, setting up SP itself) so that no caller compares names:
 
 - `python`: one process, `python SCRIPT ARGS`;
 - `fork`: `hostsync.prefork` imports the script once and forks every rank of every world from
   that interpreter, with the variables torchrun gives its ranks;
 - `torchrun`: `torch.distributed.run --standalone`, one agent per world;
 - `accelerate`: `accelerate launch` with a DeepSpeed config written at run time (its ZeRO stage
-  and precision from `DeepSpeedSetup`) and, with several ranks, DeepSpeed Ulysses SP over all of
-  them; the script also gets `--output-dir`, `--backend` and `--precision`.
+  and precision from `projects.DeepSpeedSetup`, accelerate's own config from
+  `projects.accelerate_config`) and, with several ranks, DeepSpeed Ulysses SP over all of them;
+  the script also gets `--output-dir`, `--backend` and `--precision`.
 
 Across nodes (`Start.nodes`, see `hostsync.nodes`) torchrun and accelerate start this node's share
 of each world's ranks on torchrun's c10d rendezvous, and the nodes pool their ranks' results
@@ -30,7 +32,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -42,10 +43,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from hostsync import locks, nodes
+from hostsync.cases import Case
 from hostsync.devices import device_env
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout
+from hostsync.projects import DEFAULT_SETUP, DeepSpeedSetup, accelerate_config
 from hostsync.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV, free_port
 from hostsync.records import Device, Launcher, SnippetExit
 from hostsync.upstream.trees import Tree
@@ -129,45 +132,6 @@ class Run:
 
 
 @dataclass(frozen=True)
-class DeepSpeedSetup:
-    """What DeepSpeed users choose per run and several host reads depend on: the ZeRO stage and
-    the precision (ZeRO 1/2 check overflow on the host in fp32 and fp16, and in bf16 only with
-    check_grad_overflow; fp16 scales the loss dynamically)."""
-
-    zero_stage: int = 1
-    precision: str = "fp32"
-
-    @property
-    def label(self) -> str:
-        return f"{self.precision}-zero{self.zero_stage}"
-
-    @classmethod
-    def parse(cls, text: str) -> DeepSpeedSetup:
-        match = re.fullmatch(r"(bf16|fp16|fp32)-zero([123])", text)
-        if not match:
-            raise WorkspaceError(f"setup {text!r}: use PRECISION-zeroSTAGE, e.g. bf16-zero2")
-        return cls(zero_stage=int(match[2]), precision=match[1])
-
-    def config(self) -> dict:
-        """The DeepSpeed config, every size left to the Trainer ("auto") so that runs with and
-        without SP share one config. The precision is spelled out: accelerate fills an "auto"
-        one from its own mixed precision, which it ignores beside a DeepSpeed config file, and
-        the Trainer from TrainingArguments before a CPU run may set bf16."""
-        return {
-            "zero_optimization": {"stage": self.zero_stage},
-            "bf16": {"enabled": self.precision == "bf16"},
-            "fp16": {"enabled": self.precision == "fp16"},
-            "train_batch_size": "auto",
-            "train_micro_batch_size_per_gpu": "auto",
-            "gradient_accumulation_steps": "auto",
-            "gradient_clipping": "auto",
-        }
-
-
-DEFAULT_SETUP = DeepSpeedSetup()
-
-
-@dataclass(frozen=True)
 class World:
     """One process group: how many ranks, the arguments each gets, and variables of its own
     (the fork launcher's worlds run from one interpreter, each with its own)."""
@@ -231,9 +195,9 @@ def start(launcher: Launcher, run: Run, what: Start) -> list[RankResults]:
     """Run `what` with `launcher`: for each world, its ranks' results, by rank. Raises RunFailed
     naming the failing rank (with its traceback) or the timeout; either way every process of the
     run is gone when this returns."""
-    if what.snippet and (launcher != Launcher.FORK or what.nodes.spans_nodes):
+    if what.snippet and not LAUNCHERS[launcher].runs_snippet(what.nodes):
         raise WorkspaceError(f"only the fork launcher on one machine runs a snippet: {launcher}")
-    return LAUNCHERS[launcher](run, what)
+    return LAUNCHERS[launcher].run(run, what)
 
 
 # --- the launchers -------------------------------------------------------------------------------
@@ -361,43 +325,6 @@ def _torchrun(run: Run, world: World, what: Start) -> list[str]:
     return torchrun_command(run.tree.python, what.script, world.ranks, world.args, what.nodes)
 
 
-def accelerate_config(num_processes: int, deepspeed_file: Path) -> dict:
-    """What `accelerate config` would write for DeepSpeed, plus Ulysses SP over every rank when
-    there are several."""
-    config = {
-        "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": "DEEPSPEED",
-        "deepspeed_config": {"deepspeed_config_file": str(deepspeed_file)},
-        "num_machines": 1,
-        "num_processes": num_processes,
-        "machine_rank": 0,
-        "main_training_function": "main",
-        "rdzv_backend": "static",
-        "same_network": True,
-        "use_cpu": False,
-    }
-    if num_processes > 1:
-        config["parallelism_config"] = {
-            "parallelism_config_sp_size": num_processes,
-            "parallelism_config_sp_backend": "deepspeed",
-            "parallelism_config_sp_seq_length_is_variable": True,
-            "parallelism_config_sp_attn_implementation": "sdpa",
-        }
-    return config
-
-
-def deepspeed_env(deepspeed_file: Path) -> dict[str, str]:
-    """What `accelerate launch` with `accelerate_config` gives each rank for DeepSpeed (accelerate's
-    `prepare_deepspeed_cmd_env`): a rank started otherwise (forked) with these variables sets
-    DeepSpeed up through the Trainer exactly as an accelerate-launched one."""
-    return {
-        "ACCELERATE_USE_DEEPSPEED": "true",
-        "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(deepspeed_file),
-        "ACCELERATE_CONFIG_DS_FIELDS": "deepspeed_config_file",
-        "ACCELERATE_MIXED_PRECISION": "no",
-    }
-
-
 def _accelerate(run: Run, world: World, what: Start) -> list[str]:
     deepspeed_file = run.run_dir / "deepspeed.json"
     deepspeed_file.write_text(json.dumps(what.deepspeed.config(), indent=2))
@@ -418,7 +345,7 @@ def _fork(run: Run, what: Start) -> list[RankResults]:
     (`hostsync.prefork`); `timeout` is per world. A fork is one machine: across nodes, torchrun
     starts the worlds."""
     if what.nodes.spans_nodes:
-        return LAUNCHERS[Launcher.TORCHRUN](run, what)
+        return LAUNCHERS[Launcher.TORCHRUN].run(run, what)
     return [_raised(found) for found in fork_each(run, what, keep_going=False)]
 
 
@@ -479,16 +406,83 @@ def fork_each(run: Run, what: Start, *, keep_going: bool = True,
     return found
 
 
-# The launchers that start one command per world: what that command is, to show for a rerun.
-COMMANDS: dict[Launcher, Command] = {
-    Launcher.PYTHON: _python,
-    Launcher.TORCHRUN: _torchrun,
-    Launcher.ACCELERATE: _accelerate,
+@dataclass(frozen=True)
+class LauncherEntry:
+    """One launcher a card can name, with what it can do, so that callers ask for a capability
+    rather than compare names. `command`: the one command it starts per world (what `profile`
+    shows for a rerun by hand), None for the fork launcher, which starts one interpreter for
+    every world; `one_process`: it runs no more than one rank; `forks`: its ranks are forked
+    from one interpreter that imported the script once (one machine only; it alone runs a
+    snippet after its worlds, and can run independent worlds past a failed one); `sets_up_sp`:
+    it sets DeepSpeed up from `Start.deepspeed` and Ulysses SP over a world's ranks itself (the
+    script also gets `--output-dir`, `--backend` and `--precision`)."""
+
+    name: Launcher
+    command: Command | None = None
+    one_process: bool = False
+    forks: bool = False
+    sets_up_sp: bool = False
+
+    def run(self, run: Run, what: Start) -> list[RankResults]:
+        """Each world's rank results; across nodes a forking launcher's worlds go to torchrun."""
+        if self.command is not None:
+            return _each_world(self.command)(run, what)
+        return _fork(run, what)
+
+    def runs_snippet(self, layout: NodeLayout) -> bool:
+        return self.forks and not layout.spans_nodes
+
+
+LAUNCHERS: dict[Launcher, LauncherEntry] = {
+    entry.name: entry
+    for entry in (
+        LauncherEntry(Launcher.PYTHON, _python, one_process=True),
+        LauncherEntry(Launcher.FORK, forks=True),
+        LauncherEntry(Launcher.TORCHRUN, _torchrun),
+        LauncherEntry(Launcher.ACCELERATE, _accelerate, sets_up_sp=True),
+    )
 }
-LAUNCHERS: dict[Launcher, Callable[[Run, Start], list[RankResults]]] = {
-    **{name: _each_world(command) for name, command in COMMANDS.items()},
-    Launcher.FORK: _fork,
-}
+
+
+def start_each(launcher: Launcher, run: Run, what: Start) -> list[RankResults | RunFailed]:
+    """Independent worlds, each one's rank results or why it failed, a failed world not stopping
+    the next: a forking launcher runs them all from one import of the script (`fork_each`), the
+    others one after another, each world in its own folder."""
+    entry = LAUNCHERS[launcher]
+    if entry.forks and not what.nodes.spans_nodes:
+        return fork_each(run, what)
+    found: list[RankResults | RunFailed] = []
+    for index, world in enumerate(what.worlds):
+        alone = (
+            run
+            if len(what.worlds) == 1
+            else dataclasses.replace(run, run_dir=world_dir(run.run_dir, index, world))
+        )
+        try:
+            (ranks,) = entry.run(alone, dataclasses.replace(what, worlds=(world,)))
+            found.append(ranks)
+        except RunFailed as error:
+            found.append(error)
+    return found
+
+
+def with_capability(**wanted: bool) -> Launcher:
+    """The first launcher with every capability `wanted` (`sets_up_sp=True`, ...)."""
+    return next(
+        name
+        for name, entry in LAUNCHERS.items()
+        if all(getattr(entry, key) == value for key, value in wanted.items())
+    )
+
+
+def check_launches(case: Case) -> None:
+    """A card's launch of more ranks than its launcher starts, refused before anything runs."""
+    for number, launch in enumerate(case.launches):
+        if LAUNCHERS[launch.launcher].one_process and launch.ranks != (1,):
+            raise WorkspaceError(
+                f"cases/{case.name}.toml: repro.launch[{number}].ranks: a `{launch.launcher}`"
+                " launch is one process: use [1]: fix the card"
+            )
 
 
 # --- running a process group ---------------------------------------------------------------------

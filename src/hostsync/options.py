@@ -6,7 +6,8 @@ import argparse
 import math
 from pathlib import Path
 
-from hostsync import cases, nodes
+from hostsync import cases, launchers, nodes
+from hostsync.cases import Case
 from hostsync.errors import WorkspaceError
 from hostsync.launchers import DEFAULT_TIMEOUT_S
 from hostsync.layout import Layout
@@ -32,8 +33,9 @@ def add_case(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def case_layouts(name: str | None, layout: Layout | None = None) -> list[Layout]:
-    """The layout of each case `--case` names, its card checked before anything runs."""
+def chosen_cases(name: str | None, layout: Layout | None = None) -> list[Case]:
+    """Each case `--case` names, its card read and checked (its launches against the launchers
+    too) before anything runs: the one load of the card the command makes."""
     layout = layout or Layout()
     if name == ALL_CASES:
         names = cases.names(layout.root)
@@ -41,9 +43,10 @@ def case_layouts(name: str | None, layout: Layout | None = None) -> list[Layout]
         names = [load_pin(layout.pin_file).default_case]
     else:
         names = [name]
-    for each in names:
-        cases.load(layout.root, each)
-    return [layout.for_case(each) for each in names]
+    loaded = [cases.load(layout.root, each) for each in names]
+    for case in loaded:
+        launchers.check_launches(case)
+    return loaded
 
 
 def add_device(parser: argparse.ArgumentParser) -> None:

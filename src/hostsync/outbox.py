@@ -27,11 +27,11 @@ import re
 import tempfile
 from pathlib import Path
 
-from hostsync import cases, drafts, locks, review
+from hostsync import drafts, locks, review
 from hostsync.cases import Case
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
-from hostsync.options import add_case, case_layouts
+from hostsync.options import add_case, chosen_cases
 from hostsync.records import UpstreamState
 from hostsync.upstream.git import git
 from hostsync.upstream.patchqueue import added_files, clone, series, touches_only_tests
@@ -68,10 +68,11 @@ def upstream_patches(layout: Layout, case: Case) -> list[Path]:
     return [p for p in series(layout) if p.name not in case.card.tests.workspace_only]
 
 
-def remake_patches(layout: Layout, case: Case, identity: tuple[str, str], target: Path) -> None:
+def remake_patches(case: Case, identity: tuple[str, str], target: Path) -> None:
     """The upstream-bound patches, applied to the pinned tag as the contributor's commits
     (signed off where the project requires it), and written by `git format-patch`."""
-    said = clone(layout)  # the clone's tag, and a check that nothing there is left unexported
+    layout = case.layout
+    said = clone(case)  # the clone's tag, and a check that nothing there is left unexported
     if said:
         print(f"{layout.case}: {said}")
     name, email = identity
@@ -167,11 +168,11 @@ def checklist(case: Case, kinds: set[str], notes: dict[str, str], sent: list[str
     return "\n".join(lines) + "\n"
 
 
-def outbox(layout: Layout) -> Path:
+def outbox(case: Case) -> Path:
     """Write the case's outbox; its folder."""
-    case = cases.load(layout.root, layout.case)
+    layout = case.layout
     identity = contributor(layout.root)
-    written = review.review(layout)  # refuses stale, failed or unchecked drafts first
+    written = review.review(case)  # refuses stale, failed or unchecked drafts first
     target = layout.issue_drafts / OUTBOX
     if target.exists():  # the contributor may have edited it: it is theirs now
         raise WorkspaceError(
@@ -192,7 +193,7 @@ def outbox(layout: Layout) -> Path:
         if note:
             notes[path.name] = note
     if "pr" in kinds:
-        remake_patches(layout, case, identity, target / PATCHES)
+        remake_patches(case, identity, target / PATCHES)
         sent.append("the patches")
     if kinds & {"comment", "review-comment"}:
         sent += [path.name for path in attachments(layout, case, target)]
@@ -209,10 +210,10 @@ def main(argv: list[str]) -> int:
     )
     add_case(parser)
     args = parser.parse_args(argv)
-    for layout in case_layouts(args.case):
-        with locks.case(layout):
-            target = outbox(layout)
+    for case in chosen_cases(args.case):
+        with locks.case(case.layout):
+            target = outbox(case)
         for path in sorted(target.rglob("*")):
             if path.is_file():
-                print(f"wrote {path.relative_to(layout.root)}")
+                print(f"wrote {path.relative_to(case.root)}")
     return 0

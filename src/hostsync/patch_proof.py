@@ -31,7 +31,7 @@ from hostsync import judge as judged_run
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.launchers import Run, run_group
 from hostsync.layout import Layout
-from hostsync.options import add_case, add_timeout, case_layouts
+from hostsync.options import add_case, add_timeout, chosen_cases
 from hostsync.records import (
     CheckRecord,
     Outcome,
@@ -219,7 +219,7 @@ def series_test_files(test_patches: Sequence[Path]) -> list[str]:
 
 
 def check_tests(
-    layout: Layout,
+    case: cases.Case,
     workdir: Path,
     label: str,
     expect: Expectation,
@@ -229,9 +229,10 @@ def check_tests(
 ) -> Check:
     """The series' tests on tree `label`; a series that does not apply is n/a when `optional`."""
     check = Check("series tests", label, expect.label)
+    layout = case.layout
     with measured(check):
         try:
-            check.tree = prepare_tree(layout, label)
+            check.tree = prepare_tree(case, label)
         except patchqueue.PatchDoesNotApply as error:
             if not optional:
                 raise
@@ -264,14 +265,14 @@ def check_neighbours(layout: Layout, case: cases.Case, workdir: Path, tree: Tree
     return check
 
 
-def check_lint(layout: Layout, workdir: Path, tree: Tree) -> Check:
+def check_lint(case: cases.Case, workdir: Path, tree: Tree) -> Check:
     """The project's own linters, at the tree's pinned versions and with its config, on the
     Python files the series touches."""
     check = Check("lint", tree.label, "clean", tree)
+    layout = case.layout
     with measured(check):
         files = [f for f in touched_files(patchqueue.series(layout)) if f.endswith(".py")]
-        settings = cases.load(layout.root, layout.case).card.lint
-        steps = linters.steps(layout, tree, settings, workdir / "lint")
+        steps = linters.steps(layout, tree, case.card.lint, workdir / "lint")
         check.name = ", ".join(dict.fromkeys(step.tool for step in steps))
         failures = []
         for step in steps:
@@ -343,8 +344,8 @@ def other_release_checks(
             for extra in ("+series", "+tests")
         ]  # fmt: skip
     checks = [
-        check_tests(layout, workdir, f"{version}+series", GREEN, timeout, optional=True),
-        check_tests(layout, workdir, f"{version}+tests", expect, timeout, optional=True),
+        check_tests(case, workdir, f"{version}+series", GREEN, timeout, optional=True),
+        check_tests(case, workdir, f"{version}+tests", expect, timeout, optional=True),
     ]
     for check in checks:
         check.reason = "; ".join(part for part in (check.reason, said) if part)
@@ -352,21 +353,21 @@ def other_release_checks(
 
 
 def all_checks(
-    layout: Layout, versions: Sequence[str], timeout: float, workdir: Path
+    case: cases.Case, versions: Sequence[str], timeout: float, workdir: Path
 ) -> list[Check]:
     """Every check, in the order of the summary table."""
-    case = cases.load(layout.root, layout.case)
+    layout = case.layout
     checks = [
-        check_tests(layout, workdir, "pinned+tests", red(case), timeout),
-        check_tests(layout, workdir, TreeRole.PATCHED.value, GREEN, timeout),
+        check_tests(case, workdir, "pinned+tests", red(case), timeout),
+        check_tests(case, workdir, TreeRole.PATCHED.value, GREEN, timeout),
     ]
     if case.fixed:
-        checks.append(check_tests(layout, workdir, "fixed+tests", GREEN, timeout))
+        checks.append(check_tests(case, workdir, "fixed+tests", GREEN, timeout))
     patched = checks[1].tree
     if patched is not None:
         checks += [
             check_neighbours(layout, case, workdir, patched, timeout),
-            check_lint(layout, workdir, patched),
+            check_lint(case, workdir, patched),
         ]
     for version in versions:
         checks += other_release_checks(layout, case, workdir, version, timeout)
@@ -374,12 +375,13 @@ def all_checks(
 
 
 def prove_and_report(
-    layout: Layout, versions: Sequence[str], timeout: float, say: Callable[[str], None] = print
+    case: cases.Case, versions: Sequence[str], timeout: float, say: Callable[[str], None] = print
 ) -> tuple[int, Path]:
     """Prove, print the summary, write the result file; exit status 1 when a verdict is WRONG."""
+    layout = case.layout
     workdir = layout.new_run_dir(f"test-patch-{layout.case}")
     measured_against = provenance.inputs(layout)
-    checks = all_checks(layout, versions, timeout, workdir)
+    checks = all_checks(case, versions, timeout, workdir)
     wrong = [c for c in checks if c.verdict == WRONG]
     say(table.text(HEADERS, [c.row() for c in checks]))
     say(cost.case_verdicts(layout))
@@ -423,15 +425,14 @@ def main(argv: list[str]) -> int:
         if not re.fullmatch(r"\d+\.\d+\.\d+(?:(?:a|b|rc)\d+)?", version):
             raise WorkspaceError(f"--release {version!r} is no release number: use e.g. 5.12.0")
     status = 0
-    layouts = case_layouts(args.case)
-    for layout in layouts:  # before anything runs: a release PyPI does not have is refused now
-        case = cases.load(layout.root, layout.case)
+    chosen = chosen_cases(args.case)
+    for case in chosen:  # before anything runs: a release PyPI does not have is refused now
         for version in args.releases:
             release_for(case, version)
-    for layout in layouts:
-        print(f"case {layout.case}")
-        with locks.case(layout):
-            status = max(status, prove_and_report(layout, args.releases, args.timeout)[0])
+    for case in chosen:
+        print(f"case {case.name}")
+        with locks.case(case.layout):
+            status = max(status, prove_and_report(case, args.releases, args.timeout)[0])
     return status
 
 

@@ -176,3 +176,82 @@ def probed_packages() -> tuple[str, ...]:
     """What the environment probe reports: torch, every project and what each names."""
     reported = [name for project in PROJECTS.values() for name in project.reports]
     return tuple(dict.fromkeys(["torch", *PROJECTS, *reported]))
+
+
+# --- what the projects' own launchers are given -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeepSpeedSetup:
+    """What DeepSpeed users choose per run and several host reads depend on: the ZeRO stage and
+    the precision (ZeRO 1/2 check overflow on the host in fp32 and fp16, and in bf16 only with
+    check_grad_overflow; fp16 scales the loss dynamically)."""
+
+    zero_stage: int = 1
+    precision: str = "fp32"
+
+    @property
+    def label(self) -> str:
+        return f"{self.precision}-zero{self.zero_stage}"
+
+    @classmethod
+    def parse(cls, text: str) -> DeepSpeedSetup:
+        match = re.fullmatch(r"(bf16|fp16|fp32)-zero([123])", text)
+        if not match:
+            raise WorkspaceError(f"setup {text!r}: use PRECISION-zeroSTAGE, e.g. bf16-zero2")
+        return cls(zero_stage=int(match[2]), precision=match[1])
+
+    def config(self) -> dict:
+        """The DeepSpeed config, every size left to the Trainer ("auto") so that runs with and
+        without SP share one config. The precision is spelled out: accelerate fills an "auto"
+        one from its own mixed precision, which it ignores beside a DeepSpeed config file, and
+        the Trainer from TrainingArguments before a CPU run may set bf16."""
+        return {
+            "zero_optimization": {"stage": self.zero_stage},
+            "bf16": {"enabled": self.precision == "bf16"},
+            "fp16": {"enabled": self.precision == "fp16"},
+            "train_batch_size": "auto",
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto",
+            "gradient_clipping": "auto",
+        }
+
+
+DEFAULT_SETUP = DeepSpeedSetup()
+
+
+def accelerate_config(num_processes: int, deepspeed_file: Path) -> dict:
+    """What `accelerate config` would write for DeepSpeed, plus Ulysses SP over every rank when
+    there are several."""
+    config = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "DEEPSPEED",
+        "deepspeed_config": {"deepspeed_config_file": str(deepspeed_file)},
+        "num_machines": 1,
+        "num_processes": num_processes,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+    }
+    if num_processes > 1:
+        config["parallelism_config"] = {
+            "parallelism_config_sp_size": num_processes,
+            "parallelism_config_sp_backend": "deepspeed",
+            "parallelism_config_sp_seq_length_is_variable": True,
+            "parallelism_config_sp_attn_implementation": "sdpa",
+        }
+    return config
+
+
+def deepspeed_env(deepspeed_file: Path) -> dict[str, str]:
+    """What `accelerate launch` with `accelerate_config` gives each rank for DeepSpeed (accelerate's
+    `prepare_deepspeed_cmd_env`): a rank started otherwise (forked) with these variables sets
+    DeepSpeed up through the Trainer exactly as an accelerate-launched one."""
+    return {
+        "ACCELERATE_USE_DEEPSPEED": "true",
+        "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(deepspeed_file),
+        "ACCELERATE_CONFIG_DS_FIELDS": "deepspeed_config_file",
+        "ACCELERATE_MIXED_PRECISION": "no",
+    }

@@ -12,7 +12,7 @@ is kept as it is; where they differ, the row holds the largest number (or all() 
 each rank's message) and every rank's value beside it, and the report says so.
 
 With `--trainer`, `trainer` holds per tree the full Trainer path's per-step losses with and
-without SP (`trainer_run.compare_losses`). The card's `compare` keys are compared across trees:
+without SP (`trainer_launch.compare_losses`). The card's `compare` keys are compared across trees:
 for each (launch, rank count, scenario), whether every tree gave the value the first one gave
 (the fix must not change the loss, say).
 
@@ -33,7 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hostsync import cases, cost, devices, launchers, locks, provenance, results, table, trainer_run
+from hostsync import (
+    cost,
+    devices,
+    launchers,
+    locks,
+    provenance,
+    results,
+    table,
+    trainer_launch,
+)
 from hostsync.cases import Case, Launch
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
@@ -45,7 +54,7 @@ from hostsync.options import (
     add_device,
     add_nodes,
     add_timeout,
-    case_layouts,
+    chosen_cases,
     comma_list,
     node_layout,
 )
@@ -55,7 +64,6 @@ from hostsync.records import (
     Cost,
     Device,
     Json,
-    Launcher,
     NodeShare,
     ReproResult,
     RunRow,
@@ -365,7 +373,7 @@ def measure(
             carries = (
                 snippet
                 if snippet and not snippets_apart and not snippet.snippet.ended()
-                and spec.launcher == Launcher.FORK and not nodes.spans_nodes
+                and launchers.LAUNCHERS[spec.launcher].runs_snippet(nodes)
                 else None
             )  # fmt: skip
             done = run_launch(layout, tree, spec, counts, wanted, device=device, timeout=timeout,
@@ -454,15 +462,15 @@ def snippet_runs(case: Case, layout: Layout, outputs: Mapping[str, str]) -> Snip
     return SnippetRuns(file=snippet.name, sha256=sha256(snippet), output=dict(outputs))
 
 
-def repro_case(layout: Layout, settings: ReproSettings) -> ReproResult:
-    case = cases.load(layout.root, layout.case)
+def repro_case(case: Case, settings: ReproSettings) -> ReproResult:
+    layout = case.layout
     scenarios = parse_scenarios(case, settings.scenarios)
     only_ranks = parse_ranks(case, settings.ranks)
     check_nodes(case, settings, scenarios, only_ranks)
     measured_against = provenance.inputs(layout)
     names = list(settings.trees or case.trees)
     trees = node_0_first(settings.nodes, f"trees of {case.name}", settings.timeout,
-                         lambda: prepare_trees(layout, names))  # fmt: skip
+                         lambda: prepare_trees(case, names))  # fmt: skip
     # The snippet is one process, as a user runs it: once, on the node that writes the result.
     measured = measure(
         layout, case, trees, scenarios, device=settings.device, timeout=settings.timeout,
@@ -470,7 +478,9 @@ def repro_case(layout: Layout, settings: ReproSettings) -> ReproResult:
     )  # fmt: skip
     runs, used = measured.runs, measured.used
     trainer = tuple(
-        trainer_run.compare_losses(layout, tree, timeout=settings.timeout, device=settings.device)
+        trainer_launch.compare_losses(
+            layout, tree, timeout=settings.timeout, device=settings.device
+        )
         for tree in (trees if settings.trainer else ())
     )
     environment = devices.describe(trees[0].python)
@@ -561,10 +571,10 @@ def main(argv: list[str]) -> int:
         nodes=node_layout(args),
     )
     clear_stale(settings.nodes)
-    for layout in case_layouts(args.case):
+    for case in chosen_cases(args.case):
+        layout = case.layout
         with locks.case(layout, settings.nodes.rank):
-            result = repro_case(layout, settings)
-            case = cases.load(layout.root, layout.case)
+            result = repro_case(case, settings)
             print(f"case {case.name}: {case.title}")
             print(report(case, result))
             if not settings.nodes.writes_results:

@@ -42,12 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hostsync import cases, drafts, provenance, results
+from hostsync import drafts, provenance, results
 from hostsync.cases import Case
 from hostsync.claims import check_claims
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
-from hostsync.options import add_case, case_layouts
+from hostsync.options import add_case, chosen_cases
 from hostsync.records import (
     BisectResult,
     GpuResult,
@@ -350,8 +350,8 @@ def refresh_reference(layout: Layout, sources: dict[str, Source]) -> list[str]:
     return changes
 
 
-def review(layout: Layout, rerun: bool = False, refresh: bool = False) -> list[Path]:
-    case = cases.load(layout.root, layout.case)
+def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]:
+    layout = case.layout
     sources = fresh_sources(layout, case, rerun)
     if results_folder(layout) != layout.profiles:
         where = f"profiles/{layout.case}/"
@@ -399,7 +399,7 @@ def main(argv: list[str]) -> int:
         help="also make profiles/<case>/reference/ hold exactly the results the drafts cite",
     )
     args = parser.parse_args(argv)
-    for layout in case_layouts(args.case):
-        for path in review(layout, rerun=args.rerun, refresh=args.refresh_reference):
-            print(f"wrote {path.relative_to(layout.root)}")
+    for case in chosen_cases(args.case):
+        for path in review(case, rerun=args.rerun, refresh=args.refresh_reference):
+            print(f"wrote {path.relative_to(case.root)}")
     return 0

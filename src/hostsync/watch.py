@@ -28,10 +28,9 @@ from hostsync.errors import WorkspaceError
 from hostsync.hunt.allowlist import carried_rules, load_allowlist
 from hostsync.hunt.command import DEFAULT_STEPS
 from hostsync.hunt.measure import hunt_tree
-from hostsync.launchers import DeepSpeedSetup
 from hostsync.layout import Layout
 from hostsync.options import add_timeout, comma_list
-from hostsync.projects import PROJECTS, Project
+from hostsync.projects import PROJECTS, DeepSpeedSetup, Project
 from hostsync.records import (
     CaseWatch,
     HuntSite,
@@ -40,6 +39,7 @@ from hostsync.records import (
     SiteWatch,
     WatchResult,
 )
+from hostsync.sites import AllowRule
 from hostsync.upstream import presence, sdists
 from hostsync.upstream.patchqueue import PatchDoesNotApply, series
 from hostsync.upstream.trees import checkout_tree, prepare_tree
@@ -58,21 +58,20 @@ class WatchSettings:
     timeout: float
 
 
-def series_state(layout: Layout, version: str) -> str:
+def series_state(case: cases.Case, version: str) -> str:
     """Whether the case's series applies to `version` of its project, in words."""
-    if not series(layout):
+    if not series(case.layout):
         return "the series is empty"
     try:
-        checkout_tree(layout, f"{version}+series")
+        checkout_tree(case, f"{version}+series")
     except PatchDoesNotApply as error:
         return f"does not apply: {error}"
     return "applies"
 
 
-def watch_case(
-    layout: Layout, case: cases.Case, reader: Reader, settings: WatchSettings
-) -> CaseWatch:
+def watch_case(case: cases.Case, reader: Reader, settings: WatchSettings) -> CaseWatch:
     """The case against the newest releases: its sites, its series, its tests when asked."""
+    layout = case.layout
     measured_against = provenance.inputs(layout)
     sites = []
     for target in case_targets(case, None):
@@ -89,7 +88,7 @@ def watch_case(
         sites.append(SiteWatch(target.project.name, newest.version, target.site, finding, run))
     newest = reader.releases(case.project)[-1].version
     with locks.case(layout):
-        state = series_state(layout, newest)
+        state = series_state(case, newest)
         checks = []
         if settings.tests:
             workdir = layout.new_run_dir(f"watch-{layout.case}")
@@ -115,16 +114,18 @@ def watch_project(project: Project, pinned: str, reader: Reader) -> ProjectWatch
     return ProjectWatch(project.name, pinned, releases[-1].version, releases[-1].uploaded, newer)
 
 
-def hunt_new_sites(layout: Layout, watched: ProjectWatch, settings: WatchSettings,
-                   ) -> tuple[str, tuple[HuntSite, ...]]:  # fmt: skip
+def hunt_new_sites(home: cases.Case, watched: ProjectWatch, settings: WatchSettings,
+                   carried: tuple[AllowRule, ...]) -> tuple[str, tuple[HuntSite, ...]]:  # fmt: skip
     """The sites the hunt finds in the project's newest release and not in its pinned one, in
-    each setup, and what was hunted; `layout` is a case of the project (its trees' home)."""
+    each setup, and what was hunted; `home` is a case of the project (its trees' home) and
+    `carried` every case's carried sites."""
     if watched.newest == watched.pinned:
         return "the newest release is the pinned one: nothing new to hunt", ()
-    rules, carried = load_allowlist(layout.allowlist), carried_rules(layout.root)
+    layout = home.layout
+    rules = load_allowlist(layout.allowlist)
     found: dict[tuple, HuntSite] = {}
     with locks.case(layout):
-        trees = [prepare_tree(layout, version) for version in (watched.pinned, watched.newest)]
+        trees = [prepare_tree(home, version) for version in (watched.pinned, watched.newest)]
         for setup in settings.setups:
             pinned, newest = (
                 hunt_tree(layout, tree, DEFAULT_STEPS, rules, settings.timeout, setup, carried)
@@ -144,7 +145,8 @@ def hunt_new_sites(layout: Layout, watched: ProjectWatch, settings: WatchSetting
 def watch(layout: Layout, settings: WatchSettings) -> WatchResult:
     pins = {requirement.name: requirement.install for requirement in pin.load(layout.pin_file)
             .requirements}  # fmt: skip
-    known = [cases.load(layout.root, name) for name in cases.names(layout.root)]
+    known = cases.every(layout.root)
+    carried = carried_rules(known)
     targets = [target for case in known for target in case_targets(case, None)]
     reader = Reader(layout, targets, bounded=None)
     projects = []
@@ -154,11 +156,9 @@ def watch(layout: Layout, settings: WatchSettings) -> WatchResult:
         if settings.hunt and home is None:
             watched = _hunted(watched, f"no case of {project.name}: its trees have no home")
         elif settings.hunt:
-            watched = _hunted(watched, *hunt_new_sites(layout.for_case(home.name), watched,
-                                                       settings))  # fmt: skip
+            watched = _hunted(watched, *hunt_new_sites(home, watched, settings, carried))
         projects.append(watched)
-    watched_cases = [watch_case(layout.for_case(case.name), case, reader, settings)
-                     for case in known]  # fmt: skip
+    watched_cases = [watch_case(case, reader, settings) for case in known]
     return WatchResult(
         stamp=provenance.stamp(layout, provenance.workspace_inputs(layout)),
         index=sdists.index_url(),

@@ -7,11 +7,12 @@ import argparse
 import dataclasses
 import sys
 import time
-from pathlib import Path
+from collections.abc import Sequence
 
 from packaging.version import Version
 
-from hostsync import cases, devices, launchers, locks, results, trainer_run
+from hostsync import cases, devices, launchers, locks, results, trainer_launch
+from hostsync.cases import Case
 from hostsync.census import report, setups
 from hostsync.census.report import FIXED, TODAY
 from hostsync.census.setups import Matrix
@@ -29,7 +30,6 @@ from hostsync.records import (
     CensusTrees,
     Device,
     HuntTree,
-    Launcher,
     Provenance,
     Stamp,
 )
@@ -72,10 +72,12 @@ def main(argv: list[str]) -> int:
     unknown = sorted(set(columns) - {TODAY, FIXED})
     if unknown:
         raise WorkspaceError(f"--columns {', '.join(unknown)}: use {TODAY}, {FIXED} or both")
-    names = census_cases(layout.root)
+    everyone = cases.every(layout.root)
+    stacked = census_cases(everyone)
     started = time.monotonic()
     with locks.case(layout):
-        result = run_census(layout, Matrix(steps, chosen), columns, names, args.timeout, started)
+        result = run_census(layout, Matrix(steps, chosen), columns, stacked, everyone, args.timeout,
+                            started)  # fmt: skip
     json_path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
     print(report.console_summary(result))
     for path in [json_path, *report.write_reports(layout, json_path)]:
@@ -89,45 +91,45 @@ def main(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
-def census_cases(root: Path) -> list[str]:
+def census_cases(everyone: Sequence[Case]) -> list[Case]:
     """The cases pinning the newest release any case pins of their project, the tree under
     test's first: what the fixed column applies. An older pin (a bug fixed since) is left out."""
-    loaded = [cases.load(root, name) for name in cases.names(root)]
     newest = {}
-    for case in loaded:
+    for case in everyone:
         version = Version(case.pin.version)
         newest[case.project.name] = max(newest.get(case.project.name, version), version)
-    found = [c for c in loaded if Version(c.pin.version) == newest[c.project.name]]
+    found = [c for c in everyone if Version(c.pin.version) == newest[c.project.name]]
     if not any(c.project.name == TREE_UNDER_TEST for c in found):
         raise WorkspaceError(f"no case pins {TREE_UNDER_TEST}: the census needs its release")
     found.sort(key=lambda c: c.project.name != TREE_UNDER_TEST)
-    return [case.name for case in found]
+    return found
 
 
-def column_tree(layout: Layout, names: list[str], column: str) -> tuple[Tree, CensusTrees]:
+def column_tree(layout: Layout, stacked: list[Case], column: str) -> tuple[Tree, CensusTrees]:
     """The column's tree under test with the other projects' trees beside it: one case per
     project as published (today), or every case's series (fixed)."""
     fixed = column == FIXED
     if not fixed:
-        names = [group[0] for group in by_project(layout, names)]
-    first, *others = stack_trees(layout, names, fixes=fixed)
+        stacked = [group[0] for group in by_project(stacked)]
+    first, *others = stack_trees(layout, stacked, fixes=fixed)
     tree = dataclasses.replace(first, stacked=tuple(other.src for other in others))
     described = CensusTrees(
         tree=first.info(layout.root),
         stacked=tuple(other.info(layout.root) for other in others),
-        cases=tuple(names) if fixed else (),
+        cases=tuple(case.name for case in stacked) if fixed else (),
     )
     return tree, described
 
 
-def run_census(layout: Layout, matrix: Matrix, columns: list[str], names: list[str],
-               timeout: float, started: float) -> CensusResult:  # fmt: skip
+def run_census(layout: Layout, matrix: Matrix, columns: list[str], stacked: list[Case],
+               everyone: Sequence[Case], timeout: float,
+               started: float) -> CensusResult:  # fmt: skip
     rules = load_allowlist(layout.allowlist)
-    carried = carried_rules(layout.root)
-    measured_against = inputs(layout, names)
+    carried = carried_rules(everyone)
+    measured_against = inputs(layout, stacked)
     runs, described, python = [], {}, ""
     for column in columns:
-        tree, described[column] = column_tree(layout, names, column)
+        tree, described[column] = column_tree(layout, stacked, column)
         python = tree.python
         device = devices.resolve_device("auto", max(s.ranks for s in matrix.setups.values()),
                                         tree.python)  # fmt: skip
@@ -150,23 +152,23 @@ def run_column(layout: Layout, tree: Tree, column: str, matrix: Matrix, device: 
                timeout: float, rules: tuple[AllowRule, ...],
                carried: tuple[AllowRule, ...]) -> list[HuntTree]:  # fmt: skip
     """Every setup on `tree`: the forked ones from one import of the worker, the SP ones each
-    through `accelerate launch`; a setup that fails is kept with its error."""
+    through the launcher that sets SP up; a setup that fails is kept with its error."""
     run = launchers.Run(layout.new_run_dir(f"census-{column}"), tree, layout)
-    worker = trainer_run.WORKER
-    forked = {n: s for n, s in matrix.setups.items() if setups.launcher(s) == Launcher.FORK}
+    worker = trainer_launch.WORKER
+    forked = {
+        n: s for n, s in matrix.setups.items() if launchers.LAUNCHERS[setups.launcher(s)].forks
+    }
     worlds = tuple(setups.world(s, matrix.steps, run.run_dir) for s in forked.values())
-    outcomes = dict(zip(forked, launchers.fork_each(run, Start(worker, worlds, device, timeout))
-                        if worlds else [], strict=True))  # fmt: skip
+    what = Start(worker, worlds, device, timeout)
+    outcomes = dict(zip(forked, launchers.start_each(setups.FORKED, run, what) if worlds else [],
+                        strict=True))  # fmt: skip
     for name, setup in matrix.setups.items():
         if name in forked:
             continue
         alone = dataclasses.replace(run, run_dir=run.run_dir / name)
         what = Start(worker, (setups.world(setup, matrix.steps, alone.run_dir),), device,
                      timeout, deepspeed=setups.deepspeed(setup))  # fmt: skip
-        try:
-            (outcomes[name],) = launchers.start(Launcher.ACCELERATE, alone, what)
-        except RunFailed as error:
-            outcomes[name] = error
+        (outcomes[name],) = launchers.start_each(setups.launcher(setup), alone, what)
     return [
         hunted(layout, tree, column, name, outcomes[name], rules, carried) for name in matrix.setups
     ]
@@ -197,17 +199,17 @@ def hunted(layout: Layout, tree: Tree, column: str, name: str,
     )
 
 
-def inputs(layout: Layout, names: list[str]) -> Provenance:
+def inputs(layout: Layout, stacked: list[Case]) -> Provenance:
     """What a census result depends on: pin.toml, census.toml, the series it stacks and the
     worker, by sha256."""
     return Provenance(
         pin_sha256=sha256(layout.pin_file),
         case_sha256=sha256(layout.root / setups.FILE),
         patches={
-            f"{name}/{patch.name}": sha256(patch)
-            for name in names
-            for patch in series(layout.for_case(name))
+            f"{case.name}/{patch.name}": sha256(patch)
+            for case in stacked
+            for patch in series(case.layout)
         },
-        scripts={trainer_run.WORKER.name: sha256(trainer_run.WORKER)},
+        scripts={trainer_launch.WORKER.name: sha256(trainer_launch.WORKER)},
         detector_sha256=detector_digest(),
     )

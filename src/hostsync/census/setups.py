@@ -8,9 +8,10 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from hostsync import records
+from hostsync import launchers, records
 from hostsync.errors import WorkspaceError
-from hostsync.launchers import DeepSpeedSetup, World, deepspeed_env
+from hostsync.launchers import LAUNCHERS, World
+from hostsync.projects import DeepSpeedSetup, deepspeed_env
 from hostsync.records import CensusSetup, Launcher, RecordError, TrainerKind
 
 FILE = "census.toml"
@@ -85,9 +86,14 @@ def check(setup: CensusSetup, name: str) -> CensusSetup:
     return setup
 
 
+# The setups without SP run from one import of the worker; SP needs a launcher that sets the SP
+# group up itself.
+FORKED = launchers.with_capability(forks=True)
+SETS_UP_SP = launchers.with_capability(sets_up_sp=True)
+
+
 def launcher(setup: CensusSetup) -> Launcher:
-    """SP needs `accelerate launch` (it sets up the SP group); every other setup is forked."""
-    return Launcher.ACCELERATE if setup.sp else Launcher.FORK
+    return SETS_UP_SP if setup.sp else FORKED
 
 
 def deepspeed(setup: CensusSetup) -> DeepSpeedSetup | None:
@@ -99,7 +105,7 @@ def deepspeed(setup: CensusSetup) -> DeepSpeedSetup | None:
 def world(setup: CensusSetup, steps: int, run_dir: Path) -> World:
     """The worker's ranks, arguments and variables for `setup`. A forked setup's DeepSpeed config
     is written into `run_dir` and passed as `accelerate launch` passes it (`deepspeed_env`);
-    the accelerate launcher writes its own."""
+    a launcher that sets DeepSpeed up itself writes its own."""
     args = [
         "--trainer", setup.trainer.value, "--steps", str(steps), "--detect-steps", str(steps),
         "--logging-steps", str(setup.logging_steps), "--batch-size", str(setup.batch_size),
@@ -112,7 +118,7 @@ def world(setup: CensusSetup, steps: int, run_dir: Path) -> World:
     )  # fmt: skip
     args += [f"--{flag.replace('_', '-')}" for flag in flags if getattr(setup, flag)]
     ds, env = deepspeed(setup), {}
-    if launcher(setup) == Launcher.FORK:
+    if not LAUNCHERS[launcher(setup)].sets_up_sp:
         args += ["--precision", setup.precision.value]
         if ds is not None:
             run_dir.mkdir(parents=True, exist_ok=True)

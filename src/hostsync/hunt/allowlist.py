@@ -11,10 +11,11 @@ report shows that reason where it would show a bare candidate.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
 
-from hostsync import cases
+from hostsync.cases import Case
 from hostsync.errors import WorkspaceError
 from hostsync.sites import AllowRule, Site, first_match
 
@@ -44,9 +45,9 @@ def load_allowlist(path: Path, table: str = ACCEPTED) -> tuple[AllowRule, ...]:
     return tuple(rules)
 
 
-def carried_rules(root: Path) -> tuple[AllowRule, ...]:
-    """Every case's `[[carries]]`, as rules whose reason is the case's name."""
-    return tuple(rule for name in cases.names(root) for rule in cases.load(root, name).carries)
+def carried_rules(everyone: Iterable[Case]) -> tuple[AllowRule, ...]:
+    """Every case's `[[carries]]` (`cases.every`), as rules whose reason is the case's name."""
+    return tuple(rule for case in everyone for rule in case.carries)
 
 
 def reason(rules: tuple[AllowRule, ...], site: Site, caller: str = "") -> str | None:

@@ -6,18 +6,20 @@ import argparse
 import contextlib
 import dataclasses
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hostsync import cases, devices, locks, provenance, results, trainer_run
+from hostsync import cases, devices, locks, provenance, results, trainer_launch
+from hostsync.cases import Case
 from hostsync.errors import WorkspaceError
 from hostsync.hunt.allowlist import carried_rules, load_allowlist
 from hostsync.hunt.measure import LOGGING_STEPS, hunt_plan, hunt_tree
 from hostsync.hunt.report import console_summary, write_reports
-from hostsync.launchers import DeepSpeedSetup
-from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout, clear_stale, node_0_first
-from hostsync.options import add_case, add_nodes, add_timeout, case_layouts, comma_list, node_layout
+from hostsync.options import add_case, add_nodes, add_timeout, chosen_cases, comma_list, node_layout
+from hostsync.projects import DeepSpeedSetup
 from hostsync.records import HuntResult, HuntSetup, TreeRole
+from hostsync.sites import AllowRule
 from hostsync.upstream.trees import Tree, by_project, prepare_stack, prepare_trees
 
 DEFAULT_TREES = (TreeRole.PINNED.value, TreeRole.PATCHED.value)
@@ -73,7 +75,7 @@ def settings_from(args: argparse.Namespace) -> HuntSettings:
     """The settings, every value checked before anything is downloaded or run."""
     hunt_plan(args.steps, LOGGING_STEPS)
     nodes = node_layout(args)
-    nodes.per_node(trainer_run.SP_SIZE, "the hunt's Trainer run")
+    nodes.per_node(trainer_launch.SP_SIZE, "the hunt's Trainer run")
     return HuntSettings(
         trees=tuple(dict.fromkeys(comma_list(args.trees, "--trees") + args.releases)),
         steps=args.steps,
@@ -88,53 +90,59 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     settings = settings_from(args)
     clear_stale(settings.nodes)
+    chosen = chosen_cases(args.case)
+    everyone = cases.every(chosen[0].root, chosen)
+    stack = cases.named(everyone, settings.stack, chosen[0].root)
+    carried = carried_rules(everyone)
     status = 0
-    for layout in case_layouts(args.case):
-        status = max(status, hunt_case(layout, settings))
+    for case in chosen:
+        status = max(status, hunt_case(case, stack, carried, settings))
     return status
 
 
-def stacked(layout: Layout, tree: Tree, names: tuple[str, ...]) -> Tree:
-    """`tree` with the fixes of the cases `names`: the series of those of its own project
+def stacked(case: Case, tree: Tree, stack: Sequence[Case]) -> Tree:
+    """`tree` with the fixes of the cases `stack`: the series of those of its own project
     applied on the patched tree after the case's own (one release, several series), the
     other projects' cases as one tree per project imported beside every tree."""
-    own = [name for name in names if cases.load(layout.root, name).project == tree.project]
-    others = [name for name in names if name not in own]
+    own = [other for other in stack if other.project == tree.project]
+    others = [other for other in stack if other not in own]
+    layout = case.layout
     if own and tree.role == TreeRole.PATCHED:
-        both = prepare_stack(layout, [layout.case, *own])
+        both = prepare_stack(layout, [case, *own])
         tree = dataclasses.replace(both, label=tree.label)
-    beside = [prepare_stack(layout, group, runs=False) for group in by_project(layout, others)]
+    beside = [prepare_stack(layout, group, runs=False) for group in by_project(others)]
     return dataclasses.replace(tree, stacked=tuple(other.src for other in beside))
 
 
-def check_stack(layout: Layout, settings: HuntSettings) -> None:
+def check_stack(case: Case, stack: Sequence[Case], settings: HuntSettings) -> None:
     """A case of the hunted case's project stacks on the patched tree: refuse a hunt without it
     rather than apply nothing."""
-    project = cases.load(layout.root, layout.case).project
-    same = [name for name in settings.stack if cases.load(layout.root, name).project == project]
+    same = [other.name for other in stack if other.project == case.project]
     if same and "patched" not in settings.trees:
         raise WorkspaceError(
-            f"--stack {', '.join(same)}: a case of {project.name} is applied on the patched"
+            f"--stack {', '.join(same)}: a case of {case.project.name} is applied on the patched"
             " tree, which --trees leaves out: add patched to --trees"
         )
 
 
-def hunt_case(layout: Layout, settings: HuntSettings) -> int:
-    check_stack(layout, settings)
+def hunt_case(case: Case, stack: Sequence[Case], carried: tuple[AllowRule, ...],
+              settings: HuntSettings) -> int:  # fmt: skip
+    check_stack(case, stack, settings)
     with contextlib.ExitStack() as held:
-        for name in (layout.case, *settings.stack):
-            held.enter_context(locks.case(layout.for_case(name), settings.nodes.rank))
-        return _hunt(layout, settings)
+        for each in (case, *stack):
+            held.enter_context(locks.case(each.layout, settings.nodes.rank))
+        return _hunt(case, stack, carried, settings)
 
 
-def _hunt(layout: Layout, settings: HuntSettings) -> int:
+def _hunt(case: Case, stack: Sequence[Case], carried: tuple[AllowRule, ...],
+          settings: HuntSettings) -> int:  # fmt: skip
+    layout = case.layout
     rules = load_allowlist(layout.allowlist)
-    carried = carried_rules(layout.root)
     measured_against = provenance.inputs(layout)
 
     def prepared() -> list[Tree]:
-        found = prepare_trees(layout, list(settings.trees))
-        return [stacked(layout, tree, settings.stack) for tree in found]
+        found = prepare_trees(case, list(settings.trees))
+        return [stacked(case, tree, stack) for tree in found]
 
     trees = node_0_first(settings.nodes, f"trees of {layout.case}", settings.timeout, prepared)
     hunted = [
@@ -158,7 +166,7 @@ def _hunt(layout: Layout, settings: HuntSettings) -> int:
         stamp=provenance.stamp(layout, measured_against),
         setup=HuntSetup(
             world_size=len(ranks),
-            sp_size=trainer_run.SP_SIZE,
+            sp_size=trainer_launch.SP_SIZE,
             model=ranks[0]["model"],
             device=ranks[0]["device"],
             backend=ranks[0]["backend"],

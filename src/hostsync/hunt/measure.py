@@ -16,13 +16,13 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from hostsync import trainer_run
+from hostsync import trainer_launch
 from hostsync.errors import WorkspaceError
 from hostsync.hunt.allowlist import reason
-from hostsync.launchers import DEFAULT_SETUP, DEFAULT_TIMEOUT_S, DeepSpeedSetup, RunFailed
+from hostsync.launchers import DEFAULT_TIMEOUT_S, RunFailed
 from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout, shares_of
-from hostsync.projects import PACKAGES
+from hostsync.projects import DEFAULT_SETUP, PACKAGES, DeepSpeedSetup
 from hostsync.records import (
     Cost,
     CrossCheck,
@@ -47,7 +47,7 @@ def hunt_plan(steps: int, logging_steps: int) -> HuntPlan:
     common period earlier, in the same phase of both the logging cycle and the SP data refill
     (every `SP_SIZE` steps), so the two see the same kinds of work.
     """
-    period = math.lcm(logging_steps, trainer_run.SP_SIZE)
+    period = math.lcm(logging_steps, trainer_launch.SP_SIZE)
     profile = (steps // logging_steps + 1) * logging_steps
     twin = profile - period
     if twin < 2:
@@ -76,7 +76,7 @@ def hunt_run(layout: Layout, tree: Tree, steps: int, logging_steps: int = LOGGIN
     Logging every 3 steps while SP refills data every 2: a site tied to either cycle shows as such.
     """
     plan = hunt_plan(steps, logging_steps)
-    results = trainer_run.run_trainer(
+    results = trainer_launch.run_trainer(
         layout, tree, sp=True, steps=plan.profile, logging_steps=logging_steps,
         worker_args=["--detect-steps", str(steps), "--profile-step", str(plan.profile)],
         timeout=timeout, setup=setup, nodes=nodes,

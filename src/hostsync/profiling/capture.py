@@ -136,7 +136,7 @@ def capture(layout: Layout, tree: Tree, run_dir: Path, artifacts: Path,
 def rerun_command(layout: Layout, run: Run, what: Start, launcher: Launcher) -> str:
     """How to rerun the capture's world by hand, where its launcher starts one command (the
     fork launcher has none, nor a world across nodes: then the profile command itself)."""
-    command = launchers.COMMANDS.get(launcher)
+    command = launchers.LAUNCHERS[launcher].command
     if command is None or what.nodes.spans_nodes:
         return f"python -m hostsync profile --case {layout.case} --trees {run.tree.label}"
     world = what.worlds[0]

@@ -8,9 +8,9 @@ import shutil
 import sys
 from dataclasses import replace
 
-from hostsync import cases, devices, locks, provenance, table
+from hostsync import devices, locks, provenance, table
+from hostsync.cases import Case
 from hostsync.errors import WorkspaceError
-from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout, clear_stale, node_0_first
 from hostsync.options import (
     ALL_CASES,
@@ -18,7 +18,7 @@ from hostsync.options import (
     add_device,
     add_nodes,
     add_timeout,
-    case_layouts,
+    chosen_cases,
     comma_list,
     node_layout,
 )
@@ -55,11 +55,10 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def settings_for(layout: Layout, args: argparse.Namespace,
+def settings_for(case: Case, args: argparse.Namespace,
                  nodes: NodeLayout = SINGLE) -> ProfileSettings | None:  # fmt: skip
     """The case's settings, checked before anything runs; None for a case without a profile
     under `--case all`."""
-    case = cases.load(layout.root, layout.case)
     if case.profile is None:
         if args.case == ALL_CASES:
             log.info("case %s has no [profile] in its card: not profiled", case.name)
@@ -74,11 +73,12 @@ def settings_for(layout: Layout, args: argparse.Namespace,
                            args.profiler, args.timeout, nodes)  # fmt: skip
 
 
-def profile_case(layout: Layout, settings: ProfileSettings) -> None:
+def profile_case(settings: ProfileSettings) -> None:
     case = settings.case
+    layout = case.layout
     measured_against = provenance.inputs(layout)
     trees = node_0_first(settings.nodes, f"trees of {case.name}", settings.timeout,
-                         lambda: prepare_trees(layout, list(settings.trees)))  # fmt: skip
+                         lambda: prepare_trees(case, list(settings.trees)))  # fmt: skip
     device = devices.resolve_device(
         settings.device, settings.nodes.ranks_here(settings.ranks), trees[0].python
     )
@@ -122,10 +122,10 @@ def main(argv: list[str]) -> int:
     if args.warmup < 1 or args.steps < 1:
         raise WorkspaceError("--warmup and --steps must be at least 1: the first step is slow")
     nodes = node_layout(args)
-    chosen = [(layout, settings_for(layout, args, nodes)) for layout in case_layouts(args.case)]
+    chosen = [settings_for(case, args, nodes) for case in chosen_cases(args.case)]
     clear_stale(nodes)
-    for layout, settings in chosen:
+    for settings in chosen:
         if settings is not None:
-            with locks.case(layout, nodes.rank):
-                profile_case(layout, settings)
+            with locks.case(settings.case.layout, nodes.rank):
+                profile_case(settings)
     return 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from hostsync import cases, locks
-from hostsync.options import add_case, case_layouts
+from hostsync import locks
+from hostsync.options import add_case, chosen_cases
 from hostsync.upstream.envs import python_for
 from hostsync.upstream.patchqueue import clone, export_patches
 
@@ -21,10 +21,10 @@ def clone_main(argv: list[str]) -> int:
     add_case(parser)
     parser.add_argument("--remote", help="git remote to clone from (default: the project's)")
     args = parser.parse_args(argv)
-    for layout in case_layouts(args.case):
-        with locks.case(layout):
-            said = clone(layout, remote=args.remote)
-        log.info("%s: %s", layout.case, said or "the clone matches the patches: nothing to do")
+    for case in chosen_cases(args.case):
+        with locks.case(case.layout):
+            said = clone(case, remote=args.remote)
+        log.info("%s: %s", case.name, said or "the clone matches the patches: nothing to do")
     return 0
 
 
@@ -41,14 +41,14 @@ def export_main(argv: list[str]) -> int:
         " edits the clone does not (they are lost)",
     )
     args = parser.parse_args(argv)
-    for layout in case_layouts(args.case):
-        with locks.case(layout):
-            report = export_patches(layout, force=args.force)
+    for case in chosen_cases(args.case):
+        with locks.case(case.layout):
+            report = export_patches(case, force=args.force)
         for change in ("added", "changed", "removed"):
             for name in report[change]:
-                log.info("%s patches/%s/%s", change, layout.case, name)
+                log.info("%s patches/%s/%s", change, case.name, name)
         if not any(report[change] for change in ("added", "changed", "removed")):
-            log.info("patches/%s already matches the clone: nothing changed", layout.case)
+            log.info("patches/%s already matches the clone: nothing changed", case.name)
     return 0
 
 
@@ -59,7 +59,6 @@ def env_main(argv: list[str]) -> int:
         prog="python -m hostsync env",
         description="Print the interpreter of the environment the workspace's commands run in.",
     ).parse_args(argv)
-    (layout,) = case_layouts(None)
-    case = cases.load(layout.root, layout.case)
-    print(python_for(layout, case.project, case.pin))
+    (case,) = chosen_cases(None)
+    print(python_for(case.layout, case.project, case.pin))
     return 0

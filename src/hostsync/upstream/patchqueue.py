@@ -13,7 +13,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from hostsync import cases
+from hostsync.cases import Case
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.layout import Layout
@@ -118,13 +118,13 @@ def _series_state(layout: Layout) -> dict[str, str]:
     return found | ({SERIES: sha256(series_file)} if series_file.exists() else {})
 
 
-def clone(layout: Layout, remote: str | None = None) -> str | None:
+def clone(case: Case, remote: str | None = None) -> str | None:
     """Make the case's clone its pinned tag plus its patches on `patched`; say what was done.
 
     Idempotent: None when there was nothing to do. Refuses, naming the way out, whenever going
     on could lose work in the clone.
     """
-    case = cases.load(layout.root, layout.case)
+    layout = case.layout
     repo, tag = layout.clone, case.pin.tag
     where = f"{case.project.name} {tag}"
     if not repo.exists():
@@ -212,14 +212,15 @@ def _read_patches(layout: Layout) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in series(layout)}
 
 
-def export_patches(layout: Layout, force: bool = False) -> dict[str, list[str]]:
+def export_patches(case: Case, force: bool = False) -> dict[str, list[str]]:
     """Write the clone's `patched` commits into patches/<case>/; return the names by change.
 
     Only files the clone was last seen to match are replaced or removed: a patch added to the
     series, or edited, since then is not in the clone, and exporting would lose it. Then the
     export refuses, unless `force` says to replace patches/ with the clone's commits.
     """
-    repo, tag = layout.clone, cases.load(layout.root, layout.case).pin.tag
+    layout = case.layout
+    repo, tag = layout.clone, case.pin.tag
     if not repo.exists():
         raise WorkspaceError(f"no clone at {shown(layout, repo)}: run `nox -s clone` first")
     refuse_to_lose_work(repo, where="the clone")

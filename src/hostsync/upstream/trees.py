@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hostsync import cases
-from hostsync.cases import Release
+from hostsync.cases import Case, Release
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.layout import Layout
@@ -79,7 +78,7 @@ class Tree:
         )
 
 
-def prepare_tree(layout: Layout, name: str) -> Tree:
+def prepare_tree(case: Case, name: str) -> Tree:
     """The tree `name` as a detached worktree under work/trees/<case>/, created or refreshed,
     with the interpreter of its environment.
 
@@ -87,26 +86,26 @@ def prepare_tree(layout: Layout, name: str) -> Tree:
     is upstream's fixed release and a version like `5.14.0` that release, as published.
     `+tests` applies only the test patches of the series on top, `+series` the whole series.
     """
-    tree, release = _checkout(layout, name)
-    python = envs.python_for(layout, tree.project, release, tree.root)
+    tree, release = _checkout(case, name)
+    python = envs.python_for(case.layout, tree.project, release, tree.root)
     return dataclasses.replace(tree, python=python)
 
 
-def checkout_tree(layout: Layout, name: str) -> Tree:
+def checkout_tree(case: Case, name: str) -> Tree:
     """The tree `name` as `prepare_tree` makes it, without an environment: enough to read it,
     or to learn whether the series applies (`PatchDoesNotApply` when it does not)."""
-    return _checkout(layout, name)[0]
+    return _checkout(case, name)[0]
 
 
-def _checkout(layout: Layout, name: str) -> tuple[Tree, Release]:
-    case = cases.load(layout.root, layout.case)
+def _checkout(case: Case, name: str) -> tuple[Tree, Release]:
+    layout = case.layout
     name = case.tree_name(name)
     base_name, _, extra = name.partition("+")
     if extra not in EXTRAS:
         raise WorkspaceError(f"unknown tree {name!r}: use NAME, NAME+tests or NAME+series")
     role = case.role(name)
     if role in (TreeRole.PINNED, TreeRole.PATCHED):
-        said = clone(layout)
+        said = clone(case)
         if said:
             log.info("%s", said)
         repo, base = layout.clone, (case.pin.tag if role == TreeRole.PINNED else PATCHED)
@@ -131,9 +130,9 @@ def _checkout(layout: Layout, name: str) -> tuple[Tree, Release]:
     return Tree(name, role, root, release.version, rev(root, "HEAD"), origin, case.project), release
 
 
-def prepare_trees(layout: Layout, names: list[str]) -> list[Tree]:
+def prepare_trees(case: Case, names: list[str]) -> list[Tree]:
     """The trees asked for; `patched` is skipped, saying so, while the series is empty."""
-    if PATCHED in names and not series(layout):
+    if PATCHED in names and not series(case.layout):
         log.info("the case's series is empty: skipping the patched tree (it equals pinned)")
         names = [name for name in names if name != PATCHED]
         if not names:
@@ -141,16 +140,16 @@ def prepare_trees(layout: Layout, names: list[str]) -> list[Tree]:
                 "the case's series is empty, so the patched tree is the pinned one: add the fix"
                 " to patches/<case>/ (nox -s export_patches), or ask for --trees pinned"
             )
-    return [prepare_tree(layout, name) for name in names]
+    return [prepare_tree(case, name) for name in names]
 
 
-def prepare_stack(layout: Layout, names: Sequence[str], *, fixes: bool = True,
+def prepare_stack(layout: Layout, loaded: Sequence[Case], *, fixes: bool = True,
                   runs: bool = True) -> Tree:  # fmt: skip
-    """One release with the series of every case in `names` applied in turn (all of them pin
+    """One release with the series of every case `loaded` applied in turn (all of them pin
     one project at one release): every carried fix of that project on one tree. Without
     `fixes`, the release as published. Series that conflict are refused in one line. A tree
     that only `runs` beside another one's interpreter gets no environment of its own."""
-    loaded = [cases.load(layout.root, name) for name in names]
+    names = [case.name for case in loaded]
     first = loaded[0]
     release = first.pin
     others = [
@@ -164,7 +163,7 @@ def prepare_stack(layout: Layout, names: Sequence[str], *, fixes: bool = True,
     repo = layout.releases / f"{first.project.name}-{release.version}"
     if not repo.exists():
         materialise(layout, first.project, release, repo)
-    patches = [patch for name in names for patch in series(layout.for_case(name))] if fixes else []
+    patches = [patch for case in loaded for patch in series(case.layout)] if fixes else []
     label = "+".join([release.version, *names]) if fixes else release.version
     where = f"{first.project.name} {release.version}"
     try:
@@ -185,28 +184,28 @@ def prepare_stack(layout: Layout, names: Sequence[str], *, fixes: bool = True,
     return dataclasses.replace(made, python=python)
 
 
-def stack_trees(layout: Layout, names: Sequence[str], *, fixes: bool = True) -> list[Tree]:
-    """The cases `names` grouped by project, one tree per project (`prepare_stack`), in the
+def stack_trees(layout: Layout, loaded: Sequence[Case], *, fixes: bool = True) -> list[Tree]:
+    """The cases `loaded` grouped by project, one tree per project (`prepare_stack`), in the
     order the projects first appear; only the first, which the ranks run, gets an environment
     (the others are imported beside it)."""
     return [
         prepare_stack(layout, group, fixes=fixes, runs=number == 0)
-        for number, group in enumerate(by_project(layout, names))
+        for number, group in enumerate(by_project(loaded))
     ]
 
 
-def by_project(layout: Layout, names: Sequence[str]) -> list[list[str]]:
-    """The cases `names` grouped by their project, in the order the projects first appear."""
-    groups: dict[str, list[str]] = {}
-    for name in names:
-        groups.setdefault(cases.load(layout.root, name).project.name, []).append(name)
+def by_project(loaded: Sequence[Case]) -> list[list[Case]]:
+    """The cases grouped by their project, in the order the projects first appear."""
+    groups: dict[str, list[Case]] = {}
+    for case in loaded:
+        groups.setdefault(case.project.name, []).append(case)
     return list(groups.values())
 
 
-def stack(layout: Layout, names: Sequence[str], *, fixes: bool = True) -> Tree:
+def stack(layout: Layout, loaded: Sequence[Case], *, fixes: bool = True) -> Tree:
     """The first case's project as the tree under test, every other project's tree imported
     beside it (`stack_trees`)."""
-    first, *others = stack_trees(layout, names, fixes=fixes)
+    first, *others = stack_trees(layout, loaded, fixes=fixes)
     return dataclasses.replace(first, stacked=tuple(tree.src for tree in others))
 
 

@@ -1,7 +1,7 @@
 """One rank of a real training run with the Trainer, one of TRL's trainers (SFT, DPO, reward) or
 a plain accelerate loop, set up as users set it.
 
-Started by `hostsync.trainer_run` (the hunt: `accelerate launch`, DeepSpeed ZeRO, Ulysses SP) or
+Started by `hostsync.trainer_launch` (the hunt: `accelerate launch`, DeepSpeed ZeRO, Ulysses SP) or
 by the census (one setup each: ranks forked with the variables torchrun and `accelerate launch`
 give them, or `accelerate launch` itself for SP). It builds a tiny Llama from a config (no
 download), optionally with LoRA adapters or sharded with FSDP2 (the loop), trains it for a few

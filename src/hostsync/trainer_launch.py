@@ -1,10 +1,10 @@
-"""The engine's own Trainer runs: `accelerate launch` + `Trainer` + DeepSpeed Ulysses SP, as
-users run it.
+"""Launches the engine's own Trainer step: the launcher that sets DeepSpeed and Ulysses SP up
+(`accelerate launch`, as users run it) + `Trainer`.
 
 The worker `workers/trainer.py` trains a tiny Llama with the Trainer, started through the
-`accelerate` launcher (DeepSpeed ZeRO as `DeepSpeedSetup` says; Ulysses SP over both ranks). Two
-uses: the full-fidelity loss check of `repro --trainer` (`compare_losses`), and the host-sync
-hunt (`hostsync.hunt.measure`).
+registry's launcher that sets SP up (DeepSpeed ZeRO as `DeepSpeedSetup` says; Ulysses SP over
+both ranks). Two uses: the full-fidelity loss check of `repro --trainer` (`compare_losses`),
+and the host-sync hunt (`hostsync.hunt.measure`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from hostsync.launchers import (
 )
 from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout
-from hostsync.records import Launcher, TrainerComparison
+from hostsync.records import TrainerComparison
 from hostsync.upstream.trees import Tree
 
 SP_SIZE = 2
@@ -50,7 +50,7 @@ def run_trainer(layout: Layout, tree: Tree, *, sp: bool, steps: int, logging_ste
     used = devices.resolve_device(device, nodes.ranks_here(SP_SIZE), tree.python)
     args = ("--steps", str(steps), "--logging-steps", str(logging_steps), *worker_args)
     what = Start(WORKER, (World(nprocs, args),), used, timeout, deepspeed=setup, nodes=nodes)
-    (results,) = launchers.start(Launcher.ACCELERATE, run, what)
+    (results,) = launchers.start(launchers.with_capability(sets_up_sp=True), run, what)
     check_layout(results, sp_size=nprocs, log_file=run.log_file)
     shutil.rmtree(run.run_dir)
     return results
