@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hostsync.detector import SyncScope, SyncScopeError
-from hostsync.protocol import free_port
+from hostsync.rank.protocol import free_port
 from hostsync.records import Cost, DeviceWork
 
 

@@ -17,7 +17,7 @@ from hostsync.errors import WorkspaceError
 from hostsync.launchers import Run, Start, World, torchrun_command
 from hostsync.layout import Layout
 from hostsync.nodes import NodeLayout, Pool
-from hostsync.records import Device
+from hostsync.records import Device, RankReport, RanOn
 
 from conftest import make_workspace
 
@@ -140,9 +140,8 @@ def test_each_node_ends_a_world_holding_every_ranks_result(tmp_path: Path) -> No
 
     assert sorted(path.name for path in merged.iterdir()) == [f"rank-{r}.json" for r in range(4)]
     host = socket.gethostname()
-    assert where == {0: {"node": 1, "host": host}, 3: {"node": 1, "host": host},
-                     1: {"node": 0, "host": host}, 2: {"node": 0, "host": host}}  # fmt: skip
-    stamped = [{nodes.RAN_ON: where[rank]} for rank in range(4)]
+    assert where == [RanOn(1, host), RanOn(0, host), RanOn(0, host), RanOn(1, host)]
+    stamped = [RankReport(rank, {}, where[rank]) for rank in range(4)]
     shares = nodes.shares_of("pinned x4", stamped)
     assert [(s.node_rank, s.ranks) for s in shares] == [(0, (1, 2)), (1, (0, 3))]
 

@@ -19,7 +19,7 @@ from hostsync import cases, devices, launchers, repro, results
 from hostsync.errors import WorkspaceError
 from hostsync.launchers import Run, RunFailed, Start, World
 from hostsync.layout import Layout
-from hostsync.records import Device, Launcher, ReproResult
+from hostsync.records import Device, Launcher, RankReport, ReproResult
 from hostsync.upstream.trees import Tree, prepare_tree, prepare_trees
 
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line
@@ -167,7 +167,8 @@ def test_ranks_that_agree_give_one_value_and_those_that_differ_say_so() -> None:
                    "sites": [site | {"count": 2}], "problems": ["loss is off"]}]},
     ]  # fmt: skip
 
-    (merged,) = repro.merge_ranks(ranks, tree="pinned", launch="a.py", ranks=2)
+    reports = [RankReport(rank, document) for rank, document in enumerate(ranks)]
+    (merged,) = repro.merge_ranks(reports, tree="pinned", launch="a.py", ranks=2)
 
     row = merged.to_json()
     assert row["syncs"] == 2 and "syncs_per_rank" not in row
@@ -216,7 +217,7 @@ REPORTS_ITS_PROCESS = """
 
     import torch.distributed as dist
 
-    from hostsync.protocol import rank_entry
+    from hostsync.rank.protocol import rank_entry
 
     IMPORTED_IN = os.getpid()
 
@@ -237,7 +238,7 @@ REPORTS_ITS_PROCESS = """
 RAISES_ON_RANK_1 = """
     import torch.distributed as dist
 
-    from hostsync.protocol import rank_entry
+    from hostsync.rank.protocol import rank_entry
 
 
     @rank_entry
@@ -260,7 +261,7 @@ HANGS_ON_RANK_1 = """
 
     import torch.distributed as dist
 
-    from hostsync.protocol import rank_entry
+    from hostsync.rank.protocol import rank_entry
 
 
     @rank_entry

@@ -159,9 +159,9 @@ def _hunt(layout: Layout, settings: HuntSettings) -> int:
         setup=HuntSetup(
             world_size=len(ranks),
             sp_size=trainer_run.SP_SIZE,
-            model=ranks[0]["model"],
-            device=ranks[0]["device"],
-            backend=ranks[0]["backend"],
+            model=ranks[0].model,
+            device=ranks[0].device,
+            backend=ranks[0].backend,
             versions=environment.versions,
         ),
         allowlist=rules,
