@@ -166,6 +166,23 @@ def test_a_node_that_failed_ran_something_else_or_never_came_is_named(tmp_path: 
         nodes.gather(alone, layout, tmp_path)
 
 
+def test_a_node_note_of_another_shape_is_refused_naming_the_file_and_the_field(
+    tmp_path: Path,
+) -> None:
+    layout = NodeLayout(1, 0, "h:1", tmp_path, "job")
+    pool = Pool(tmp_path / "a", "pinned x2", timeout=5)
+    nodes.leave_share(pool, 0, node_folder(tmp_path, 0, [0, 1]))
+    note = pool.share(0) / nodes.SHARE_NOTE
+    note.write_text(note.read_text().replace('"host": ', '"host": 7, "was": '))
+
+    with pytest.raises(WorkspaceError) as refused:
+        nodes.gather(pool, layout, tmp_path / "merged")
+
+    said = str(refused.value)
+    assert f"{note}: host: expected a string, got 7" in said and "\n" not in said
+    assert "same version of the workspace on every node" in said
+
+
 def test_node_0_prepares_first_and_the_others_wait_for_it(tmp_path: Path) -> None:
     """On a shared filesystem two nodes preparing the same trees at once would collide."""
     node_0 = NodeLayout(2, 0, "h:1", tmp_path, "job")
