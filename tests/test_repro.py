@@ -314,7 +314,7 @@ def test_forked_ranks_share_one_import_across_worlds(
 
     worlds = launchers.start(Launcher.FORK, run, Start(script, worlds, Device.CPU, 300))
 
-    reports = [report for world in worlds for report in world]
+    reports = [report.payload for world in worlds for report in world]
     assert [(r["world_size"], r["rank"], r["argv"]) for r in reports] == [
         (2, 0, ["--two"]), (2, 1, ["--two"]),
         (3, 0, ["--three"]), (3, 1, ["--three"]), (3, 2, ["--three"]),
@@ -348,7 +348,7 @@ def test_the_snippet_runs_after_the_ranks_in_the_interpreter_they_were_forked_fr
 
         (ranks,) = launchers.start(Launcher.FORK, run, what)
 
-        (interpreter,) = {rank["imported_in"] for rank in ranks}
+        (interpreter,) = {rank.payload["imported_in"] for rank in ranks}
         said = f"forked from {interpreter}, worker.IMPORTED_IN={interpreter}"
         assert said in log.read_text()
         assert snippet.ended().exit_status == status  # its own, not the launch's

@@ -3,13 +3,14 @@
 The case card says how: each `[[repro.launch]]` names a script of `repro/<case>/`, its launcher
 (`python`, `fork`, `torchrun` or `accelerate`, see `hostsync.launchers`), the rank counts to run
 it at and its scenarios. Every (tree, launch, rank count) is one run; `fork` starts the ranks of
-all of a launch's rank counts from one import of the script (`hostsync.rank.prefork`). A rank script
-takes `--scenarios a,b --device D` (and `--no-detector`, to time the detector) and returns
-`{"runs": [row, ...]}`, one row per scenario: `scenario`, the figures, site lists (lists of
-{file, line, function, code, count}), and `problems`, what the rank found wrong (a loss off its
-reference, say). The ranks' rows are merged here (`merge_ranks`): a figure every rank agrees on
-is kept as it is; where they differ, the row holds the largest number (or all() of flags, or
-each rank's message) and every rank's value beside it, and the report says so.
+all of a launch's rank counts from one import of the script (`hostsync.rank.prefork`). A rank
+script takes `--scenarios a,b --device D` (and `--no-detector`, to time the detector) and returns
+`{"runs": [row, ...]}` (read as `records.ReproRank`), one row per scenario: `scenario`, the
+figures, site lists (lists of {file, line, function, code, count}), and `problems`, what the
+rank found wrong (a loss off its reference, say). The ranks' rows are merged here
+(`merge_ranks`): a figure every rank agrees on is kept as it is; where they differ, the row holds
+the largest number (or all() of flags, or each rank's message) and every rank's value beside
+it, and the report says so.
 
 With `--trainer`, `trainer` holds per tree the full Trainer path's per-step losses with and
 without SP (`trainer_run.compare_losses`). The card's `compare` keys are compared across trees:
