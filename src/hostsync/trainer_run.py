@@ -115,11 +115,7 @@ def compare_losses(layout: Layout, tree: Tree, steps: int = 2,
         abs_diff=tuple(diffs),
         max_abs_diff=max(diffs),
         grad_norm={
-            "sp": tuple(
-                sp_ranks[0].logged[str(s)].grad_norm for s in range(1, steps + 1)
-            ),
-            "no_sp": tuple(
-                reference.logged[str(s)].grad_norm for s in range(1, steps + 1)
-            ),
+            "sp": tuple(sp_ranks[0].logged[str(s)].grad_norm for s in range(1, steps + 1)),
+            "no_sp": tuple(reference.logged[str(s)].grad_norm for s in range(1, steps + 1)),
         },
     )

@@ -144,9 +144,7 @@ def step_figures(
         return figures
     launched = {e.correlation for e in inside if e.correlation is not None}
     dtoh = [
-        e
-        for e in gpu
-        if e.cat == "gpu_memcpy" and "DtoH" in e.name and e.correlation in launched
+        e for e in gpu if e.cat == "gpu_memcpy" and "DtoH" in e.name and e.correlation in launched
     ]
     busy = busy_intervals(gpu, step.start, step.end)
     drawn = replace(
