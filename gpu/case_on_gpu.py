@@ -45,11 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from hostsync import cases, provenance, results  # noqa: E402 (the workspace's engine, by path)
+from hostsync.codec import read_file  # noqa: E402
 from hostsync.errors import WorkspaceError  # noqa: E402
 from hostsync.launchers import ENGINE_SRC, NODE_FIELD, RUN_DIR_FIELD  # noqa: E402
 from hostsync.layout import Layout  # noqa: E402
 from hostsync.profiling import nsys  # noqa: E402
-from hostsync.protocol import (  # noqa: E402
+from hostsync.rank.protocol import (  # noqa: E402
     MEASURED_RANGE,
     RUN_DIR_ENV,
     SYNC_OP,
@@ -57,7 +58,14 @@ from hostsync.protocol import (  # noqa: E402
     TREE_SRC_ENV,
     free_port,
 )
-from hostsync.records import GpuResult, GpuTreeFigures, Stamp, TreeInfo  # noqa: E402
+from hostsync.records import (  # noqa: E402
+    GpuResult,
+    GpuTreeFigures,
+    ProfiledRank,
+    RankReport,
+    Stamp,
+    TreeInfo,
+)
 
 TREES_FILE = "trees.json"
 FIGURES_FILE = "figures.json"
@@ -220,8 +228,8 @@ class StepClock:
 
 def rank_main(args: argparse.Namespace) -> None:
     """The case's profile script as rank 0 of 1 on this tree; its figures into figures.json."""
-    from hostsync import rankkit
     from hostsync.profiling.traces import analyse_trace, combine_ranks, load_trace
+    from hostsync.rank import rankkit
 
     layout = Layout().for_case(args.case)
     case = cases.load(layout.root, args.case)
@@ -251,10 +259,10 @@ def rank_main(args: argparse.Namespace) -> None:
     started = time.monotonic()
     runpy.run_path(str(script), run_name="__main__")  # a failure raises, its traceback on stderr
     step_ms, sync_warnings = clock.last(args.steps)
-    rank = json.loads((folder / "rank-0.json").read_text())
+    rank = read_file(RankReport, folder / "rank-0.json").read(ProfiledRank)
     reads = None
-    if rank["trace"]:
-        step = combine_ranks([analyse_trace(load_trace(folder / rank["trace"]))])
+    if rank.trace:
+        step = combine_ranks([analyse_trace(load_trace(folder / rank.trace))])
         reads, copies, copied, calls, idle = (
             step.ops[SYNC_OP], step.dtoh_copies, step.dtoh_bytes, step.cuda_calls,
             step.gpu_idle_ms,

@@ -159,8 +159,8 @@ def steps_main(args: argparse.Namespace) -> None:
     from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
 
     from hostsync.profiling.traces import analyse_trace, combine_ranks, load_trace
-    from hostsync.protocol import MEASURED_RANGE, SYNC_OP
-    from hostsync.rankkit import named_range, recording
+    from hostsync.rank.protocol import MEASURED_RANGE, SYNC_OP
+    from hostsync.rank.rankkit import named_range, recording
 
     if Path(args.src).resolve() not in Path(transformers.__file__).resolve().parents:
         raise RuntimeError(f"transformers came from {transformers.__file__}, not {args.src}")

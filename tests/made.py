@@ -89,7 +89,7 @@ def stamp(layout: Layout):
 
 
 def row(tree: str, ranks: int, syncs: int, scenario: str = "all_tokens") -> RunRow:
-    return RunRow(tree, "sp_loss.py", ranks, scenario, {"host_syncs": syncs})
+    return RunRow(tree, "sp_loss.py", ranks, scenario, host_syncs=syncs)
 
 
 def repro(layout: Layout, runs: tuple[RunRow, ...],

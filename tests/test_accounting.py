@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from hostsync.detector import SyncScope, SyncScopeError
-from hostsync.protocol import free_port
+from hostsync.rank.protocol import free_port
 from hostsync.records import Cost, DeviceWork
 
 

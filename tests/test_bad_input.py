@@ -26,7 +26,7 @@ from hostsync.files import sha256
 from hostsync.launchers import Run, RunFailed, Start, World, run_group
 from hostsync.layout import ROOT, Layout
 from hostsync.projects import get
-from hostsync.records import Device, Launcher, TreeRole, Verdict
+from hostsync.records import Device, EnvRecord, Launcher, TreeRole, Verdict
 from hostsync.upstream import envs, sdists
 from hostsync.upstream.trees import Tree
 
@@ -125,7 +125,7 @@ def test_an_environment_record_naming_no_interpreter_of_its_own_is_refused(
     env.mkdir(parents=True)
 
     with pytest.raises(WorkspaceError, match=r"has no interpreter of its own .*remove .* rerun"):
-        envs.usable_python(env, {"python": python})
+        envs.usable_python(env, EnvRecord(python, (), {}))
 
 
 def test_an_environment_record_names_its_interpreter_inside_its_folder(tmp_path: Path) -> None:
@@ -133,7 +133,7 @@ def test_an_environment_record_names_its_interpreter_inside_its_folder(tmp_path:
     (env / "bin").mkdir(parents=True)
     (env / "bin" / "python").symlink_to(sys.executable)  # as venv makes it
 
-    assert envs.usable_python(env, {"python": "bin/python"}) == str(env / "bin" / "python")
+    assert envs.usable_python(env, EnvRecord("bin/python", (), {})) == str(env / "bin" / "python")
 
 
 def test_a_release_without_requires_dist_is_read_from_its_egg_info(tmp_path: Path) -> None:
@@ -232,7 +232,7 @@ def test_another_cases_result_is_refused_and_never_rerun(results_of_sp_loss: Lay
 RETURNS_NO_RUNS = """
     import torch.distributed as dist
 
-    from hostsync.protocol import rank_entry
+    from hostsync.rank.protocol import rank_entry
 
 
     @rank_entry
@@ -367,7 +367,7 @@ IGNORES_SIGTERM = """
     import time
     from pathlib import Path
 
-    from hostsync.protocol import rank_entry
+    from hostsync.rank.protocol import rank_entry
 
 
     @rank_entry
@@ -378,7 +378,7 @@ IGNORES_SIGTERM = """
 """
 
 RETURNS_ROWS = """
-    from hostsync.protocol import rank_entry, repro_parser
+    from hostsync.rank.protocol import rank_entry, repro_parser
 
 
     @rank_entry

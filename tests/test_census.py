@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, rankkit, results, table
+from hostsync import cases, results, table
 from hostsync.census import command, report, setups
 from hostsync.errors import WorkspaceError
 from hostsync.layout import ROOT, Layout
+from hostsync.rank import rankkit
 from hostsync.records import (
     CensusResult,
     CensusSetup,

@@ -144,6 +144,24 @@ def test_a_result_of_the_wrong_shape_names_the_file_and_the_field(
         results.read(path, HuntResult)
 
 
+def test_a_repro_row_whose_host_syncs_is_no_count_is_refused_naming_the_field(
+    workspace: Layout,
+) -> None:
+    """The count every case reports is typed: a draft never cites a word where a count was."""
+    result = made.repro(workspace, (made.row("pinned", 2, 3),))
+    path = results.write(workspace.profiles, result, workspace.unsaved)
+    assert results.read(path, ReproResult) == result
+    document = json.loads(path.read_text())
+    document["runs"][0]["host_syncs"] = "three"
+    path.write_text(json.dumps(document))
+
+    with pytest.raises(WorkspaceError) as refused:
+        results.read(path, ReproResult)
+
+    said = str(refused.value)
+    assert "runs[0].host_syncs: expected an integer" in said and "\n" not in said
+
+
 def test_another_kind_of_result_is_refused_by_its_kind(workspace: Layout) -> None:
     path = results.write(workspace.profiles, hunt_result(workspace), workspace.unsaved)
 

@@ -18,6 +18,7 @@ from hostsync.records import (
     Cost,
     CrossCheck,
     DeviceWork,
+    HuntRank,
     HuntResult,
     HuntSite,
     HuntTree,
@@ -121,7 +122,7 @@ def site(file: str, line: int, function: str, code: str, count: int = 1,
          kind: str = "scalar_read", stalls: int = 1) -> dict:  # fmt: skip
     """`stalls` of the `count` reads waited for device work (the first, by default)."""
     return {"kind": kind, "file": file, "line": line, "function": function, "code": code,
-            "count": count, "stalls": stalls}  # fmt: skip
+            "caller": "", "count": count, "stalls": stalls}  # fmt: skip
 
 
 EVERY_PLACE = ("transformers/integrations/deepspeed.py", 741, "<genexpr>", "if t > 0")
@@ -154,11 +155,17 @@ def rank(number: int) -> dict:
     }
 
 
+def as_read(*ranks: dict) -> list[HuntRank]:
+    """Hand-made rank records as the hunt reads them, through their record's reader."""
+    where = {"device": "cpu", "backend": "gloo", "model": "tiny"}
+    return [HuntRank.from_json(record | where) for record in ranks]
+
+
 ACCEPT_LOGGING = AllowRule("transformers/trainer.py", "logged", function="_maybe_log_save_evaluate")
 
 
 def test_sites_say_when_they_occur_and_rank_by_syncs_per_step() -> None:
-    sites = measure.summarize([rank(0), rank(1)], (ACCEPT_LOGGING,))
+    sites = measure.summarize(as_read(rank(0), rank(1)), (ACCEPT_LOGGING,))
 
     assert [(s.function, s.when, s.per_step) for s in sites] == [
         ("<genexpr>", "every step", 2),
@@ -173,14 +180,15 @@ def test_sites_say_when_they_occur_and_rank_by_syncs_per_step() -> None:
 
 
 def test_a_trees_cost_is_every_ranks_steps_after_the_warm_up_and_judged_against_the_first() -> None:
-    pinned = measure.steady_cost([rank(0), rank(1)])
+    pinned = measure.steady_cost(as_read(rank(0), rank(1)))
     assert (pinned.steps, pinned.reads, pinned.stalls, pinned.work.kernels) == (8, 30, 14, 140)
 
     lighter = rank(0)
     for number in range(1, 5):
         lighter["steps"][number] = step(number + 1, site(*EVERY_PLACE, count=2, stalls=0))
     base = dataclasses.replace(hunt_tree("pinned", ()), cost=pinned)
-    fixed = dataclasses.replace(hunt_tree("patched", ()), cost=measure.steady_cost([lighter]))
+    fixed_cost = measure.steady_cost(as_read(lighter))
+    fixed = dataclasses.replace(hunt_tree("patched", ()), cost=fixed_cost)
     rows = report.cost_rows([base, fixed])
 
     assert rows[0] == ("pinned", 3.75, 1.75, 17.5, "-")
@@ -189,7 +197,7 @@ def test_a_trees_cost_is_every_ranks_steps_after_the_warm_up_and_judged_against_
 
 
 def test_the_allow_list_accepts_by_file_and_function_with_its_reason() -> None:
-    sites = {s.function: s for s in measure.summarize([rank(0)], (ACCEPT_LOGGING,))}
+    sites = {s.function: s for s in measure.summarize(as_read(rank(0)), (ACCEPT_LOGGING,))}
 
     assert sites["_maybe_log_save_evaluate"].allowed == "logged"
     assert sites["<genexpr>"].allowed is None
@@ -199,7 +207,7 @@ def test_a_site_only_one_rank_saw_is_kept() -> None:
     lonely = rank(1)
     lonely["steps"][1]["sites"].append(site("other.py", 5, "f", "bool(t)"))
 
-    sites = {s.function: s for s in measure.summarize([rank(0), lonely], ())}
+    sites = {s.function: s for s in measure.summarize(as_read(rank(0), lonely), ())}
 
     assert sites["f"].steps == (2,)
     assert sites["f"].package == "other"
@@ -207,13 +215,13 @@ def test_a_site_only_one_rank_saw_is_kept() -> None:
 
 def test_trees_are_compared_on_code_not_line_numbers() -> None:
     moved = dict(LOGGING, line=2080)
-    first = hunt_tree("pinned", measure.summarize([rank(0)], ()))
+    first = hunt_tree("pinned", measure.summarize(as_read(rank(0)), ()))
     fixed_rank = rank(0)
     for record in fixed_rank["steps"]:
         record["sites"] = [moved if s is LOGGING else s for s in record["sites"] if s is not EVERY]
     new_site = site("transformers/trainer.py", 10, "f", "int(t)")
     fixed_rank["steps"][1]["sites"].append(new_site)
-    second = hunt_tree("fixed", measure.summarize([fixed_rank], ()))
+    second = hunt_tree("fixed", measure.summarize(as_read(fixed_rank), ()))
 
     rows = {row.function: row for row in report.compare([first, second])}
 
@@ -227,20 +235,23 @@ def test_trees_are_compared_on_code_not_line_numbers() -> None:
 def test_profiler_reads_beyond_the_twin_step_are_listed_with_their_kernel() -> None:
     record = rank(0)
     record["profiled"] = [
-        {"file": EVERY["file"], "function": "<genexpr>", "via": None, "count": 2},
-        {"file": "torch/optim/adam.py", "function": "_fused_adam", "via": "aten::_fused_adamw_",
-         "count": 2},
+        {"step": 6, "logging": True, "file": EVERY["file"], "function": "<genexpr>",
+         "via": None, "count": 2},
+        {"step": 6, "logging": True, "file": "torch/optim/adam.py", "function": "_fused_adam",
+         "via": "aten::_fused_adamw_", "count": 2},
     ]  # fmt: skip
 
-    only = measure.profiler_only([record], twin=3)
+    only = measure.profiler_only(as_read(record), twin=3)
 
     assert [(e.function, e.via, e.count) for e in only] == [
         ("_fused_adam", "aten::_fused_adamw_", 2)
     ]
-    assert measure.cross_check([record], twin=3) == [CrossCheck(rank=0, profiler=4, detector=6)]
+    checked = measure.cross_check(as_read(record), twin=3)
+    assert checked == [CrossCheck(rank=0, profiler=4, detector=6)]
     # A read of host memory (AdamW's step counter): the profiler sees it, the detector apart.
     record["steps"][2]["host_reads"] = 1
-    assert measure.cross_check([record], twin=3) == [CrossCheck(rank=0, profiler=4, detector=7)]
+    checked = measure.cross_check(as_read(record), twin=3)
+    assert checked == [CrossCheck(rank=0, profiler=4, detector=7)]
 
 
 @pytest.mark.parametrize(
@@ -303,7 +314,7 @@ def hunt_tree(label: str, sites: list[HuntSite]) -> HuntTree:
 
 
 def document(workspace: Layout, label: str) -> HuntResult:
-    tree = hunt_tree(label, measure.summarize([rank(0)], (ACCEPT_LOGGING,)))
+    tree = hunt_tree(label, measure.summarize(as_read(rank(0)), (ACCEPT_LOGGING,)))
     return dataclasses.replace(made.hunt(workspace, tree), allowlist=(ACCEPT_LOGGING,))
 
 
@@ -349,7 +360,7 @@ def test_a_tree_that_could_not_run_is_reported_but_not_compared(workspace: Layou
 def test_a_site_a_case_carries_is_labelled_with_the_case_not_accepted() -> None:
     carried = (AllowRule("transformers/integrations/deepspeed.py", "c", code="t > 0"),)
 
-    sites = measure.summarize([rank(0)], (ACCEPT_LOGGING,), carried)
+    sites = measure.summarize(as_read(rank(0)), (ACCEPT_LOGGING,), carried)
 
     by_function = {site.function: site for site in sites}
     assert (by_function["<genexpr>"].carried, by_function["<genexpr>"].allowed) == ("c", None)

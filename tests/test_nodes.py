@@ -17,7 +17,7 @@ from hostsync.errors import WorkspaceError
 from hostsync.launchers import Run, Start, World, torchrun_command
 from hostsync.layout import Layout
 from hostsync.nodes import NodeLayout, Pool
-from hostsync.records import Device
+from hostsync.records import Device, RankReport, RanOn
 
 import made
 from conftest import make_workspace
@@ -141,9 +141,8 @@ def test_each_node_ends_a_world_holding_every_ranks_result(tmp_path: Path) -> No
 
     assert sorted(path.name for path in merged.iterdir()) == [f"rank-{r}.json" for r in range(4)]
     host = socket.gethostname()
-    assert where == {0: {"node": 1, "host": host}, 3: {"node": 1, "host": host},
-                     1: {"node": 0, "host": host}, 2: {"node": 0, "host": host}}  # fmt: skip
-    stamped = [{nodes.RAN_ON: where[rank]} for rank in range(4)]
+    assert where == [RanOn(1, host), RanOn(0, host), RanOn(0, host), RanOn(1, host)]
+    stamped = [RankReport(rank, {}, where[rank]) for rank in range(4)]
     shares = nodes.shares_of("pinned x4", stamped)
     assert [(s.node_rank, s.ranks) for s in shares] == [(0, (1, 2)), (1, (0, 3))]
 
@@ -166,6 +165,23 @@ def test_a_node_that_failed_ran_something_else_or_never_came_is_named(tmp_path: 
     nodes.leave_share(alone, 0, tmp_path)
     with pytest.raises(WorkspaceError, match="node 1 of 2 left no results"):
         nodes.gather(alone, layout, tmp_path)
+
+
+def test_a_node_note_of_another_shape_is_refused_naming_the_file_and_the_field(
+    tmp_path: Path,
+) -> None:
+    layout = NodeLayout(1, 0, "h:1", tmp_path, "job")
+    pool = Pool(tmp_path / "a", "pinned x2", timeout=5)
+    nodes.leave_share(pool, 0, node_folder(tmp_path, 0, [0, 1]))
+    note = pool.share(0) / nodes.SHARE_NOTE
+    note.write_text(note.read_text().replace('"host": ', '"host": 7, "was": '))
+
+    with pytest.raises(WorkspaceError) as refused:
+        nodes.gather(pool, layout, tmp_path / "merged")
+
+    said = str(refused.value)
+    assert f"{note}: host: expected a string, got 7" in said and "\n" not in said
+    assert "same version of the workspace on every node" in said
 
 
 def test_node_0_prepares_first_and_the_others_wait_for_it(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from hostsync.launchers import RunHung, run_group
 from hostsync.layout import ROOT, Layout
 from hostsync.profiling import capture as capturing
 from hostsync.profiling import command, nsys, report, traces
-from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, SYNC_OP
+from hostsync.rank.protocol import EXCLUDED_RANGE, MEASURED_RANGE, SYNC_OP
 from hostsync.records import Capture, Device, NsysFigures, ProfileResult
 from hostsync.upstream.trees import prepare_tree
 
@@ -93,12 +93,12 @@ def cpu_trace(start: float, aggregation_reads: int) -> dict:
 def test_reads_are_counted_inside_the_range_and_split_by_the_forward() -> None:
     (step,) = traces.analyse_trace(cpu_trace(0, aggregation_reads=3))
 
-    assert step["range_ms"] == 10.0
-    assert step["ops"] == {SYNC: 4, "aten::item": 4, "aten::is_nonzero": 4}
-    assert step["ops_in_forward"] == {SYNC: 1, "aten::item": 1, "aten::is_nonzero": 1}
-    assert step["timeline"]["sync_ms"] == [0.101, 9.001, 9.051, 9.101]
-    assert step["timeline"]["forward_ms"] == [[0.01, 8.01]]
-    assert step["dtoh_copies"] is None and step["timeline"]["gpu_busy_ms"] is None
+    assert step.range_ms == 10.0
+    assert step.ops == {SYNC: 4, "aten::item": 4, "aten::is_nonzero": 4}
+    assert step.ops_in_forward == {SYNC: 1, "aten::item": 1, "aten::is_nonzero": 1}
+    assert step.timeline.sync_ms == (0.101, 9.001, 9.051, 9.101)
+    assert step.timeline.forward_ms == ((0.01, 8.01),)
+    assert step.dtoh_copies is None and step.timeline.gpu_busy_ms is None
 
 
 def test_a_trace_without_the_range_is_refused() -> None:
@@ -120,13 +120,13 @@ def test_on_cuda_only_copies_launched_in_the_range_count_and_idle_time_is_the_ga
     ]
     (step,) = traces.analyse_trace(trace)
 
-    assert step["cuda_calls"] == {"cudaStreamSynchronize": 1, "cudaDeviceSynchronize": 0,
-                                  "cudaMemcpyAsync": 1, "cudaMemcpy": 0}  # fmt: skip
-    assert (step["dtoh_copies"], step["dtoh_bytes"]) == (1, 8)
+    assert step.cuda_calls == {"cudaStreamSynchronize": 1, "cudaDeviceSynchronize": 0,
+                               "cudaMemcpyAsync": 1, "cudaMemcpy": 0}  # fmt: skip
+    assert (step.dtoh_copies, step.dtoh_bytes) == (1, 8)
     # Busy: 1.0-6.0 ms, 9.4-9.402 ms, 9.9-10.0 ms of the 10 ms range.
-    assert step["gpu_idle_ms"] == pytest.approx(10 - 5 - 0.002 - 0.1)
-    assert step["timeline"]["gpu_busy_ms"] == [[1.0, 6.0], [9.4, 9.402], [9.9, 10.0]]
-    assert step["timeline"]["dtoh_ms"] == [9.4]
+    assert step.gpu_idle_ms == pytest.approx(10 - 5 - 0.002 - 0.1)
+    assert step.timeline.gpu_busy_ms == ((1.0, 6.0), (9.4, 9.402), (9.9, 10.0))
+    assert step.timeline.dtoh_ms == (9.4,)
 
 
 def test_ranks_combine_to_the_slowest_rank_count_and_the_median_time() -> None:

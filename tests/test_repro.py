@@ -19,7 +19,7 @@ from hostsync import cases, devices, launchers, repro, results
 from hostsync.errors import WorkspaceError
 from hostsync.launchers import Run, RunFailed, Start, World
 from hostsync.layout import Layout
-from hostsync.records import Device, Launcher, ReproResult
+from hostsync.records import Device, Launcher, RankReport, ReproResult
 from hostsync.upstream.trees import Tree, prepare_tree, prepare_trees
 
 import made
@@ -168,7 +168,8 @@ def test_ranks_that_agree_give_one_value_and_those_that_differ_say_so() -> None:
                    "sites": [site | {"count": 2}], "problems": ["loss is off"]}]},
     ]  # fmt: skip
 
-    (merged,) = repro.merge_ranks(ranks, tree="pinned", launch="a.py", ranks=2)
+    reports = [RankReport(rank, document) for rank, document in enumerate(ranks)]
+    (merged,) = repro.merge_ranks(reports, tree="pinned", launch="a.py", ranks=2)
 
     row = merged.to_json()
     assert row["syncs"] == 2 and "syncs_per_rank" not in row
@@ -217,7 +218,7 @@ REPORTS_ITS_PROCESS = """
 
     import torch.distributed as dist
 
-    from hostsync.protocol import rank_entry
+    from hostsync.rank.protocol import rank_entry
 
     IMPORTED_IN = os.getpid()
 
@@ -238,7 +239,7 @@ REPORTS_ITS_PROCESS = """
 RAISES_ON_RANK_1 = """
     import torch.distributed as dist
 
-    from hostsync.protocol import rank_entry
+    from hostsync.rank.protocol import rank_entry
 
 
     @rank_entry
@@ -261,7 +262,7 @@ HANGS_ON_RANK_1 = """
 
     import torch.distributed as dist
 
-    from hostsync.protocol import rank_entry
+    from hostsync.rank.protocol import rank_entry
 
 
     @rank_entry
@@ -314,7 +315,7 @@ def test_forked_ranks_share_one_import_across_worlds(
 
     worlds = launchers.start(Launcher.FORK, run, Start(script, worlds, Device.CPU, 300))
 
-    reports = [report for world in worlds for report in world]
+    reports = [report.payload for world in worlds for report in world]
     assert [(r["world_size"], r["rank"], r["argv"]) for r in reports] == [
         (2, 0, ["--two"]), (2, 1, ["--two"]),
         (3, 0, ["--three"]), (3, 1, ["--three"]), (3, 2, ["--three"]),
@@ -348,7 +349,7 @@ def test_the_snippet_runs_after_the_ranks_in_the_interpreter_they_were_forked_fr
 
         (ranks,) = launchers.start(Launcher.FORK, run, what)
 
-        (interpreter,) = {rank["imported_in"] for rank in ranks}
+        (interpreter,) = {rank.payload["imported_in"] for rank in ranks}
         said = f"forked from {interpreter}, worker.IMPORTED_IN={interpreter}"
         assert said in log.read_text()
         assert snippet.ended().exit_status == status  # its own, not the launch's

@@ -28,8 +28,8 @@ from accelerate import Accelerator
 from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
 
 from hostsync.detector import SyncScope
-from hostsync.protocol import rank_entry, repro_parser
-from hostsync.rankkit import (
+from hostsync.rank.protocol import rank_entry, repro_parser
+from hostsync.rank.rankkit import (
     MODEL_SUMMARY,
     add_launch_arguments,
     finite_or_name,

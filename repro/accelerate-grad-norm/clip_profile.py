@@ -21,14 +21,14 @@ from pathlib import Path
 import clip_loop  # torchrun puts this script's folder first on sys.path
 import torch
 
-from hostsync.protocol import (
+from hostsync.rank.protocol import (
     EXCLUDED_RANGE,
     MEASURED_RANGE,
     RUN_DIR_ENV,
     profile_parser,
     rank_entry,
 )
-from hostsync.rankkit import named_range, profiled_rank, recording
+from hostsync.rank.rankkit import named_range, profiled_rank, recording
 
 
 def parse_args() -> argparse.Namespace:

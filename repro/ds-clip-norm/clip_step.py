@@ -40,7 +40,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hostsync.detector import SyncScope
-from hostsync.protocol import rank_entry, repro_parser
+from hostsync.rank.protocol import rank_entry, repro_parser
 
 HIDDEN = 16
 SCALAR_READ = torch.ops.aten._local_scalar_dense.default

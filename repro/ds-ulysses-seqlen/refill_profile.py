@@ -25,14 +25,14 @@ import torch
 from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
 from torch.utils.data import DataLoader
 
-from hostsync.protocol import (
+from hostsync.rank.protocol import (
     EXCLUDED_RANGE,
     MEASURED_RANGE,
     RUN_DIR_ENV,
     profile_parser,
     rank_entry,
 )
-from hostsync.rankkit import named_range, profiled_rank, recording
+from hostsync.rank.rankkit import named_range, profiled_rank, recording
 
 
 def parse_args() -> argparse.Namespace:

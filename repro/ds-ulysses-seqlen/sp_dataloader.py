@@ -26,7 +26,7 @@ from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAd
 from torch.utils.data import DataLoader
 
 from hostsync.detector import SyncScope
-from hostsync.protocol import rank_entry, repro_parser
+from hostsync.rank.protocol import rank_entry, repro_parser
 
 SP_FILE = "deepspeed/runtime/sequence_parallel/ulysses_sp.py"
 LENGTH_CHECK = "shape[1]"  # the code of the per-tensor length check

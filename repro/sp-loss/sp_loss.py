@@ -27,8 +27,8 @@ from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
 from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
 
 from hostsync.detector import SyncScope
-from hostsync.protocol import rank_entry, repro_parser
-from hostsync.rankkit import VOCAB, tiny_llama
+from hostsync.rank.protocol import rank_entry, repro_parser
+from hostsync.rank.rankkit import VOCAB, tiny_llama
 
 MICRO_BATCH = 1
 TOKENS_PER_RANK = 8

@@ -20,8 +20,8 @@ from pathlib import Path
 from train import SCENARIOS  # the launcher puts this script's folder first
 from transformers import Trainer
 
-from hostsync.protocol import RUN_DIR_ENV, profile_parser, rank_entry
-from hostsync.rankkit import (
+from hostsync.rank.protocol import RUN_DIR_ENV, profile_parser, rank_entry
+from hostsync.rank.rankkit import (
     TrainerSteps,
     add_launch_arguments,
     profiled_rank,

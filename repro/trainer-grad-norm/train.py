@@ -24,8 +24,8 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 
 from hostsync.detector import Site, SyncScope
-from hostsync.protocol import rank_entry, repro_parser
-from hostsync.rankkit import (
+from hostsync.rank.protocol import rank_entry, repro_parser
+from hostsync.rank.rankkit import (
     MODEL_SUMMARY,
     add_launch_arguments,
     finite_or_name,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from train import SCENARIOS  # torchrun puts this script's folder first
 
-from hostsync.protocol import RUN_DIR_ENV, profile_parser, rank_entry
-from hostsync.rankkit import (
+from hostsync.rank.protocol import RUN_DIR_ENV, profile_parser, rank_entry
+from hostsync.rank.rankkit import (
     TrainerSteps,
     profiled_rank,
     samples,

@@ -26,10 +26,10 @@ import os
 from collections import Counter
 from typing import Any
 
-from hostsync.protocol import rank_entry, repro_parser
+from hostsync.rank.protocol import rank_entry, repro_parser
 
 # The hunt's tiny Llama and its SFT-style samples: the same model in both.
-from hostsync.rankkit import (
+from hostsync.rank.rankkit import (
     MODEL_SUMMARY,
     add_launch_arguments,
     finite_or_name,

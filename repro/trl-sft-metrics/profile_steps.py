@@ -20,14 +20,14 @@ from pathlib import Path
 from sft_metrics import BATCH, SCENARIOS  # torchrun puts this script's folder first
 from trl import SFTConfig, SFTTrainer
 
-from hostsync.protocol import (
+from hostsync.rank.protocol import (
     EXCLUDED_RANGE,
     MEASURED_RANGE,
     RUN_DIR_ENV,
     profile_parser,
     rank_entry,
 )
-from hostsync.rankkit import (
+from hostsync.rank.rankkit import (
     named_range,
     profiled_rank,
     recording,

@@ -22,8 +22,8 @@ from typing import Any
 from trl import SFTConfig, SFTTrainer
 
 from hostsync.detector import SyncScope
-from hostsync.protocol import rank_entry, repro_parser
-from hostsync.rankkit import (
+from hostsync.rank.protocol import rank_entry, repro_parser
+from hostsync.rank.rankkit import (
     MODEL_SUMMARY,
     add_launch_arguments,
     sft_samples,

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from hostsync.records import DeviceWork
+from hostsync.sync_ops import OpCall
 
 _aten = torch.ops.aten
 # Operators that make or describe tensors without running a kernel on a device.
@@ -64,12 +65,12 @@ class Accounting(TorchDispatchMode):
         self,
         func: torch._ops.OpOverload,
         types: Sequence[type],
-        args: tuple = (),
-        kwargs: dict | None = None,
-    ) -> Any:
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
-        work = self.work_of(func, args, kwargs, result)
+        work = self.work_of(func, OpCall(args, kwargs), result)
         if work.queued:
             with self._lock:
                 self.total += work
@@ -77,12 +78,10 @@ class Accounting(TorchDispatchMode):
                 self._last = (id(result), work)
         return result
 
-    def work_of(
-        self, func: torch._ops.OpOverload, args: tuple, kwargs: dict, result: object
-    ) -> DeviceWork:
+    def work_of(self, func: torch._ops.OpOverload, call: OpCall, result: object) -> DeviceWork:
         """The device work one call launches (nothing for views, allocations, host memory)."""
-        inputs = list(_tensors(args, kwargs))
-        outputs = list(_tensors(result)) or list(_written(func, args, kwargs))
+        inputs = list(_tensors(call.args, call.kwargs))
+        outputs = list(_tensors(result)) or list(_written(func, call))
         if func.namespace == "c10d":
             return DeviceWork(1, 1, _bytes(inputs), 0)
         if func in _NO_KERNEL or func.is_view:
@@ -92,7 +91,7 @@ class Accounting(TorchDispatchMode):
         if inputs and all(self.host.holds(tensor) for tensor in inputs):
             return DeviceWork()
         formula = flop_registry.get(func._overloadpacket)
-        flops = formula(*args, **kwargs, out_val=result) if formula else 0
+        flops = formula(*call.args, **call.kwargs, out_val=result) if formula else 0
         moved = {id(tensor): tensor for tensor in (*inputs, *outputs)}
         return DeviceWork(1, 0, _bytes(moved.values()), int(flops))
 
@@ -121,12 +120,12 @@ def _tensors(*values: object) -> Iterator[torch.Tensor]:
             yield from _tensors(*value.values())
 
 
-def _written(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
+def _written(func: torch._ops.OpOverload, call: OpCall) -> Iterator[torch.Tensor]:
     """The tensors a call writes in place: what `_foreach_*_` and the fused optimizers update,
     though they return nothing."""
     for index, argument in enumerate(func._schema.arguments):
         if argument.alias_info is not None and argument.alias_info.is_write:
-            yield from _tensors(args[index] if index < len(args) else kwargs.get(argument.name))
+            yield from _tensors(call.argument(index, argument.name))
 
 
 def _bytes(tensors: Iterator[torch.Tensor] | Sequence[torch.Tensor]) -> int:

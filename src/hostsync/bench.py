@@ -32,14 +32,14 @@ import time
 from collections.abc import Callable
 
 from hostsync import cases, devices, locks, provenance, repro, results, table
-from hostsync.launchers import ENGINE_SRC
+from hostsync.launchers import ENGINE_SRC, RankResults
 from hostsync.layout import Layout
 from hostsync.options import add_case, add_device, add_timeout, chosen_cases
 from hostsync.records import BenchResult, DetectorTruth, FamilyTruth
 from hostsync.upstream.trees import infos, prepare_tree, prepare_trees
 
 
-def call_seconds(rank_results: list[dict]) -> list[float]:
+def call_seconds(rank_results: RankResults) -> list[float]:
     """Each call's time at its slowest rank, the run's first call (warm-up) left out."""
     rows = repro.merge_ranks(rank_results, tree="", launch="", ranks=len(rank_results))
     return [row.figures["call_seconds"] for row in rows if "call_seconds" in row.figures][1:]
@@ -276,7 +276,7 @@ def bench_runs(case: cases.Case, args: argparse.Namespace, truth: DetectorTruth,
     device = devices.resolve_device(args.device, sp_size, tree.python)
     scenarios = list(spec.scenarios) * args.repeat
 
-    def run(detector: bool, env: dict[str, str] | None = None) -> tuple[float, list[dict]]:
+    def run(detector: bool, env: dict[str, str] | None = None) -> tuple[float, RankResults]:
         started = time.perf_counter()
         [(_, _, ranks)] = repro.run_launch(
             layout, tree, spec, [sp_size], scenarios, device=device, timeout=args.timeout,

@@ -8,14 +8,16 @@ only: this module is the ground floor of the engine's imports.
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 Json = Any  # None, bool, int, float, str, list of Json, or dict of str to Json
+R = TypeVar("R", bound="Record")
 # A field's metadata: its keys sit at the top level of the enclosing document.
 FLAT = {"flat": True}
 # A field's metadata: left out of the document while it holds its default.
@@ -63,6 +65,24 @@ class Record:
             elif _default(item) is dataclasses.MISSING:
                 raise RecordError(inner, "is missing")
         return cls(**values)
+
+
+def read_file(kind: type[R], path: Path) -> R:
+    """The record a side file holds (a lock's holder, a rank's result, ...): a file that is no
+    JSON, or not that record, is refused naming the file and the field."""
+    try:
+        document = json.loads(path.read_text())
+    except ValueError as error:
+        raise RecordError(str(path), f"is not JSON ({error})") from None
+    try:
+        return kind.from_json(document)
+    except RecordError as error:
+        raise RecordError(str(path), str(error)) from None
+
+
+def write_file(record: Record, path: Path) -> None:
+    """`record` as the JSON document `read_file` reads back."""
+    path.write_text(json.dumps(record.to_json(), indent=2) + "\n")
 
 
 class Strict(Record):

@@ -151,7 +151,7 @@ class SyncScope:
             raise SyncScopeError("carry() needs an open scope: call it inside `with scope:`")
 
         @functools.wraps(function)
-        def carried(*args: Any, **kwargs: Any) -> _Result:
+        def carried(*args: object, **kwargs: object) -> _Result:
             with observer.carried():
                 return function(*args, **kwargs)
 
@@ -477,24 +477,23 @@ class _Observer:
         self,
         op: torch._ops.OpOverload,
         rules: Sequence[sync_ops.OpSync],
-        call: Callable[[], Any],
-        args: tuple,
-        kwargs: dict,
-    ) -> Any:
+        run: Callable[[], object],
+        call: sync_ops.OpCall,
+    ) -> object:
         """One aten call made by Python code in this context, and its reads on CUDA."""
-        syncs = [(rule.kind, n) for rule in rules if (n := rule.syncs(args, kwargs, self.host))]
+        syncs = [(rule.kind, n) for rule in rules if (n := rule.syncs(call, self.host))]
         with self.quieted():
-            result = call()
+            result = run()
         # What the CPU still reads where the tensor lives in host memory (a GPU would not wait).
         host_reads = sum(
-            rule.syncs(args, kwargs, _NOTHING_ON_HOST) for rule in rules if rule.kind == _READ
+            rule.syncs(call, _NOTHING_ON_HOST) for rule in rules if rule.kind == _READ
         ) - sum(count for kind, count in syncs if kind == _READ)
         if host_reads:
             with self._lock:
                 for scope in self.scopes:
                     scope.host_reads += host_reads
         for kind, count in syncs:
-            self.record(kind, str(op), count, read=args[0] if args else None)
+            self.record(kind, str(op), count, read=call.args[0] if call.args else None)
         return result
 
     def site(self) -> tuple[FrameType | None, Site]:
@@ -663,19 +662,21 @@ def _tensors_in(values: object) -> Iterator[torch.Tensor]:
             yield from _tensors_in(value)
 
 
-def _names_host_memory(destination: torch.device | None, kwargs: dict, host: _HostMemory) -> bool:
+def _names_host_memory(
+    destination: torch.device | None, call: sync_ops.OpCall, host: _HostMemory
+) -> bool:
     """A result in pinned memory, or on a cpu device the statement names."""
-    if kwargs.get("pin_memory"):
+    if call.kwargs.get("pin_memory"):
         return True
     return destination is not None and destination.type == "cpu" and host.named()
 
 
-def _made_on_host(name: str, args: tuple, kwargs: dict, destination: torch.device | None) -> bool:
+def _made_on_host(name: str, call: sync_ops.OpCall, destination: torch.device | None) -> bool:
     """A torch factory given no device and no tensor to follow, while the default device is the
     CPU: its result is host memory on a GPU box too (`torch.tensor(0.0)`, `torch.zeros(3)`)."""
     if destination is not None or name.startswith("torch.Tensor.") or name.endswith("_like"):
         return False
-    if any(isinstance(value, torch.Tensor) for value in (*args, *kwargs.values())):
+    if any(isinstance(value, torch.Tensor) for value in (*call.args, *call.kwargs.values())):
         return False
     return torch.get_default_device().type == "cpu"
 
@@ -691,9 +692,9 @@ class _HostPropagation(TorchDispatchMode):
         self,
         func: torch._ops.OpOverload,
         types: Sequence[type],
-        args: tuple = (),
-        kwargs: dict | None = None,
-    ) -> Any:
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
         inputs = [*_tensors_in(args), *_tensors_in(list(kwargs.values()))]
@@ -759,7 +760,7 @@ def _judging_kernel(op: torch._ops.OpOverload, rules: Sequence[sync_ops.OpSync])
         if not argument.kwarg_only and argument.type == torch._C.TensorType.get()
     ]
 
-    def judged(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
+    def judged(keyset: torch._C.DispatchKeySet, *args: object, **kwargs: object) -> object:
         if tensors and any(type(args[i]) in _WRAPPED_DTYPES for i in tensors if i < len(args)):
             args = tuple(
                 torch.scalar_tensor(value, dtype=_WRAPPED_DTYPES[type(value)])
@@ -774,7 +775,10 @@ def _judging_kernel(op: torch._ops.OpOverload, rules: Sequence[sync_ops.OpSync])
         if observer is None or observer.quiet:
             return handle.redispatch_boxed(below, *args, **kwargs)
         return observer.judge_kernel(
-            op, rules, lambda: handle.redispatch_boxed(below, *args, **kwargs), args, kwargs
+            op,
+            rules,
+            lambda: handle.redispatch_boxed(below, *args, **kwargs),
+            sync_ops.OpCall(args, kwargs),
         )
 
     return judged
@@ -801,27 +805,28 @@ def _observed_functions() -> dict[str, sync_ops.FunctionSync | None]:
 
 @functools.cache
 def _observing(
-    name: str, rule: sync_ops.FunctionSync | None, original: Callable[..., Any]
-) -> Callable[..., Any]:
+    name: str, rule: sync_ops.FunctionSync | None, original: Callable[..., object]
+) -> Callable[..., object]:
     """`original`, in any context with an open scope: judged by `rule`, and its result kept as
     host memory when the call names it (a factory or a copy to "cpu", pinned memory)."""
     op = name.removeprefix("torch.")
     to_host = name == "torch.Tensor.cpu"
 
     @functools.wraps(original)
-    def observed(*args: Any, **kwargs: Any) -> Any:
+    def observed(*args: object, **kwargs: object) -> object:
         observer = _Observer.current()
         if observer is None or observer.quiet:
             return original(*args, **kwargs)
-        count = rule.syncs(args, kwargs, observer.host) if rule else 0
+        call = sync_ops.OpCall(args, kwargs)
+        count = rule.syncs(call, observer.host) if rule else 0
         with observer.quieted() if rule and rule.replaces_kernels else contextlib.nullcontext():
             result = original(*args, **kwargs)
-        where = _CPU if to_host else sync_ops.destination(args, kwargs)
+        where = _CPU if to_host else sync_ops.destination(call)
         made = result is not (args[0] if args else None)
-        on_host = made and _names_host_memory(where, kwargs, observer.host)
+        on_host = made and _names_host_memory(where, call, observer.host)
         if on_host:
             observer.host.add(result)
-        elif made and _made_on_host(name, args, kwargs, where):
+        elif made and _made_on_host(name, call, where):
             on_host = True
             observer.host.made(result)
         elif not made and where is not None:
@@ -940,9 +945,9 @@ class _ProcessWide:
             restore.enter_context(_replaced([(torch, "compile", self._guarding(torch.compile))]))
         return restore
 
-    def _guarding(self, compile_: Callable[..., Any]) -> Callable[..., Any]:
+    def _guarding(self, compile_: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(compile_)
-        def compile_then_guard(*args: Any, **kwargs: Any) -> Any:
+        def compile_then_guard(*args: object, **kwargs: object) -> object:
             compiled = compile_(*args, **kwargs)
             with self._lock:
                 if self._users and not self._guarded:
@@ -976,7 +981,7 @@ def _replaced(replacements: Sequence[tuple[object, str, object]]) -> Iterator[No
 
 
 @functools.cache
-def _writing(setitem: Callable[..., Any]) -> Callable[..., Any]:
+def _writing(setitem: Callable[..., object]) -> Callable[..., object]:
     """`t[index] = value`, as torch/csrc/autograd/python_variable_indexing.cpp THPVariable_setitem
     does it on CUDA. A Python number becomes a CPU tensor of t's dtype, also for a CUDA `t`: made
     here the same way, as host memory, so that the write is judged with it. A device tensor
@@ -1011,9 +1016,9 @@ def _index_parts(index: object) -> tuple:
 
 
 @functools.cache
-def _saving(save: Callable[..., Any]) -> Callable[..., Any]:
+def _saving(save: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(save)
-    def saving(obj: object, *args: Any, **kwargs: Any) -> Any:
+    def saving(obj: object, *args: object, **kwargs: object) -> object:
         observer = _Observer.current()
         if observer is not None and not observer.quiet:
             count = _device_storages(obj, observer.host, set())
@@ -1033,7 +1038,7 @@ def _guarding_compiled_calls() -> Iterator[None]:
 
     from_stance = eval_frame._callback_from_stance
 
-    def refusing_in_scope(callback: Any) -> Any:
+    def refusing_in_scope(callback: object) -> object:
         resolved = from_stance(callback)
         observer = _Observer.current()
         if resolved is not None and observer is not None:
@@ -1056,7 +1061,7 @@ def _counting_cuda_syncs() -> ExitStack:
     restore.callback(_remove_filter, our_filter)
     show_other = warnings.showwarning
 
-    def count_or_show(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+    def count_or_show(message: Warning | str, *args: object, **kwargs: object) -> None:
         if str(message).startswith(_CUDA_SYNC_WARNING):
             observer = _Observer.current()
             if observer is not None:

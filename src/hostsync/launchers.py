@@ -5,7 +5,7 @@ Every command that runs ranks (repro, profile, bench, the hunt, the census) star
 it can do (one process, forked ranks, setting up SP itself) so that no caller compares names:
 
 - `python`: one process, `python SCRIPT ARGS`;
-- `fork`: `hostsync.prefork` imports the script once and forks every rank of every world from
+- `fork`: `hostsync.rank.prefork` imports the script once and forks every rank of every world from
   that interpreter, with the variables torchrun gives its ranks;
 - `torchrun`: `torch.distributed.run --standalone`, one agent per world;
 - `accelerate`: `accelerate launch` with a DeepSpeed config written at run time (its ZeRO stage
@@ -44,13 +44,22 @@ from typing import TypeVar
 
 from hostsync import locks, nodes
 from hostsync.cases import Case
+from hostsync.codec import R, RecordError, read_file, write_file
 from hostsync.devices import device_env
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout
 from hostsync.projects import DEFAULT_SETUP, DeepSpeedSetup, accelerate_config
-from hostsync.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV, free_port
-from hostsync.records import Device, Launcher, SnippetExit
+from hostsync.rank.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV, free_port
+from hostsync.records import (
+    Device,
+    ForkPlan,
+    ForkSnippet,
+    ForkWorld,
+    Launcher,
+    RankReport,
+    SnippetExit,
+)
 from hostsync.upstream.trees import Tree
 
 log = logging.getLogger(__name__)
@@ -64,7 +73,7 @@ _KILL_GRACE_S = 3.0
 _POLL_S = 0.2
 # Where the hostsync package is imported from: the ranks import its protocol and detector.
 ENGINE_SRC = Path(__file__).resolve().parents[1]
-RankResults = list[dict]
+RankResults = list[RankReport]
 T = TypeVar("T")
 # Fields of `Start.wrap`'s words, filled in for each wrapped command: the folder it runs for and
 # its node (each node's agent has its own), e.g. where nsys writes that node's report.
@@ -144,7 +153,7 @@ class World:
 @dataclass(frozen=True)
 class Snippet:
     """A one-process script the fork launcher runs after its worlds, from the interpreter its
-    ranks are forked from (`hostsync.prefork`): its output in `log`, its own variables."""
+    ranks are forked from (`hostsync.rank.prefork`): its output in `log`, its own variables."""
 
     script: Path
     log: Path
@@ -155,7 +164,7 @@ class Snippet:
         written = self.log.with_name(self.log.name + ".exit.json")
         if not written.exists():
             return None
-        return SnippetExit.from_json(json.loads(written.read_text()), str(written))
+        return read_file(SnippetExit, written)
 
 
 @dataclass(frozen=True)
@@ -232,7 +241,7 @@ def _each_world(command: Command) -> Callable[[Run, Start], list[RankResults]]:
 def _across_nodes(command: Command, run: Run, world: World, what: Start) -> RankResults:
     """One world over several nodes: this node's agent (on this machine, every node's), each in
     a folder of its own, then the nodes' shares pooled into `run`'s folder. Each rank's result
-    says which node ran it (`nodes.RAN_ON`)."""
+    says which node ran it (`RankReport.ran_on`)."""
     layout = what.nodes
     per_node = layout.per_node(world.ranks, f"{what.script.name} x{world.ranks}")
     pool = nodes.pool_for(layout, run.run_dir, what.world_name(run, world), what.timeout)
@@ -267,7 +276,7 @@ def _across_nodes(command: Command, run: Run, world: World, what: Start) -> Rank
     except WorkspaceError as error:
         raise RunFailed(str(error)) from None
     results = _read_rank_results(run, run.run_dir, world.ranks)
-    return [result | {nodes.RAN_ON: where[rank]} for rank, result in enumerate(results)]
+    return [dataclasses.replace(result, ran_on=where[result.rank]) for result in results]
 
 
 def _visible_gpus(device: Device, layout: NodeLayout, node: int, per_node: int) -> dict[str, str]:
@@ -342,15 +351,15 @@ def _accelerate(run: Run, world: World, what: Start) -> list[str]:
 
 def _fork(run: Run, what: Start) -> list[RankResults]:
     """Every world of `what` from one interpreter that imported the script once
-    (`hostsync.prefork`); `timeout` is per world. A fork is one machine: across nodes, torchrun
+    (`hostsync.rank.prefork`); `timeout` is per world. A fork is one machine: across nodes, torchrun
     starts the worlds."""
     if what.nodes.spans_nodes:
         return LAUNCHERS[Launcher.TORCHRUN].run(run, what)
     return [_raised(found) for found in fork_each(run, what, keep_going=False)]
 
 
-def _snippet_plan(snippet: Snippet) -> dict[str, object]:
-    return {"script": str(snippet.script), "log": str(snippet.log), "env": dict(snippet.env)}
+def _snippet_plan(snippet: Snippet) -> ForkSnippet:
+    return ForkSnippet(str(snippet.script), str(snippet.log), dict(snippet.env))
 
 
 def _raised(found: RankResults | RunFailed) -> RankResults:
@@ -362,27 +371,22 @@ def _raised(found: RankResults | RunFailed) -> RankResults:
 def fork_each(run: Run, what: Start, *, keep_going: bool = True,
               ) -> list[RankResults | RunFailed]:  # fmt: skip
     """Each world's rank results, or why it failed, from one interpreter that imported the script
-    once (`hostsync.prefork`); with `keep_going` a failed world does not stop the next ones (one
-    import for many independent runs). `timeout` is per world; one machine only."""
+    once (`hostsync.rank.prefork`); with `keep_going` a failed world does not stop the next ones
+    (one import for many independent runs). `timeout` is per world; one machine only."""
     folders = [world_dir(run.run_dir, i, world) for i, world in enumerate(what.worlds)]
-    plan = {
-        "script": str(what.script),
-        "keep_going": keep_going,
-        "worlds": [
-            {
-                "ranks": world.ranks,
-                "run_dir": str(folder),
-                "args": list(world.args),
-                "env": dict(world.env),
-            }
+    plan = ForkPlan(
+        str(what.script),
+        tuple(
+            ForkWorld(world.ranks, str(folder), tuple(world.args), dict(world.env))
             for folder, world in zip(folders, what.worlds, strict=True)
-        ],
-        "snippet": what.snippet and _snippet_plan(what.snippet),
-    }
+        ),
+        keep_going,
+        what.snippet and _snippet_plan(what.snippet),
+    )
     run.run_dir.mkdir(parents=True, exist_ok=True)
     plan_file = run.run_dir / "plan.json"
-    plan_file.write_text(json.dumps(plan, indent=2) + "\n")
-    command = what.wrapped(run, [run.tree.python, "-m", "hostsync.prefork", str(plan_file)])
+    write_file(plan, plan_file)
+    command = what.wrapped(run, [run.tree.python, "-m", "hostsync.rank.prefork", str(plan_file)])
     timeout = what.timeout * len(what.worlds)
     try:
         returncode = run_group(run, command, timeout=timeout, env=what.environment())
@@ -686,11 +690,26 @@ def _describe_failure(run: Run, returncode: int, folder: Path | None = None) -> 
     return f"rank {rank} raised {summary}{others}; traceback in {first}"
 
 
+def read_ranks(results: RankResults, kind: type[R]) -> list[R]:
+    """Each rank's payload as the record `kind` its command reads; a payload of another shape is
+    refused in one line naming the rank and the field."""
+    try:
+        return [result.read(kind) for result in results]
+    except RecordError as error:
+        raise RunFailed(f"{error}: the rank script returned no {kind.__name__}") from None
+
+
 def _read_rank_results(run: Run, folder: Path, nprocs: int) -> RankResults:
     results = []
     for rank in range(nprocs):
         path = folder / f"rank-{rank}.json"
         if not path.exists():
             raise RunFailed(f"rank {rank} exited cleanly but wrote no result; see {run.log_file}")
-        results.append(json.loads(path.read_text()))
+        try:
+            results.append(read_file(RankReport, path))
+        except RecordError as error:
+            raise RunFailed(
+                f"rank {rank} wrote no rank report ({error}): its script returns through"
+                " `protocol.rank_entry`"
+            ) from None
     return results

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
+from hostsync.records import LockHolder
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def case(layout: Layout, node: int = 0) -> Iterator[None]:
                 " it (Ctrl-C) if it is your own"
             ) from None
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps(_me()).encode())
+        os.write(fd, json.dumps(_me().to_json()).encode())
         _held[key] = 1
         try:
             yield
@@ -74,12 +75,12 @@ def case(layout: Layout, node: int = 0) -> Iterator[None]:
         os.close(fd)
 
 
-def _me() -> dict[str, object]:
-    return {
-        "pid": os.getpid(),
-        "command": shlex.join(["python", "-m", "hostsync", *sys.argv[1:]]),
-        "since": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-    }
+def _me() -> LockHolder:
+    return LockHolder(
+        pid=os.getpid(),
+        command=shlex.join(["python", "-m", "hostsync", *sys.argv[1:]]),
+        since=datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+    )
 
 
 def _holder(fd: int) -> str:
@@ -87,11 +88,11 @@ def _holder(fd: int) -> str:
     for _ in range(5):
         text = os.pread(fd, 4096, 0).decode(errors="replace")
         try:
-            holder = json.loads(text)
-        except ValueError:
+            holder = LockHolder.from_json(json.loads(text))
+        except ValueError:  # half written (a RecordError is one too)
             time.sleep(0.1)
             continue
-        return f"pid {holder['pid']} (`{holder['command']}`, since {holder['since']})"
+        return f"pid {holder.pid} (`{holder.command}`, since {holder.since})"
     return "another command"
 
 

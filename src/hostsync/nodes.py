@@ -17,7 +17,6 @@ machine, each in a folder of its own, and pools their shares the same way.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 import secrets
@@ -30,13 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from hostsync.codec import RecordError, read_file, write_file
 from hostsync.errors import WorkspaceError
-from hostsync.records import NodeShare
+from hostsync.records import NodeNote, NodeShare, RankReport, RanOn
 
 # torchrun's own default port, where SLURM names the hosts but nobody the port.
 DEFAULT_PORT = 29500
-# What a rank's result is stamped with once pooled: the node that ran it.
-RAN_ON = "ran_on"
 SHARE_NOTE = "node.json"
 _POLL_S = 0.5
 
@@ -212,40 +210,42 @@ def leave_share(pool: Pool, node: int, folder: Path, failure: str | None = None)
     for path in folder.iterdir():
         if path.is_file() and path.name != "launcher.log":
             shutil.copy2(path, partial / path.name)
-    note = {"node": node, "host": socket.gethostname(), "world": pool.world, "ranks": ranks,
-            "failure": failure}  # fmt: skip
-    (partial / SHARE_NOTE).write_text(json.dumps(note, indent=2) + "\n")
+    note = NodeNote(node, socket.gethostname(), pool.world, tuple(ranks), failure)
+    write_file(note, partial / SHARE_NOTE)
     partial.rename(target)
 
 
-def gather(pool: Pool, nodes: NodeLayout, folder: Path) -> dict[int, dict[str, object]]:
+def gather(pool: Pool, nodes: NodeLayout, folder: Path) -> list[RanOn]:
     """Wait for every node's share and copy the others' files into `folder`: then it holds every
-    rank's result as on one machine. Returns, by rank, the node that ran it and its host."""
+    rank's result as on one machine. Returns, for each rank in order, the node that ran it and
+    its host."""
     notes = {node: _wait_for_note(pool, node, nodes.count) for node in range(nodes.count)}
     for node, note in notes.items():
-        if note["world"] != pool.world:
+        if note.world != pool.world:
             raise WorkspaceError(
-                f"node {node} ran {note['world']!r} where this node ran {pool.world!r}: run the"
+                f"node {node} ran {note.world!r} where this node ran {pool.world!r}: run the"
                 " same command, with the same options, on every node"
             )
-        if note["failure"]:
-            raise WorkspaceError(f"node {node} ({note['host']}) failed: {note['failure']}")
+        if note.failure:
+            raise WorkspaceError(f"node {node} ({note.host}) failed: {note.failure}")
     for node in notes:
         for path in pool.share(node).iterdir():
             if path.name != SHARE_NOTE and not (folder / path.name).exists():
                 shutil.copy2(path, folder / path.name)
-    return {
-        rank: {"node": node, "host": note["host"]}
-        for node, note in notes.items()
-        for rank in note["ranks"]
-    }
+    by_rank = {rank: RanOn(node, note.host) for node, note in notes.items() for rank in note.ranks}
+    return [by_rank[rank] for rank in sorted(by_rank)]
 
 
-def _wait_for_note(pool: Pool, node: int, count: int) -> dict:
+def _wait_for_note(pool: Pool, node: int, count: int) -> NodeNote:
     note = pool.share(node) / SHARE_NOTE
     said = f"node {node} of {count} left no results for {pool.world!r} in {pool.folder}"
     _wait_for(note, pool.timeout, f"{said} within {pool.timeout:.0f} s")
-    return json.loads(note.read_text())
+    try:
+        return read_file(NodeNote, note)
+    except RecordError as error:
+        raise WorkspaceError(
+            f"{error}: run the same version of the workspace on every node"
+        ) from None
 
 
 def _wait_for(path: Path, timeout: float, failure: str) -> None:
@@ -260,14 +260,14 @@ def _wait_for(path: Path, timeout: float, failure: str) -> None:
         time.sleep(_POLL_S)
 
 
-def shares_of(world: str, rank_results: Sequence[dict]) -> tuple[NodeShare, ...]:
+def shares_of(world: str, rank_results: Sequence[RankReport]) -> tuple[NodeShare, ...]:
     """Per-node provenance of one world: which node, on which host, ran which ranks (nothing
-    for a world on one node, whose results carry no `RAN_ON`)."""
+    for a world on one node, whose results say no `ran_on`)."""
     by_node: dict[tuple[int, str], list[int]] = {}
-    for rank, result in enumerate(rank_results):
-        if RAN_ON in result:
-            where = result[RAN_ON]
-            by_node.setdefault((where["node"], where["host"]), []).append(rank)
+    for result in rank_results:
+        if result.ran_on:
+            where = result.ran_on
+            by_node.setdefault((where.node, where.host), []).append(result.rank)
     return tuple(
         NodeShare(world, node, host, tuple(ranks))
         for (node, host), ranks in sorted(by_node.items())

@@ -23,7 +23,18 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar, Self
 
-from hostsync.codec import FLAT, OPTIONAL, Json, Record, RecordError, Strict, dump, load, shown
+from hostsync.codec import (
+    FLAT,
+    OPTIONAL,
+    Json,
+    R,
+    Record,
+    RecordError,
+    Strict,
+    dump,
+    load,
+    shown,
+)
 from hostsync.sites import AllowRule
 
 SCHEMA_VERSION = 4
@@ -118,6 +129,117 @@ class TreeRef(Record):
     version: str
     commit: str
     origin: str
+
+
+# --- side files: what one process leaves for another ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class GitState(Record):
+    """The workspace's bookkeeping in a clone's or a tree's git dir (`upstream.git`): where the
+    clone came from; the commit and the patches/ files (by sha256) it was last seen to match; an
+    apply under way, or the patch that failed; a tree's base commit and its patches."""
+
+    origin: str = field(default="", metadata=OPTIONAL)
+    head: str = field(default="", metadata=OPTIONAL)
+    series: dict[str, str] = field(default_factory=dict, metadata=OPTIONAL)
+    applying: bool = field(default=False, metadata=OPTIONAL)
+    failed: str | None = field(default=None, metadata=OPTIONAL)
+    base: str = field(default="", metadata=OPTIONAL)
+    patches: dict[str, str] = field(default_factory=dict, metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class LockHolder(Record):
+    """Who holds a case's lock, as it wrote itself into the lock file (`locks`)."""
+
+    pid: int
+    command: str
+    since: str
+
+
+@dataclass(frozen=True)
+class EnvRecord(Record):
+    """What an environment under work/envs/ was built with (`upstream.envs`): its interpreter,
+    relative to its folder (an older record's is absolute), the specs installed, and what that
+    installed, by canonical name."""
+
+    python: str
+    specs: tuple[str, ...]
+    installed: dict[str, str]
+
+
+@dataclass(frozen=True)
+class NodeNote(Record):
+    """What a node leaves beside its share of a world's rank files (`nodes`): which node, on
+    which host, ran which ranks of which world, or why it has no results."""
+
+    node: int
+    host: str
+    world: str
+    ranks: tuple[int, ...]
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
+class ForkWorld(Record):
+    """One world the fork launcher runs: its rank count, run folder, arguments and variables."""
+
+    ranks: int
+    run_dir: str
+    args: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ForkSnippet(Record):
+    """The case's snippet, run after the worlds from the same interpreter, its output in `log`."""
+
+    script: str
+    log: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ForkPlan(Record):
+    """What `hostsync.rank.prefork` runs: the script it imports once, then each world of it, and
+    the snippet; with `keep_going` a failed world does not stop the next ones."""
+
+    script: str
+    worlds: tuple[ForkWorld, ...]
+    keep_going: bool = False
+    snippet: ForkSnippet | None = None
+
+
+@dataclass(frozen=True)
+class SnippetExit(Record):
+    """How a snippet run in the fork launcher's interpreter ended (`hostsync.rank.prefork`)."""
+
+    exit_status: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RanOn(Record):
+    """The node, and its host, that ran a rank of a world run across nodes."""
+
+    node: int
+    host: str
+
+
+@dataclass(frozen=True)
+class RankReport(Record):
+    """What one rank returned, as `protocol.rank_entry` writes it into the run folder: its rank,
+    the payload its script returned, which each command reads with its own record
+    (`read`), and, once pooled across nodes, the node that ran it."""
+
+    rank: int
+    payload: dict[str, Json]
+    ran_on: RanOn | None = field(default=None, metadata=OPTIONAL)
+
+    def read(self, kind: type[R]) -> R:
+        """The payload as the record `kind`, every field checked; a bad one names the rank."""
+        return kind.from_json(self.payload, f"rank {self.rank}")
 
 
 # --- what every result file holds ----------------------------------------------------------------
@@ -320,12 +442,35 @@ def is_site_list(value: Json) -> bool:
 
 
 @dataclass(frozen=True)
+class RankRow(Record):
+    """One scenario as one rank's script reports it (`ReproRank`): the counts every case reports,
+    typed (`host_syncs`, the reads no rule accepts, where the script counts them; `problems`;
+    `cost`, where it accounts), and the case's own figures (its sites, values, flags) as they
+    are."""
+
+    scenario: str
+    host_syncs: int | None = field(default=None, metadata=OPTIONAL)
+    problems: tuple[str, ...] = field(default=(), metadata=OPTIONAL)
+    cost: Cost | None = field(default=None, metadata=OPTIONAL)
+    figures: dict[str, Json] = field(default_factory=dict, metadata=FLAT)
+
+
+@dataclass(frozen=True)
+class ReproRank(Record):
+    """What a case's rank script returns to `repro` (`{"runs": [row, ...]}`): one row per
+    scenario asked, in order."""
+
+    runs: tuple[RankRow, ...]
+
+
+@dataclass(frozen=True)
 class RunRow(Record):
     """One (tree, launch, rank count, scenario) of a repro: the figures the case's rank script
     reported, merged over the ranks. A figure the ranks disagree on keeps every rank's value
     in `per_rank`; the file holds it beside the figure as `<name>_per_rank`. `costs`: each
     rank's reads, stalls and device work, where its script accounted for them (`cost` in its
-    row)."""
+    row). `host_syncs`, where the script counts them, is typed: a file holding anything but a
+    count there is refused."""
 
     tree: str
     launch: str
@@ -335,15 +480,19 @@ class RunRow(Record):
     per_rank: dict[str, tuple[Json, ...]] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
     costs: tuple[Cost, ...] = ()
+    host_syncs: int | None = None
 
-    _OWN: ClassVar = ("tree", "launch", "ranks", "scenario", "problems", "costs")
+    _OWN: ClassVar = ("tree", "launch", "ranks", "scenario", "problems", "costs", "host_syncs")
 
     def to_json(self) -> dict[str, Json]:
         out: dict[str, Json] = {
             "tree": self.tree, "launch": self.launch, "ranks": self.ranks,
             "scenario": self.scenario,
         }  # fmt: skip
-        for name, value in self.figures.items():
+        figures = self.figures
+        if self.host_syncs is not None:
+            figures = {"host_syncs": self.host_syncs} | figures
+        for name, value in figures.items():
             out[name] = value
             if name in self.per_rank:
                 out[f"{name}_per_rank"] = list(self.per_rank[name])
@@ -360,7 +509,7 @@ class RunRow(Record):
         own = {}
         for name in cls._OWN:
             inner = f"{where}.{name}" if where else name
-            if name not in data and name not in ("problems", "costs"):
+            if name not in data and name not in ("problems", "costs", "host_syncs"):
                 raise RecordError(inner, "is missing")
             if name in data:
                 own[name] = load(hints[name], data[name], inner)
@@ -368,7 +517,7 @@ class RunRow(Record):
         figures, per_rank = {}, {}
         for key, value in rest.items():
             figure = key.removesuffix("_per_rank")
-            if figure != key and figure in rest:
+            if figure != key and figure in data:
                 per_rank[figure] = load(tuple[Any, ...], value, f"{where}.{key}")
             else:
                 figures[key] = value
@@ -414,14 +563,6 @@ class TrainerComparison(Record):
     abs_diff: tuple[float, ...]
     max_abs_diff: float
     grad_norm: dict[str, tuple[float | None, ...]]
-
-
-@dataclass(frozen=True)
-class SnippetExit(Record):
-    """How a snippet run in the fork launcher's interpreter ended (`hostsync.prefork`)."""
-
-    exit_status: int
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -487,6 +628,24 @@ class TestPatchResult(Result):
 
 
 # --- profile -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfiledRank(Record):
+    """What a profile rank script returns (`rankkit.profiled_rank`): where the rank ran, the
+    steps recorded, each measured range's seconds and its trace file (None under nsys, whose
+    report is the record); `more`, the script's own figures."""
+
+    rank: int
+    world_size: int
+    backend: str
+    device: str
+    scenario: str
+    warmup_steps: int
+    steps: int
+    range_seconds: tuple[float, ...]
+    trace: str | None
+    more: dict[str, Json] = field(default_factory=dict, metadata=FLAT)
 
 
 @dataclass(frozen=True)
@@ -678,6 +837,94 @@ class CrossCheck(Record):
 
 
 @dataclass(frozen=True)
+class StepSite(Record):
+    """A sync site of one hunted step on one rank: the kind of wait, where, which function
+    called it (a read in a shared helper is paid for by its caller), how often, and how many of
+    those stalled."""
+
+    kind: str
+    file: str
+    line: int
+    function: str
+    code: str
+    caller: str
+    count: int
+    stalls: int
+
+
+@dataclass(frozen=True)
+class HuntStep(Record):
+    """One optimizer step under the detector, on one rank: whether it is the warm-up or logs,
+    its sites, its cost, and the reads of host memory (no wait on a GPU)."""
+
+    step: int
+    warmup: bool
+    logging: bool
+    sites: tuple[StepSite, ...]
+    cost: Cost
+    host_reads: int
+
+
+@dataclass(frozen=True)
+class ProfiledRead(Record):
+    """Scalar reads the PyTorch profiler saw in the profiled step: the Python function that led
+    to them and, where it was not a plain `.item()`, the kernel they were made in (`via`)."""
+
+    step: int
+    logging: bool
+    file: str
+    function: str
+    via: str | None
+    count: int
+
+
+@dataclass(frozen=True)
+class RankHunt(Record):
+    """What one rank of a hunted run recorded: its detected steps, the profiled step's reads,
+    and, where its steps ran compiled, why they were not judged."""
+
+    steps: tuple[HuntStep, ...]
+    profiled: tuple[ProfiledRead, ...]
+    not_judged: str | None = field(default=None, metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class LoggedStep(Record):
+    """What the Trainer (or the loop) logged at one optimizer step."""
+
+    loss: float
+    grad_norm: float | None = field(default=None, metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class TrainerRank(Record):
+    """What one rank of the engine's Trainer worker (`rank/workers/trainer.py`) returns: the
+    groups it formed, where it ran, the model, what it logged by step, its seconds, and, when
+    hunting, what it recorded."""
+
+    world_size: int
+    sp_size: int
+    device: str
+    backend: str
+    model: str
+    logged: dict[str, LoggedStep]
+    seconds: float
+    hunt: RankHunt | None = field(default=None, metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class HuntRank(Record):
+    """One rank's hunt record as a hunt or census result keeps it: its rank, where it ran, the
+    model, and what it recorded."""
+
+    rank: int
+    device: str
+    backend: str
+    model: str
+    hunt: RankHunt = field(metadata=FLAT)
+
+
+@dataclass(frozen=True)
 class HuntTree(Record):
     """One tree in one DeepSpeed setup: its sites, or why it could not be measured."""
 
@@ -694,7 +941,7 @@ class HuntTree(Record):
     sites: tuple[HuntSite, ...] = ()
     profiler_only: tuple[ProfilerOnly, ...] = ()
     cross_check: tuple[CrossCheck, ...] = ()
-    ranks: tuple[Json, ...] = ()
+    ranks: tuple[HuntRank, ...] = ()
     nodes: tuple[NodeShare, ...] = field(default=(), metadata=OPTIONAL)
     # Reads, stalls and device work over every rank's steps after the warm-up.
     cost: Cost | None = field(default=None, metadata=OPTIONAL)

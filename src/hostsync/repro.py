@@ -3,13 +3,14 @@
 The case card says how: each `[[repro.launch]]` names a script of `repro/<case>/`, its launcher
 (`python`, `fork`, `torchrun` or `accelerate`, see `hostsync.launchers`), the rank counts to run
 it at and its scenarios. Every (tree, launch, rank count) is one run; `fork` starts the ranks of
-all of a launch's rank counts from one import of the script (`hostsync.prefork`). A rank script
-takes `--scenarios a,b --device D` (and `--no-detector`, to time the detector) and returns
-`{"runs": [row, ...]}`, one row per scenario: `scenario`, the figures, site lists (lists of
-{file, line, function, code, count}), and `problems`, what the rank found wrong (a loss off its
-reference, say). The ranks' rows are merged here (`merge_ranks`): a figure every rank agrees on
-is kept as it is; where they differ, the row holds the largest number (or all() of flags, or
-each rank's message) and every rank's value beside it, and the report says so.
+all of a launch's rank counts from one import of the script (`hostsync.rank.prefork`). A rank
+script takes `--scenarios a,b --device D` (and `--no-detector`, to time the detector) and returns
+`{"runs": [row, ...]}` (read as `records.ReproRank`), one row per scenario: `scenario`, the
+figures, site lists (lists of {file, line, function, code, count}), and `problems`, what the
+rank found wrong (a loss off its reference, say). The ranks' rows are merged here
+(`merge_ranks`): a figure every rank agrees on is kept as it is; where they differ, the row holds
+the largest number (or all() of flags, or each rank's message) and every rank's value beside
+it, and the report says so.
 
 With `--trainer`, `trainer` holds per tree the full Trainer path's per-step losses with and
 without SP (`trainer_launch.compare_losses`). The card's `compare` keys are compared across trees:
@@ -44,9 +45,10 @@ from hostsync import (
     trainer_launch,
 )
 from hostsync.cases import Case, Launch
+from hostsync.codec import RecordError
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
-from hostsync.launchers import Run, RunFailed, Snippet, Start, World, run_group
+from hostsync.launchers import RankResults, Run, RunFailed, Snippet, Start, World, run_group
 from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout, clear_stale, node_0_first, shares_of
 from hostsync.options import (
@@ -58,13 +60,13 @@ from hostsync.options import (
     comma_list,
     node_layout,
 )
-from hostsync.protocol import free_port
+from hostsync.rank.protocol import free_port
 from hostsync.records import (
     Comparison,
-    Cost,
     Device,
     Json,
     NodeShare,
+    ReproRank,
     ReproResult,
     RunRow,
     SnippetExit,
@@ -88,7 +90,7 @@ def run_launch(
     env: Mapping[str, str] | None = None,
     nodes: NodeLayout = SINGLE,
     snippet: IssueSnippet | None = None,
-) -> list[tuple[int, Device, list[dict]]]:
+) -> list[tuple[int, Device, RankResults]]:
     """A launch on `tree` at each rank count of `counts`: (ranks, device, each rank's result).
 
     Each rank count gets its own device (`auto` uses GPUs only where there is one per rank on
@@ -103,7 +105,7 @@ def run_launch(
     for ranks in counts:
         used = devices.resolve_device(device, nodes.ranks_here(ranks), tree.python)
         by_device.setdefault(used, []).append(ranks)
-    done: dict[int, tuple[Device, list[dict]]] = {}
+    done: dict[int, tuple[Device, RankResults]] = {}
     for used, group in by_device.items():
         args = ("--scenarios", ",".join(scenarios), "--device", used.value, *spec.args)
         args += () if detector else ("--no-detector",)
@@ -119,20 +121,22 @@ def run_launch(
     return [(ranks, *done[ranks]) for ranks in counts]
 
 
-def check_contract(rank_results: list[dict], scenarios: Sequence[str], where: Path) -> None:
-    """Refuse what a rank returned unless it is {"runs": [row, ...]}, one row per scenario asked,
-    in order; the run folder, with each rank's result, is kept for a look."""
-    for rank, result in enumerate(rank_results):
-        runs = result.get("runs") if isinstance(result, dict) else None
-        rows = runs if isinstance(runs, list) else []
-        found = [row.get("scenario") if isinstance(row, dict) else None for row in rows]
-        if runs is None or found != list(scenarios):
-            said = "no `runs` list" if not isinstance(runs, list) else f"rows for {found}"
-            raise RunFailed(
-                f"rank {rank} returned {said}, not one row for each of {list(scenarios)} (its"
-                f' result is under {where}): a rank script returns {{"runs": [row, ...]}}, each'
-                " row with its `scenario`"
-            )
+def check_contract(rank_results: RankResults, scenarios: Sequence[str], where: Path) -> None:
+    """Refuse what a rank returned unless it is {"runs": [row, ...]} (`ReproRank`), one row per
+    scenario asked, in order; the run folder, with each rank's result, is kept for a look."""
+    contract = (
+        f"not one row for each of {list(scenarios)} (its result is under {where}): a rank script"
+        ' returns {"runs": [row, ...]}, each row with its `scenario`'
+    )
+    for result in rank_results:
+        if not isinstance(result.payload.get("runs"), list):
+            raise RunFailed(f"rank {result.rank} returned no `runs` list, {contract}")
+        try:
+            found = [row.scenario for row in result.read(ReproRank).runs]
+        except RecordError as error:
+            raise RunFailed(f"{error}; {contract}") from None
+        if found != list(scenarios):
+            raise RunFailed(f"rank {result.rank} returned rows for {found}, {contract}")
 
 
 # --- merging the ranks' rows ----------------------------------------------------------------------
@@ -175,38 +179,37 @@ def disagreement(values: list[Any]) -> Any:
     return values
 
 
-def merge_ranks(rank_results: list[dict], tree: str, launch: str, ranks: int) -> list[RunRow]:
+def merge_ranks(rank_results: RankResults, tree: str, launch: str, ranks: int) -> list[RunRow]:
     """One row per scenario from every rank's rows: site lists merged by line, problems pooled,
     other figures kept where the ranks agree and set apart (`disagreement`) where not."""
     rows = []
-    for index, first in enumerate(rank_results[0]["runs"]):
-        by_rank = [result["runs"][index] for result in rank_results]
-        keys = list(dict.fromkeys(key for row in by_rank for key in row))
+    read = [result.read(ReproRank) for result in rank_results]
+    for index, first in enumerate(read[0].runs):
+        by_rank = [rank.runs[index] for rank in read]
+        documents = [
+            ({"host_syncs": row.host_syncs} if row.host_syncs is not None else {}) | row.figures
+            for row in by_rank
+        ]
+        keys = list(dict.fromkeys(key for row in documents for key in row))
         figures: dict[str, Json] = {}
         per_rank: dict[str, tuple[Json, ...]] = {}
-        problems: set[str] = set()
-        costs = tuple(
-            Cost.from_json(row["cost"], f"rank {rank}: runs[{index}].cost")
-            for rank, row in enumerate(by_rank)
-            if "cost" in row
-        )
+        problems = tuple(sorted({problem for row in by_rank for problem in row.problems}))
+        costs = tuple(row.cost for row in by_rank if row.cost is not None)
         for key in keys:
-            values = [row.get(key) for row in by_rank]
-            if key == "cost":
-                continue
-            if key == "problems":
-                problems |= {problem for value in values for problem in value or ()}
-            elif key == "scenario":
-                continue
-            elif any(is_site_list(value) for value in values):
+            values = [row.get(key) for row in documents]
+            if any(is_site_list(value) for value in values):
                 figures[key] = merge_sites(values)
             elif all(v == values[0] for v in values):
                 figures[key] = values[0]
             else:
                 figures[key] = disagreement(values)
                 per_rank[key] = tuple(values)
-        rows.append(RunRow(tree, launch, ranks, first["scenario"], figures, per_rank,
-                           tuple(sorted(problems)), costs))  # fmt: skip
+        host_syncs = figures.pop("host_syncs", None)
+        rows.append(
+            RunRow(
+                tree, launch, ranks, first.scenario, figures, per_rank, problems, costs, host_syncs
+            )
+        )
     return rows
 
 

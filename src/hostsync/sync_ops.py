@@ -14,9 +14,9 @@ Importable with torch alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -33,7 +33,20 @@ class HostMemory(Protocol):
         ...
 
 
-Syncs = Callable[[tuple, dict, HostMemory], int]
+@dataclass(frozen=True)
+class OpCall:
+    """An intercepted torch call as torch passes it: positional and keyword arguments, each any
+    value torch takes (tensors, shapes, devices, dtypes, Python numbers)."""
+
+    args: tuple[object, ...]
+    kwargs: dict[str, object]
+
+    def argument(self, position: int, name: str, default: object = None) -> object:
+        """A parameter given by position or by name, else `default`."""
+        return self.args[position] if len(self.args) > position else self.kwargs.get(name, default)
+
+
+Syncs = Callable[[OpCall, HostMemory], int]
 
 
 @dataclass(frozen=True)
@@ -61,24 +74,16 @@ class FunctionSync:
     replaces_kernels: bool = False
 
 
-def argument(args: tuple, kwargs: dict, position: int, name: str, default: Any = None) -> Any:
-    return args[position] if len(args) > position else kwargs.get(name, default)
+def _one(call: OpCall, host: HostMemory) -> int:
+    return 0 if host.holds(call.args[0]) else 1
 
 
-def _one(args: tuple, kwargs: dict, host: HostMemory) -> int:
-    return 0 if host.holds(args[0]) else 1
-
-
-def _all_on_host(tensors: Iterator[Any], host: HostMemory) -> bool:
-    return all(host.holds(t) for t in tensors if isinstance(t, torch.Tensor))
-
-
-def _reads_device(args: tuple, kwargs: dict, host: HostMemory) -> bool:
-    tensors = [t for t in _flat(args) if isinstance(t, torch.Tensor)]
+def _reads_device(call: OpCall, host: HostMemory) -> bool:
+    tensors = [t for t in _flat(call.args) if isinstance(t, torch.Tensor)]
     return bool(tensors) and not all(host.holds(t) for t in tensors)
 
 
-def _flat(values: Any) -> Iterator[Any]:
+def _flat(values: Iterable[object]) -> Iterator[object]:
     for value in values:
         if isinstance(value, list | tuple):
             yield from _flat(value)
@@ -87,32 +92,32 @@ def _flat(values: Any) -> Iterator[Any]:
 
 
 def _if_device(count: int) -> Syncs:
-    def syncs(args: tuple, kwargs: dict, host: HostMemory) -> int:
-        return count if _reads_device(args, kwargs, host) else 0
+    def syncs(call: OpCall, host: HostMemory) -> int:
+        return count if _reads_device(call, host) else 0
 
     return syncs
 
 
-def _repeats_counted(args: tuple, kwargs: dict, host: HostMemory) -> int:
-    if kwargs.get("output_size") is not None or not _reads_device(args, kwargs, host):
+def _repeats_counted(call: OpCall, host: HostMemory) -> int:
+    if call.kwargs.get("output_size") is not None or not _reads_device(call, host):
         return 0
     return 1
 
 
-def _with_mask(args: tuple, kwargs: dict, host: HostMemory) -> int:
-    indices = args[1]
+def _with_mask(call: OpCall, host: HostMemory) -> int:
+    indices = call.args[1]
     if not any(index is not None and index.dtype in _MASK_DTYPES for index in indices):
         return 0
-    return 1 if _reads_device(args, kwargs, host) else 0
+    return 1 if _reads_device(call, host) else 0
 
 
-def _put_through_mask(args: tuple, kwargs: dict, host: HostMemory) -> int:
+def _put_through_mask(call: OpCall, host: HostMemory) -> int:
     """A masked index_put_ syncs, unless it is the masked_fill_ case (canDispatchToMaskedFill)."""
-    if not _with_mask(args, kwargs, host):
+    if not _with_mask(call, host):
         return 0
-    target, indices = args[0], args[1]
-    values = argument(args, kwargs, 2, "values")
-    accumulate = argument(args, kwargs, 3, "accumulate", False)
+    target, indices = call.args[0], call.args[1]
+    values = call.argument(2, "values")
+    accumulate = call.argument(3, "accumulate", False)
     masks = [index for index in indices if index is not None]
     fills_masked = (
         not accumulate
@@ -125,52 +130,52 @@ def _put_through_mask(args: tuple, kwargs: dict, host: HostMemory) -> int:
     return 0 if fills_masked else 1
 
 
-def _never(args: tuple, kwargs: dict, host: HostMemory) -> int:
+def _never(call: OpCall, host: HostMemory) -> int:
     return 0
 
 
 def _device_value(position: int, name: str) -> Syncs:
     """A 0-d tensor argument used as a Scalar: read with .item() unless it is in host memory."""
 
-    def syncs(args: tuple, kwargs: dict, host: HostMemory) -> int:
-        value = argument(args, kwargs, position, name)
+    def syncs(call: OpCall, host: HostMemory) -> int:
+        value = call.argument(position, name)
         return int(isinstance(value, torch.Tensor) and not host.holds(value))
 
     return syncs
 
 
-def _bincount(args: tuple, kwargs: dict, host: HostMemory) -> int:
-    values = args[0]
-    if (values.dim() == 1 and values.numel() == 0) or not _reads_device(args, kwargs, host):
+def _bincount(call: OpCall, host: HostMemory) -> int:
+    values = call.args[0]
+    if (values.dim() == 1 and values.numel() == 0) or not _reads_device(call, host):
         return 0
     return 1 if values.dtype == torch.uint8 else 2
 
 
-def _histc(args: tuple, kwargs: dict, host: HostMemory) -> int:
-    low, high = argument(args, kwargs, 2, "min", 0), argument(args, kwargs, 3, "max", 0)
-    if low != high or args[0].numel() == 0 or not _reads_device(args, kwargs, host):
+def _histc(call: OpCall, host: HostMemory) -> int:
+    low, high = call.argument(2, "min", 0), call.argument(3, "max", 0)
+    if low != high or call.args[0].numel() == 0 or not _reads_device(call, host):
         return 0
     return 2
 
 
-def _checking_errors(args: tuple, kwargs: dict, host: HostMemory) -> int:
-    return 1 if kwargs.get("check_errors") and _reads_device(args, kwargs, host) else 0
+def _checking_errors(call: OpCall, host: HostMemory) -> int:
+    return 1 if call.kwargs.get("check_errors") and _reads_device(call, host) else 0
 
 
-def _copy_to_host(args: tuple, kwargs: dict, host: HostMemory) -> int:
-    target, source = args[0], args[1]
-    blocking = not argument(args, kwargs, 2, "non_blocking", False)
+def _copy_to_host(call: OpCall, host: HostMemory) -> int:
+    target, source = call.args[0], call.args[1]
+    blocking = not call.argument(2, "non_blocking", False)
     return int(blocking and host.holds(target) and not host.holds(source))
 
 
-def _fill_host_from_device(args: tuple, kwargs: dict, host: HostMemory) -> int:
-    target, value = args[0], args[1]
+def _fill_host_from_device(call: OpCall, host: HostMemory) -> int:
+    target, value = call.args[0], call.args[1]
     return int(host.holds(target) and not host.holds(value))
 
 
-def _put_device_values_on_host(args: tuple, kwargs: dict, host: HostMemory) -> int:
-    values = argument(args, kwargs, 2, "values")
-    return int(host.holds(args[0]) and not host.holds(values))
+def _put_device_values_on_host(call: OpCall, host: HostMemory) -> int:
+    values = call.argument(2, "values")
+    return int(host.holds(call.args[0]) and not host.holds(values))
 
 
 _NATIVE = "aten/src/ATen/native/"
@@ -361,11 +366,11 @@ UNDECIDED: dict[str, str] = {
 }
 
 
-def _tensor_elements(args: tuple, kwargs: dict, host: HostMemory) -> int:
+def _tensor_elements(call: OpCall, host: HostMemory) -> int:
     """torch.tensor([t0, t1]): each device tensor element is read with .item()."""
-    data = argument(args, kwargs, 0, "data")
+    data = call.argument(0, "data")
     if isinstance(data, torch.Tensor):
-        device = kwargs.get("device")
+        device = call.kwargs.get("device")
         moves_to_host = device is not None and torch.device(device).type == "cpu"
         return int(moves_to_host and host.named() and not host.holds(data))
     if not isinstance(data, list | tuple):
@@ -375,11 +380,11 @@ def _tensor_elements(args: tuple, kwargs: dict, host: HostMemory) -> int:
     )
 
 
-def destination(args: tuple, kwargs: dict) -> torch.device | None:
+def destination(call: OpCall) -> torch.device | None:
     """Where a factory or `t.to(...)` puts its result: `device=`, or a device or a tensor
     argument after the first."""
-    device = kwargs.get("device")
-    for value in args[1:]:
+    device = call.kwargs.get("device")
+    for value in call.args[1:]:
         if isinstance(value, str | torch.device):
             device = value
         elif isinstance(value, torch.Tensor):
@@ -387,17 +392,17 @@ def destination(args: tuple, kwargs: dict) -> torch.device | None:
     return None if device is None else torch.device(device)
 
 
-def _to_host(args: tuple, kwargs: dict, host: HostMemory) -> int:
+def _to_host(call: OpCall, host: HostMemory) -> int:
     """`t.to("cpu")`, `t.to(torch.device("cpu"))`: a blocking copy, unless non_blocking."""
-    device = destination(args, kwargs)
-    if device is None or device.type != "cpu" or kwargs.get("non_blocking"):
+    device = destination(call)
+    if device is None or device.type != "cpu" or call.kwargs.get("non_blocking"):
         return 0
-    return int(host.named() and not host.holds(args[0]))
+    return int(host.named() and not host.holds(call.args[0]))
 
 
-def _one_hot(args: tuple, kwargs: dict, host: HostMemory) -> int:
-    classes = argument(args, kwargs, 1, "num_classes", -1)
-    return int(classes == -1 and args[0].numel() > 0 and not host.holds(args[0]))
+def _one_hot(call: OpCall, host: HostMemory) -> int:
+    classes = call.argument(1, "num_classes", -1)
+    return int(classes == -1 and call.args[0].numel() > 0 and not host.holds(call.args[0]))
 
 
 FUNCTION_SYNCS: tuple[FunctionSync, ...] = (
@@ -443,10 +448,10 @@ FUNCTION_SYNCS: tuple[FunctionSync, ...] = (
 )
 
 
-def resolve(name: str) -> Any:
+def resolve(name: str) -> object:
     """The object a dotted name like `torch.Tensor.tolist` names in the installed torch."""
     module, *attributes = name.split(".")
-    value: Any = {"torch": torch}[module]
+    value: object = {"torch": torch}[module]
     for attribute in attributes:
         value = getattr(value, attribute)
     return value

@@ -1,7 +1,7 @@
 """Launches the engine's own Trainer step: the launcher that sets DeepSpeed and Ulysses SP up
 (`accelerate launch`, as users run it) + `Trainer`.
 
-The worker `workers/trainer.py` trains a tiny Llama with the Trainer, started through the
+The worker `rank/workers/trainer.py` trains a tiny Llama with the Trainer, started through the
 registry's launcher that sets SP up (DeepSpeed ZeRO as `DeepSpeedSetup` says; Ulysses SP over
 both ranks). Two uses: the full-fidelity loss check of `repro --trainer` (`compare_losses`),
 and the host-sync hunt (`hostsync.hunt.measure`).
@@ -15,27 +15,28 @@ from pathlib import Path
 
 from hostsync import devices, launchers
 from hostsync.launchers import (
-    DEFAULT_SETUP,
     DEFAULT_TIMEOUT_S,
-    DeepSpeedSetup,
+    RankResults,
     Run,
     RunFailed,
     Start,
     World,
+    read_ranks,
 )
 from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout
-from hostsync.records import TrainerComparison
+from hostsync.projects import DEFAULT_SETUP, DeepSpeedSetup
+from hostsync.records import TrainerComparison, TrainerRank
 from hostsync.upstream.trees import Tree
 
 SP_SIZE = 2
-WORKER = Path(__file__).parent / "workers" / "trainer.py"
+WORKER = Path(__file__).parent / "rank" / "workers" / "trainer.py"
 
 
 def run_trainer(layout: Layout, tree: Tree, *, sp: bool, steps: int, logging_steps: int = 1,
                 worker_args: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT_S,
                 device: str = "auto", setup: DeepSpeedSetup = DEFAULT_SETUP,
-                nodes: NodeLayout = SINGLE) -> list[dict]:  # fmt: skip
+                nodes: NodeLayout = SINGLE) -> RankResults:  # fmt: skip
     """One `accelerate launch` of the engine's Trainer worker; each rank's result, by rank.
 
     With SP: two ranks forming one SP group of two (across `nodes`, one share each). Without:
@@ -51,15 +52,15 @@ def run_trainer(layout: Layout, tree: Tree, *, sp: bool, steps: int, logging_ste
     args = ("--steps", str(steps), "--logging-steps", str(logging_steps), *worker_args)
     what = Start(WORKER, (World(nprocs, args),), used, timeout, deepspeed=setup, nodes=nodes)
     (results,) = launchers.start(launchers.with_capability(sets_up_sp=True), run, what)
-    check_layout(results, sp_size=nprocs, log_file=run.log_file)
+    check_layout(read_ranks(results, TrainerRank), sp_size=nprocs, log_file=run.log_file)
     shutil.rmtree(run.run_dir)
     return results
 
 
-def check_layout(results: list[dict], sp_size: int, log_file: Path) -> None:
+def check_layout(results: Sequence[TrainerRank], sp_size: int, log_file: Path) -> None:
     """Refuse a run whose ranks did not form the intended groups (e.g. each rank alone, which
     accelerate does silently on CPU when the backend is missing)."""
-    seen = [(result["world_size"], result["sp_size"]) for result in results]
+    seen = [(result.world_size, result.sp_size) for result in results]
     if any(pair != (len(results), sp_size) for pair in seen):
         raise RunFailed(
             f"the ranks reported (world size, sp size) {seen}, not ({len(results)}, {sp_size}):"
@@ -67,13 +68,13 @@ def check_layout(results: list[dict], sp_size: int, log_file: Path) -> None:
         )
 
 
-def logged_losses(result: dict, steps: int) -> list[float]:
+def logged_losses(result: TrainerRank, steps: int) -> list[float]:
     """The per-step losses a rank logged; refuses a run that did not log every step."""
-    logged = result["logged"]
+    logged = result.logged
     missing = [step for step in range(1, steps + 1) if str(step) not in logged]
     if missing:
         raise RunFailed(f"the Trainer logged no loss at step(s) {missing}: the run is incomplete")
-    return [logged[str(step)]["loss"] for step in range(1, steps + 1)]
+    return [logged[str(step)].loss for step in range(1, steps + 1)]
 
 
 def compare_losses(layout: Layout, tree: Tree, steps: int = 2,
@@ -92,10 +93,13 @@ def compare_losses(layout: Layout, tree: Tree, steps: int = 2,
     norm is not. The logged grad norms are returned to show the factor.
     """
     no_clipping = ["--max-grad-norm", "0"]
-    sp_ranks = run_trainer(layout, tree, sp=True, steps=steps, worker_args=no_clipping,
-                           timeout=timeout, device=device)  # fmt: skip
-    (reference,) = run_trainer(layout, tree, sp=False, steps=steps, worker_args=no_clipping,
-                               timeout=timeout, device=device)  # fmt: skip
+    sp_run = run_trainer(
+        layout, tree, sp=True, steps=steps, worker_args=no_clipping, timeout=timeout, device=device
+    )
+    no_sp_run = run_trainer(
+        layout, tree, sp=False, steps=steps, worker_args=no_clipping, timeout=timeout, device=device
+    )
+    sp_ranks, (reference,) = read_ranks(sp_run, TrainerRank), read_ranks(no_sp_run, TrainerRank)
     sp_losses = [logged_losses(result, steps) for result in sp_ranks]
     nosp_losses = logged_losses(reference, steps)
     diffs = [abs(a - b) for a, b in zip(sp_losses[0], nosp_losses, strict=True)]
@@ -103,18 +107,14 @@ def compare_losses(layout: Layout, tree: Tree, steps: int = 2,
         tree=tree.label,
         steps=steps,
         sp_size=SP_SIZE,
-        device=sp_ranks[0]["device"],
+        device=sp_ranks[0].device,
         sp=tuple(sp_losses[0]),
         sp_ranks_agree=all(losses == sp_losses[0] for losses in sp_losses),
         no_sp=tuple(nosp_losses),
         abs_diff=tuple(diffs),
         max_abs_diff=max(diffs),
         grad_norm={
-            "sp": tuple(
-                sp_ranks[0]["logged"][str(s)].get("grad_norm") for s in range(1, steps + 1)
-            ),
-            "no_sp": tuple(
-                reference["logged"][str(s)].get("grad_norm") for s in range(1, steps + 1)
-            ),
+            "sp": tuple(sp_ranks[0].logged[str(s)].grad_norm for s in range(1, steps + 1)),
+            "no_sp": tuple(reference.logged[str(s)].grad_norm for s in range(1, steps + 1)),
         },
     )

@@ -20,7 +20,7 @@ from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.hunt.allowlist import carried_rules, load_allowlist
 from hostsync.hunt.measure import rank_records, steady_cost, summarize
-from hostsync.launchers import RunFailed, Start
+from hostsync.launchers import RankResults, RunFailed, Start, read_ranks
 from hostsync.layout import Layout
 from hostsync.options import add_timeout, comma_list
 from hostsync.projects import trainer_project
@@ -32,6 +32,7 @@ from hostsync.records import (
     HuntTree,
     Provenance,
     Stamp,
+    TrainerRank,
 )
 from hostsync.sites import AllowRule
 from hostsync.upstream.patchqueue import series
@@ -175,7 +176,7 @@ def run_column(layout: Layout, tree: Tree, column: str, matrix: Matrix, device: 
 
 
 def hunted(layout: Layout, tree: Tree, column: str, name: str,
-           outcome: list[dict] | RunFailed, rules: tuple[AllowRule, ...],
+           outcome: RankResults | RunFailed, rules: tuple[AllowRule, ...],
            carried: tuple[AllowRule, ...]) -> HuntTree:  # fmt: skip
     """One setup's run in one column as the hunt records a tree: its sites, or its error. The
     ranks' raw step events stay out: the report and the heat map need only the per-site rates and
@@ -187,13 +188,14 @@ def hunted(layout: Layout, tree: Tree, column: str, name: str,
     )  # fmt: skip
     if isinstance(outcome, RunFailed):
         return dataclasses.replace(record, error=str(outcome))
-    not_judged = next((r["hunt"]["not_judged"] for r in outcome if "not_judged" in r["hunt"]), None)
+    trained = read_ranks(outcome, TrainerRank)
+    ranks = rank_records(trained)
+    not_judged = next((r.hunt.not_judged for r in ranks if r.hunt.not_judged), None)
     if not_judged:
         return dataclasses.replace(record, not_judged=not_judged)
-    ranks = rank_records(outcome)
     return dataclasses.replace(
         record,
-        seconds=max(result["seconds"] for result in outcome),
+        seconds=max(result.seconds for result in trained),
         sites=tuple(summarize(ranks, rules, carried)),
         cost=steady_cost(ranks),
     )

@@ -1,7 +1,7 @@
 """The hunt's measurement: the SP Trainer run under the detector and the profiler, per tree and
 DeepSpeed setup, summed up into sites.
 
-The ranks record (`workers/trainer.py`) every host sync of steps 1..N with the detector, each
+The ranks record (`rank/workers/trainer.py`) every host sync of steps 1..N with the detector, each
 step from fetching its batch to the end of its logging, and one later step with the PyTorch
 profiler, which also sees reads made inside C++ kernels. Here those records become sites: where,
 how often per step, on which steps, and whether a case carries them or the allow-list accepts
@@ -14,12 +14,13 @@ import dataclasses
 import math
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hostsync import trainer_launch
 from hostsync.errors import WorkspaceError
 from hostsync.hunt.allowlist import reason
-from hostsync.launchers import DEFAULT_TIMEOUT_S, RunFailed
+from hostsync.launchers import DEFAULT_TIMEOUT_S, RunFailed, read_ranks
 from hostsync.layout import Layout
 from hostsync.nodes import SINGLE, NodeLayout, shares_of
 from hostsync.projects import DEFAULT_SETUP, PACKAGES, DeepSpeedSetup
@@ -28,10 +29,12 @@ from hostsync.records import (
     CrossCheck,
     DeviceWork,
     HuntPlan,
+    HuntRank,
     HuntSite,
     HuntTree,
     NodeShare,
     ProfilerOnly,
+    TrainerRank,
 )
 from hostsync.sites import AllowRule, Site
 from hostsync.upstream.trees import Tree
@@ -64,7 +67,7 @@ class HuntRun:
     """One hunted Trainer run: its plan, each rank's record, and which node ran which ranks."""
 
     plan: HuntPlan
-    ranks: list[dict]
+    ranks: list[HuntRank]
     nodes: tuple[NodeShare, ...]
 
 
@@ -81,16 +84,17 @@ def hunt_run(layout: Layout, tree: Tree, steps: int, logging_steps: int = LOGGIN
         worker_args=["--detect-steps", str(steps), "--profile-step", str(plan.profile)],
         timeout=timeout, setup=setup, nodes=nodes,
     )  # fmt: skip
-    return HuntRun(plan, rank_records(results), shares_of(f"{tree.label} {setup.label}", results))
+    ranks = rank_records(read_ranks(results, TrainerRank))
+    return HuntRun(plan, ranks, shares_of(f"{tree.label} {setup.label}", results))
 
 
-def rank_records(results: list[dict]) -> list[dict]:
+def rank_records(results: list[TrainerRank]) -> list[HuntRank]:
     """What each rank of a Trainer worker run recorded, with its rank and where it ran: what
     `summarize` reads."""
-    context = ("device", "backend", "model")
     return [
-        result["hunt"] | {"rank": rank} | {key: result[key] for key in context}
+        HuntRank(rank, result.device, result.backend, result.model, result.hunt)
         for rank, result in enumerate(results)
+        if result.hunt is not None
     ]
 
 
@@ -102,7 +106,7 @@ def package(file: str) -> str:
     return top if top in PACKAGES else "other"
 
 
-def summarize(ranks: list[dict], rules: tuple[AllowRule, ...],
+def summarize(ranks: Sequence[HuntRank], rules: tuple[AllowRule, ...],
               carried: tuple[AllowRule, ...] = ()) -> list[HuntSite]:  # fmt: skip
     """One entry per sync site over all ranks and steps, ranked: candidates by syncs per step.
     `carried` names the case whose fix removes a site (`carried`), before any allow rule.
@@ -111,22 +115,21 @@ def summarize(ranks: list[dict], rules: tuple[AllowRule, ...],
     occurs only then); `rate` the mean per rank per step after the warm-up (what the site costs
     in the steady state); `when` names the steps.
     """
-    steady = sorted({s["step"] for rank in ranks for s in rank["steps"] if not s["warmup"]})
+    steady = sorted({s.step for rank in ranks for s in rank.hunt.steps if not s.warmup})
     logging_steps = sorted(
-        {s["step"] for rank in ranks for s in rank["steps"] if s["logging"] and not s["warmup"]}
+        {s.step for rank in ranks for s in rank.hunt.steps if s.logging and not s.warmup}
     )
     counts: dict[tuple, Counter] = defaultdict(Counter)
     stalls: Counter = Counter()
     kinds: dict[tuple, set[str]] = defaultdict(set)
     for rank in ranks:
-        for step in rank["steps"]:
-            for site in step["sites"]:
-                key = (site["file"], site["line"], site["function"], site["code"],
-                       site.get("caller", ""))  # fmt: skip
-                counts[key][(rank["rank"], step["step"])] += site["count"]
-                if step["step"] in steady:
-                    stalls[key] += site["stalls"]
-                kinds[key].add(site["kind"])
+        for step in rank.hunt.steps:
+            for site in step.sites:
+                key = (site.file, site.line, site.function, site.code, site.caller)
+                counts[key][(rank.rank, step.step)] += site.count
+                if step.step in steady:
+                    stalls[key] += site.stalls
+                kinds[key].add(site.kind)
     sites = []
     for key, by_rank_step in counts.items():
         file, line, function, code, caller = key
@@ -147,14 +150,9 @@ def summarize(ranks: list[dict], rules: tuple[AllowRule, ...],
     return sorted(sites, key=rank_key)
 
 
-def steady_cost(ranks: list[dict]) -> Cost | None:
+def steady_cost(ranks: Sequence[HuntRank]) -> Cost | None:
     """Every rank's reads, stalls and device work after the warm-up, over its steps."""
-    costs = [
-        Cost.from_json(step["cost"], f"rank {rank['rank']} step {step['step']}")
-        for rank in ranks
-        for step in rank["steps"]
-        if not step["warmup"]
-    ]
+    costs = [step.cost for rank in ranks for step in rank.hunt.steps if not step.warmup]
     if not costs:
         return None
     total = Cost(len(costs), 0, 0, DeviceWork())
@@ -181,7 +179,7 @@ def rank_key(site: HuntSite) -> tuple:
     return (-site.rate, order, site.file, site.line)
 
 
-def profiler_only(ranks: list[dict], twin: int) -> list[ProfilerOnly]:
+def profiler_only(ranks: Sequence[HuntRank], twin: int) -> list[ProfilerOnly]:
     """The profiled step's scalar reads the detector did not see in the twin step.
 
     Matched per (file, function): the profiler names a function by its first line, not the
@@ -190,14 +188,14 @@ def profiler_only(ranks: list[dict], twin: int) -> list[ProfilerOnly]:
     found: dict[tuple[str, str], dict] = {}
     for rank in ranks:
         detected: Counter = Counter()
-        for step in rank["steps"]:
-            if step["step"] == twin:
-                for site in step["sites"]:
-                    if site["kind"] == "scalar_read":
-                        detected[(site["file"], site["function"])] += site["count"]
+        for step in rank.hunt.steps:
+            if step.step == twin:
+                for site in step.sites:
+                    if site.kind == "scalar_read":
+                        detected[(site.file, site.function)] += site.count
         profiled: dict[tuple, Counter] = defaultdict(Counter)
-        for entry in rank["profiled"]:
-            profiled[(entry["file"], entry["function"])][entry["via"]] += entry["count"]
+        for read in rank.hunt.profiled:
+            profiled[(read.file, read.function)][read.via] += read.count
         for (file, function), by_via in profiled.items():
             surplus = sum(by_via.values()) - detected[(file, function)]
             if surplus <= 0:
@@ -208,27 +206,27 @@ def profiler_only(ranks: list[dict], twin: int) -> list[ProfilerOnly]:
                 "via": ", ".join(vias), "count": 0, "ranks": (),
             })  # fmt: skip
             entry["count"] = max(entry["count"], surplus)
-            entry["ranks"] += (rank["rank"],)
+            entry["ranks"] += (rank.rank,)
     return sorted(
         (ProfilerOnly(**entry) for entry in found.values()),
         key=lambda e: (-e.count, e.file, e.function),
     )
 
 
-def cross_check(ranks: list[dict], twin: int) -> list[CrossCheck]:
+def cross_check(ranks: Sequence[HuntRank], twin: int) -> list[CrossCheck]:
     """Per rank: the reads the profiler saw in its step against the detector's twin. Both see
     a read inside an op (`masked_fill_` with a tensor value, a fused optimizer's step) too: the
     profiler names the op, the detector the dispatch of its line. The profiler also sees the
     scalar reads of host memory, which the detector counts apart (no wait on a GPU)."""
     return [
         CrossCheck(
-            rank=rank["rank"],
-            profiler=sum(e["count"] for e in rank["profiled"]),
+            rank=rank.rank,
+            profiler=sum(read.count for read in rank.hunt.profiled),
             detector=sum(
-                sum(site["count"] for site in step["sites"] if site["kind"] == "scalar_read")
-                + step["host_reads"]
-                for step in rank["steps"]
-                if step["step"] == twin
+                sum(site.count for site in step.sites if site.kind == "scalar_read")
+                + step.host_reads
+                for step in rank.hunt.steps
+                if step.step == twin
             ),
         )
         for rank in ranks

@@ -30,8 +30,8 @@ from hostsync.nodes import SINGLE, NodeLayout, shares_of
 from hostsync.profiling import nsys
 from hostsync.profiling.nsys import NsysFailed
 from hostsync.profiling.traces import analyse_trace, combine_ranks, load_trace
-from hostsync.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV
-from hostsync.records import Capture, Device, Launcher
+from hostsync.rank.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV
+from hostsync.records import Capture, Device, Launcher, ProfiledRank
 from hostsync.upstream.trees import Tree
 
 log = logging.getLogger(__name__)
@@ -108,26 +108,28 @@ def capture(layout: Layout, tree: Tree, run_dir: Path, artifacts: Path,
     print(f"{tree.label}: {by_hand}")
     started = time.monotonic()
     try:
-        (ranks,) = launchers.start(spec.launcher, run, what)
+        (reports,) = launchers.start(spec.launcher, run, what)
     finally:
         if profiler == NSYS:
             nsys.end_agents(session)
     seconds = round(time.monotonic() - started, 1)
-    name = capture_name(tree.label, ranks[0]["backend"], ranks[0]["world_size"])
+    ranks = launchers.read_ranks(reports, ProfiledRank)
+    first = ranks[0]
+    name = capture_name(tree.label, first.backend, first.world_size)
     made = Capture(
-        tree=tree.label, version=tree.version, commit=tree.commit, backend=ranks[0]["backend"],
-        world_size=ranks[0]["world_size"], device=ranks[0]["device"], profiler=profiler,
+        tree=tree.label, version=tree.version, commit=tree.commit, backend=first.backend,
+        world_size=first.world_size, device=first.device, profiler=profiler,
         command=by_hand, wall_s=seconds, artifacts=(),
-        nodes=shares_of(f"{tree.label} {spec.script} x{settings.ranks}", ranks),
+        nodes=shares_of(f"{tree.label} {spec.script} x{settings.ranks}", reports),
     )  # fmt: skip
     folder = world_dir(run_dir, 0, what.worlds[0])
     if profiler == NSYS:
         return _nsys_capture(layout, made, folder, artifacts, name)
     per_rank, kept = [], []
     for result in ranks:
-        trace = folder / result["trace"]
+        trace = folder / result.trace
         per_rank.append(analyse_trace(load_trace(trace)))
-        target = f"{name}-rank{result['rank']}.trace.json.gz"
+        target = f"{name}-rank{result.rank}.trace.json.gz"
         shutil.move(trace, artifacts / target)
         kept.append(target)
     return replace(made, artifacts=tuple(kept), per_step=combine_ranks(per_rank))

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.launchers import NODE_FIELD, RUN_DIR_FIELD
-from hostsync.profiling.traces import analyse_events, combine_ranks
-from hostsync.protocol import MEASURED_RANGE, PROFILED_RANGE
+from hostsync.profiling.traces import TraceEvent, analyse_events, combine_ranks
+from hostsync.rank.protocol import MEASURED_RANGE, PROFILED_RANGE
 from hostsync.records import NsysFigures
 
 # Each node's report, in the folder its agent runs in.
@@ -184,28 +184,25 @@ def gpu_category(name: str) -> tuple[str, str]:
     return ("gpu_memset", name) if "memset" in name else ("kernel", name)
 
 
-def events(prefix: Path, names: Tables) -> list[dict]:
+def events(prefix: Path, names: Tables) -> list[TraceEvent]:
     """One report's NVTX ranges, CUDA calls and GPU work as PyTorch-trace events (microseconds);
     pid and tid are nsys's, the GPU's work carries the pid where the table gives one."""
     found = []
     for row in table(prefix, names.nvtx):
         start, end = _int(row, "Start (ns)"), _int(row, "End (ns)")
-        found.append({"ph": "X", "cat": "user_annotation", "name": row["Name"],
-                      "pid": _int(row, "PID", "Pid"), "tid": _int(row, "TID", "Tid"),
-                      "ts": start / 1000, "dur": (end - start) / 1000})  # fmt: skip
+        found.append(TraceEvent(row["Name"], "user_annotation",
+                                _int(row, "PID", "Pid"), _int(row, "TID", "Tid"), start / 1000,
+                                (end - start) / 1000))  # fmt: skip
     for row in table(prefix, names.cuda_api):
-        found.append({"ph": "X", "cat": "cuda_runtime", "name": row["Name"],
-                      "pid": _int(row, "Pid", "PID"), "tid": _int(row, "Tid", "TID"),
-                      "ts": _int(row, "Start (ns)") / 1000,
-                      "dur": _int(row, "Duration (ns)") / 1000,
-                      "args": {"correlation": _int(row, "CorrID", "CorrId")}})  # fmt: skip
+        found.append(TraceEvent(row["Name"], "cuda_runtime", _int(row, "Pid", "PID"),
+                                _int(row, "Tid", "TID"), _int(row, "Start (ns)") / 1000,
+                                _int(row, "Duration (ns)") / 1000,
+                                _int(row, "CorrID", "CorrId")))  # fmt: skip
     for row in table(prefix, names.gpu):
         category, name = gpu_category(row["Name"])
-        found.append({"ph": "X", "cat": category, "name": name, "pid": _int(row, "Pid", "PID"),
-                      "tid": 0, "ts": _int(row, "Start (ns)") / 1000,
-                      "dur": _int(row, "Duration (ns)") / 1000,
-                      "args": {"correlation": _int(row, "CorrId", "CorrID"),
-                               "bytes": _bytes(row)}})  # fmt: skip
+        found.append(TraceEvent(name, category, _int(row, "Pid", "PID"), 0,
+                                _int(row, "Start (ns)") / 1000, _int(row, "Duration (ns)") / 1000,
+                                _int(row, "CorrId", "CorrID"), _bytes(row)))  # fmt: skip
     return found
 
 
@@ -215,11 +212,11 @@ def figures(prefixes: Sequence[Path], names: Tables) -> NsysFigures:
     per_rank = []
     for prefix in prefixes:
         found = events(prefix, names)
-        ranges = [e for e in found if e["cat"] == "user_annotation"]
-        for pid in sorted({e["pid"] for e in ranges if e["name"] == MEASURED_RANGE}):
+        ranges = [e for e in found if e.cat == "user_annotation"]
+        for pid in sorted({e.pid for e in ranges if e.name == MEASURED_RANGE}):
             # A GPU table without pids (2022's): its copies are matched by correlation id.
-            own = [e for e in found if e["pid"] == pid or (e["cat"] not in ("user_annotation",
-                   "cuda_runtime") and not e["pid"])]  # fmt: skip
+            own = [e for e in found if e.pid == pid or (e.cat not in ("user_annotation",
+                   "cuda_runtime") and not e.pid)]  # fmt: skip
             per_rank.append(analyse_events(own, cuda=True))
     if not per_rank:
         raise NsysFailed(f"the report holds no {MEASURED_RANGE!r} range: did the steps run?")

@@ -12,7 +12,7 @@ from hostsync import results, table
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.profiling.traces import CUDA_CALLS, tidy
-from hostsync.protocol import SYNC_OP
+from hostsync.rank.protocol import SYNC_OP
 from hostsync.records import Capture, ProfileResult, RegionLabels
 
 

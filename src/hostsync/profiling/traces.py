@@ -15,11 +15,13 @@ import json
 import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
+from hostsync.codec import Json
 from hostsync.errors import WorkspaceError
-from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, SYNC_OP, SYNC_OPS
+from hostsync.rank.protocol import EXCLUDED_RANGE, MEASURED_RANGE, SYNC_OP, SYNC_OPS
 from hostsync.records import StepFigures, Timeline
 
 # The CUDA calls that make the host wait for the device (a copy to pageable host memory waits
@@ -27,6 +29,21 @@ from hostsync.records import StepFigures, Timeline
 CUDA_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaMemcpy")
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATEGORIES = ("cpu_op", "cuda_runtime", "cuda_driver")
+
+
+class TraceEvent(NamedTuple):
+    """One complete event of a Chrome trace, or of the `nsys stats` tables made into one, as the
+    figures read it (trace microseconds): `correlation` ties a CUDA call to the GPU work it
+    launched, `bytes` is a copy's size."""
+
+    name: str
+    cat: str | None
+    pid: int
+    tid: int
+    ts: float
+    dur: float
+    correlation: int | None = None
+    bytes: int = 0
 
 
 class Window(NamedTuple):
@@ -37,36 +54,50 @@ class Window(NamedTuple):
     start: float
     end: float
 
-    def holds(self, event: dict) -> bool:
+    def holds(self, event: TraceEvent) -> bool:
         return (
-            (event["pid"], event["tid"]) == (self.pid, self.tid)
-            and self.start <= event["ts"]
-            and event["ts"] + event.get("dur", 0) <= self.end
+            (event.pid, event.tid) == (self.pid, self.tid)
+            and self.start <= event.ts
+            and event.ts + event.dur <= self.end
         )
 
 
 # --- reading a trace ---------------------------------------------------------------------------
 
 
-def load_trace(path: Path) -> dict:
+def load_trace(path: Path) -> Json:
+    """A Chrome trace file as its JSON document."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as trace:
         return json.load(trace)
 
 
-def windows(events: Sequence[dict], name: str) -> list[Window]:
-    found = [e for e in events if e.get("cat") == "user_annotation" and e.get("name") == name]
-    return sorted(Window(e["pid"], e["tid"], e["ts"], e["ts"] + e["dur"]) for e in found)
+def windows(events: Sequence[TraceEvent], name: str) -> list[Window]:
+    found = [e for e in events if e.cat == "user_annotation" and e.name == name]
+    return sorted(Window(e.pid, e.tid, e.ts, e.ts + e.dur) for e in found)
 
 
-def analyse_trace(trace: dict) -> list[dict]:
-    """The figures of each measured step of one rank's Chrome trace (times in ms)."""
-    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    gpu = any(e.get("cat") in GPU_CATEGORIES for e in events)
+def analyse_trace(trace: Json) -> list[StepFigures]:
+    """The figures of each measured step of one rank's Chrome trace document (times in ms)."""
+    events = [
+        TraceEvent(
+            name=e.get("name"),
+            cat=e.get("cat"),
+            pid=e.get("pid"),
+            tid=e.get("tid"),
+            ts=e.get("ts"),
+            dur=e.get("dur", 0),
+            correlation=e.get("args", {}).get("correlation"),
+            bytes=int(e.get("args", {}).get("bytes", 0)),
+        )
+        for e in trace["traceEvents"]
+        if e.get("ph") == "X"
+    ]
+    gpu = any(e.cat in GPU_CATEGORIES for e in events)
     return analyse_events(events, cuda=bool(trace.get("deviceProperties")) or gpu)
 
 
-def analyse_events(events: list[dict], cuda: bool) -> list[dict]:
+def analyse_events(events: list[TraceEvent], cuda: bool) -> list[StepFigures]:
     """The figures of each measured step in one rank's complete events; `cuda`: the recording
     watched CUDA (else its CUDA figures are None, not 0)."""
     steps = windows(events, MEASURED_RANGE)
@@ -75,14 +106,14 @@ def analyse_events(events: list[dict], cuda: bool) -> list[dict]:
             f"the trace has no {MEASURED_RANGE!r} range: was it recorded by a profile script?"
         )
     forwards = windows(events, EXCLUDED_RANGE)
-    host = [e for e in events if e.get("cat") in HOST_CATEGORIES]
-    gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES]
+    host = [e for e in events if e.cat in HOST_CATEGORIES]
+    gpu = [e for e in events if e.cat in GPU_CATEGORIES]
     return [step_figures(step, forwards, host, gpu if cuda else None) for step in steps]
 
 
 def step_figures(
-    step: Window, forwards: list[Window], host: list[dict], gpu: list[dict] | None
-) -> dict:
+    step: Window, forwards: list[Window], host: list[TraceEvent], gpu: list[TraceEvent] | None
+) -> StepFigures:
     """What one step's range holds; `gpu` is None on a CPU-only trace."""
     inside = [e for e in host if step.holds(e)]
     in_forward = [e for e in inside if any(f.holds(e) for f in forwards)]
@@ -91,50 +122,52 @@ def step_figures(
         """Trace microseconds as milliseconds from the start of the range."""
         return round((us - step.start) / 1000, 3)
 
-    figures = {
-        "range_ms": round((step.end - step.start) / 1000, 3),
-        "ops": _count(inside, SYNC_OPS),
-        "ops_in_forward": _count(in_forward, SYNC_OPS),
-        "timeline": {
-            "forward_ms": [[ms(f.start), ms(f.end)] for f in forwards if _within(f, step)],
-            "sync_ms": [ms(e["ts"]) for e in inside if e["name"] == SYNC_OP],
-            "gpu_busy_ms": None,
-            "dtoh_ms": None,
-        },
-        "cuda_calls": None,
-        "dtoh_copies": None,
-        "dtoh_bytes": None,
-        "gpu_idle_ms": None,
-    }
+    range_ms = round((step.end - step.start) / 1000, 3)
+    timeline = Timeline(
+        forward_ms=tuple((ms(f.start), ms(f.end)) for f in forwards if _within(f, step)),
+        sync_ms=tuple(ms(e.ts) for e in inside if e.name == SYNC_OP),
+        gpu_busy_ms=None,
+        dtoh_ms=None,
+        range_ms=range_ms,
+    )
+    figures = StepFigures(
+        range_ms=range_ms,
+        ops=_count(inside, SYNC_OPS),
+        ops_in_forward=_count(in_forward, SYNC_OPS),
+        cuda_calls=None,
+        dtoh_copies=None,
+        dtoh_bytes=None,
+        gpu_idle_ms=None,
+        timeline=timeline,
+    )
     if gpu is None:
         return figures
-    launched = {e["args"]["correlation"] for e in inside if "correlation" in e.get("args", {})}
+    launched = {e.correlation for e in inside if e.correlation is not None}
     dtoh = [
-        e
-        for e in gpu
-        if e["cat"] == "gpu_memcpy"
-        and "DtoH" in e["name"]
-        and e.get("args", {}).get("correlation") in launched
+        e for e in gpu if e.cat == "gpu_memcpy" and "DtoH" in e.name and e.correlation in launched
     ]
     busy = busy_intervals(gpu, step.start, step.end)
-    figures.update(
+    drawn = replace(
+        timeline,
+        gpu_busy_ms=tuple((ms(a), ms(b)) for a, b in busy),
+        dtoh_ms=tuple(ms(e.ts) for e in dtoh),
+    )
+    return replace(
+        figures,
         cuda_calls=_count(inside, CUDA_CALLS),
         dtoh_copies=len(dtoh),
-        dtoh_bytes=sum(int(e["args"].get("bytes", 0)) for e in dtoh),
+        dtoh_bytes=sum(e.bytes for e in dtoh),
         gpu_idle_ms=round((step.end - step.start - sum(b - a for a, b in busy)) / 1000, 3),
+        timeline=drawn,
     )
-    figures["timeline"].update(
-        gpu_busy_ms=[[ms(a), ms(b)] for a, b in busy], dtoh_ms=[ms(e["ts"]) for e in dtoh]
-    )
-    return figures
 
 
-def busy_intervals(gpu: list[dict], start: float, end: float) -> list[tuple[float, float]]:
+def busy_intervals(gpu: list[TraceEvent], start: float, end: float) -> list[tuple[float, float]]:
     """The union of the GPU's activity (any stream) clipped to [start, end]."""
     spans = sorted(
-        (max(e["ts"], start), min(e["ts"] + e.get("dur", 0), end))
+        (max(e.ts, start), min(e.ts + e.dur, end))
         for e in gpu
-        if e["ts"] < end and e["ts"] + e.get("dur", 0) > start
+        if e.ts < end and e.ts + e.dur > start
     )
     merged: list[tuple[float, float]] = []
     for a, b in spans:
@@ -151,44 +184,46 @@ def _within(inner: Window, outer: Window) -> bool:
     )
 
 
-def _count(events: list[dict], names: Sequence[str]) -> dict[str, int]:
-    counts = Counter(e["name"] for e in events if e["name"] in names)
+def _count(events: list[TraceEvent], names: Sequence[str]) -> dict[str, int]:
+    counts = Counter(e.name for e in events if e.name in names)
     return {name: counts[name] for name in names}
 
 
 # --- a capture: the ranks' steps combined --------------------------------------------------------
 
 
-def combine_ranks(per_rank_steps: list[list[dict]]) -> StepFigures:
+def combine_ranks(per_rank_steps: list[list[StepFigures]]) -> StepFigures:
     """Per-step figures of one capture: counts as the largest over ranks of each rank's mean per
     step (a step waits for its slowest rank), times as the median over every rank's steps; the
     timeline is rank 0's median step."""
 
-    def largest(value: Callable[[dict], float | None]) -> float | None:
+    def largest(value: Callable[[StepFigures], float | None]) -> float | None:
         if value(per_rank_steps[0][0]) is None:
             return None
         return tidy(max(statistics.fmean(map(value, steps)) for steps in per_rank_steps))
 
-    def median(value: Callable[[dict], float | None]) -> float | None:
+    def median(value: Callable[[StepFigures], float | None]) -> float | None:
         values = [value(step) for steps in per_rank_steps for step in steps]
         return None if None in values else round(statistics.median(values), 3)
 
-    def counts(key: str, names: Sequence[str]) -> dict | None:
-        if per_rank_steps[0][0][key] is None:
+    def counts(
+        of: Callable[[StepFigures], dict[str, float] | None], names: Sequence[str]
+    ) -> dict[str, float] | None:
+        if of(per_rank_steps[0][0]) is None:
             return None
-        return {name: largest(lambda step, name=name: step[key][name]) for name in names}
+        return {name: largest(lambda step, name=name: of(step)[name]) for name in names}
 
-    rank0 = sorted(per_rank_steps[0], key=lambda step: step["range_ms"])
+    rank0 = sorted(per_rank_steps[0], key=lambda step: step.range_ms)
     typical = rank0[len(rank0) // 2]
     return StepFigures(
-        range_ms=median(lambda step: step["range_ms"]),
-        ops=counts("ops", SYNC_OPS),
-        ops_in_forward=counts("ops_in_forward", SYNC_OPS),
-        cuda_calls=counts("cuda_calls", CUDA_CALLS),
-        dtoh_copies=largest(lambda step: step["dtoh_copies"]),
-        dtoh_bytes=largest(lambda step: step["dtoh_bytes"]),
-        gpu_idle_ms=median(lambda step: step["gpu_idle_ms"]),
-        timeline=Timeline.from_json(typical["timeline"] | {"range_ms": typical["range_ms"]}),
+        range_ms=median(lambda step: step.range_ms),
+        ops=counts(lambda step: step.ops, SYNC_OPS),
+        ops_in_forward=counts(lambda step: step.ops_in_forward, SYNC_OPS),
+        cuda_calls=counts(lambda step: step.cuda_calls, CUDA_CALLS),
+        dtoh_copies=largest(lambda step: step.dtoh_copies),
+        dtoh_bytes=largest(lambda step: step.dtoh_bytes),
+        gpu_idle_ms=median(lambda step: step.gpu_idle_ms),
+        timeline=typical.timeline,
     )
 
 

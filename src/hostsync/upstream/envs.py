@@ -15,7 +15,6 @@ requirements, never changed.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -31,9 +30,11 @@ from packaging.version import Version
 
 from hostsync import pin as pinning
 from hostsync.cases import Release
+from hostsync.codec import RecordError, read_file, write_file
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.layout import Layout
 from hostsync.projects import Project
+from hostsync.records import EnvRecord
 from hostsync.upstream.sdists import egg_info_requires, fetch_sdist, pkg_info, requires_dist
 
 log = logging.getLogger(__name__)
@@ -150,21 +151,26 @@ def python_for(layout: Layout, project: Project, release: Release, root: Path | 
             )
         return sys.executable
     for record_file in sorted(layout.envs.glob("*/" + RECORD)):
-        record = json.loads(record_file.read_text())
-        if not problems(record["installed"], pin, project, requires, exact=True):
+        try:
+            record = read_file(EnvRecord, record_file)
+        except RecordError as error:
+            raise WorkspaceError(
+                f"{error}: remove {record_file.parent} and rerun, it is rebuilt"
+            ) from None
+        if not problems(record.installed, pin, project, requires, exact=True):
             return usable_python(record_file.parent, record)
     return build(layout, pin, project, version, requires)
 
 
-def usable_python(env: Path, record: dict) -> str:
+def usable_python(env: Path, record: EnvRecord) -> str:
     """The interpreter of the environment `env`, which its record names relative to the
     folder; a record naming one elsewhere, or one that is gone, is refused in one line."""
-    python = env / record["python"]  # an older record's absolute path stays as it is
+    python = env / record.python  # an older record's absolute path stays as it is
     inside = python.parent.resolve().is_relative_to(env.resolve())  # bin/python is a link
     if not inside or not python.exists():
         raise WorkspaceError(
             f"the environment {env.name} has no interpreter of its own at {python}"
-            f" (it names {record['python']}): remove {env} and rerun, it is rebuilt"
+            f" (it names {record.python}): remove {env} and rerun, it is rebuilt"
         )
     return str(python)
 
@@ -212,6 +218,6 @@ def build(
             f"the new environment {name} does not fit its own release: {'; '.join(unmet)}:"
             " pin.toml's pins conflict with what that release needs"
         )
-    record = {"python": "bin/python", "specs": specs, "installed": installed}
-    (target / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    record = EnvRecord(python="bin/python", specs=tuple(specs), installed=installed)
+    write_file(record, target / RECORD)
     return usable_python(target, record)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import subprocess
 from pathlib import Path
 
+from hostsync.codec import RecordError, read_file, write_file
 from hostsync.errors import WorkspaceError, last_line
+from hostsync.records import GitState
 
 # The committer of the commits the workspace makes itself (imported sdists, applied patches),
 # so that they come out the same on every machine.
@@ -49,14 +51,22 @@ def _state_file(repo: Path) -> Path:
     return repo / git(repo, "rev-parse", "--git-path", "hostsync.json").stdout.strip()
 
 
-def read_state(repo: Path) -> dict:
+def read_state(repo: Path) -> GitState:
     path = _state_file(repo)
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return GitState()
+    try:
+        return read_file(GitState, path)
+    except RecordError as error:
+        raise WorkspaceError(
+            f"{error}: the workspace's bookkeeping in {repo} is damaged; move {repo} aside and"
+            " rerun, it is made again"
+        ) from None
 
 
 def write_state(repo: Path, **updates: object) -> None:
-    state = read_state(repo) | updates
-    _state_file(repo).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    """Change the fields of the repository's `GitState` that `updates` names."""
+    write_file(dataclasses.replace(read_state(repo), **updates), _state_file(repo))
 
 
 INTERRUPTED_AM = "an interrupted `git am` (rebase-apply)"

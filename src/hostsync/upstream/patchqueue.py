@@ -17,6 +17,7 @@ from hostsync.cases import Case
 from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.layout import Layout
+from hostsync.records import GitState
 from hostsync.upstream.git import (
     git,
     read_state,
@@ -130,13 +131,13 @@ def clone(case: Case, remote: str | None = None) -> str | None:
     if not repo.exists():
         materialise(layout, case.project, case.pin, repo, remote)
         git(repo, "checkout", "--quiet", "-B", PATCHED, tag)
-        return f"{read_state(repo)['origin']}: " + _apply_queue(layout, repo, tag, where)
+        return f"{read_state(repo).origin}: " + _apply_queue(layout, repo, tag, where)
 
     if not (repo / ".git").exists() or not rev(repo, tag):
         raise WorkspaceError(
             f"{repo} is not a clone of {where} (the case card changed?): move it aside and rerun"
         )
-    if read_state(repo).get("applying"):
+    if read_state(repo).applying:
         # Our own apply was interrupted (Ctrl-C): nothing on top of the tag is the user's.
         git(repo, "am", "--abort", check=False)
         git(repo, "reset", "--quiet", "--hard", tag)
@@ -149,8 +150,8 @@ def clone(case: Case, remote: str | None = None) -> str | None:
             f" run `git -C {shown(layout, repo)} switch {PATCHED}` first"
         )
     state, head = read_state(repo), rev(repo, "HEAD")
-    if head == state.get("head"):
-        if state.get("series") == _series_state(layout):
+    if head == state.head:
+        if state.series == _series_state(layout):
             return None
         git(repo, "reset", "--quiet", "--hard", tag)
         return "patches/ changed since the last run: " + _apply_queue(layout, repo, tag, where)
@@ -161,7 +162,7 @@ def clone(case: Case, remote: str | None = None) -> str | None:
     raise WorkspaceError(
         f"{PATCHED} in {shown(layout, repo)} ({commits} commits on {tag}) differs from patches/:"
         " keep it with `nox -s export_patches`, or discard it with"
-        f" `git -C {shown(layout, repo)} reset --hard {state.get('head', tag)}`"
+        f" `git -C {shown(layout, repo)} reset --hard {state.head or tag}`"
     )
 
 
@@ -243,16 +244,17 @@ def export_patches(case: Case, force: bool = False) -> dict[str, list[str]]:
     return report
 
 
-def _refuse_to_overwrite(layout: Layout, state: dict) -> None:
+def _refuse_to_overwrite(layout: Layout, state: GitState) -> None:
     """Refuse when patches/<case>/ holds what the clone does not: the export would lose it."""
-    matched = state.get("series", {})
-    unseen = [name for name, digest in _series_state(layout).items() if matched.get(name) != digest]
+    unseen = [
+        name for name, digest in _series_state(layout).items() if state.series.get(name) != digest
+    ]
     if not unseen:
         return
     force = f"`nox -s export_patches -- --case {layout.case} --force`"
-    if state.get("failed"):
+    if state.failed:
         raise WorkspaceError(
-            f"the clone does not hold the series ({state['failed']} did not apply to it): apply"
+            f"the clone does not hold the series ({state.failed} did not apply to it): apply"
             f" the series by hand in {shown(layout, layout.clone)}, then {force}"
         )
     raise WorkspaceError(

@@ -122,7 +122,7 @@ def _checkout(case: Case, name: str) -> tuple[Tree, Release]:
         " (pinned)" if role == TreeRole.PINNED else ""
     )
     root = _worktree(layout, repo, base, patches, layout.trees / name, where)
-    origin = read_state(repo)["origin"]
+    origin = read_state(repo).origin
     if role == TreeRole.PATCHED:
         origin += " + the case's patch series"
     if extra:
@@ -173,7 +173,7 @@ def prepare_stack(layout: Layout, loaded: Sequence[Case], *, fixes: bool = True,
             f"the series of {', '.join(names)} do not stack on {where}: {error}; rebase the later"
             " case's series onto the earlier one's, or stack them apart"
         ) from None
-    origin = read_state(repo)["origin"]
+    origin = read_state(repo).origin
     if fixes:
         origin += f" + the series of {', '.join(names)}"
     role = TreeRole.PATCHED if fixes else TreeRole.RELEASE
@@ -227,7 +227,7 @@ def _worktree(layout: Layout, repo: Path, base: str, patches: list[Path], path: 
         if uncommitted(path) == [INTERRUPTED_AM]:  # trees are ours: an apply cut short
             git(path, "am", "--abort", check=False)
         refuse_to_lose_work(path, where=shown(layout, path))
-        if {k: read_state(path).get(k) for k in wanted} == wanted:
+        if {k: getattr(read_state(path), k) for k in wanted} == wanted:
             return path
         git(path, "checkout", "--quiet", "--detach", wanted["base"])
     else:

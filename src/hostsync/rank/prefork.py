@@ -1,4 +1,4 @@
-"""`python -m hostsync.prefork PLAN`: import a rank script once, then fork its ranks.
+"""`python -m hostsync.rank.prefork PLAN`: import a rank script once, then fork its ranks.
 
 Under torchrun each rank imports torch, DeepSpeed and the tree under test on its own: about 7 s
 of CPU per rank, where the measured steps take a second, and 4 ranks on 2 cores wait for four
@@ -12,23 +12,22 @@ Nothing but imports happens before a fork: a rank script starts no process group
 no GPU at import, and PYTORCH_NVML_BASED_CUDA_CHECK keeps torch's CUDA probe (DeepSpeed picks
 its accelerator at import) from creating a CUDA context that a fork cannot inherit.
 
-The plan, written by `hostsync.launchers`: {"script": path, "keep_going": bool, "worlds":
-[{"ranks": n, "run_dir": path, "args": [...], "env": {...}}, ...], "snippet": null or {"script":
-path, "log": path, "env": {...}}}. Each rank calls the script's `main` (its `rank_entry`) with
-its world's variables set. A failed world stops the plan unless `keep_going` (independent runs,
-such as the census's setups). Exit status: 0, or the first failing rank's.
+The plan, written by `hostsync.launchers`, is a `records.ForkPlan`: the script, its worlds
+(ranks, run folder, arguments, variables), whether to keep going, the snippet. Each rank calls
+the script's `main` (its `rank_entry`) with its world's variables set. A failed world stops the
+plan unless `keep_going` (independent runs, such as the census's setups). Exit status: 0, or
+the first failing rank's.
 
 The snippet, a one-process script an issue quotes, runs last, as `python SNIPPET` would run it
 (as `__main__`, its output in its log) but forked from this interpreter, whose imports it
 shares: it would otherwise import torch and the tree again. How it ended goes beside its log
 (`records.SnippetExit`); its exit status is not the plan's.
-Standard library only, like `hostsync.protocol`: the script brings torch.
+Standard library and the records only, like `hostsync.rank.protocol`: the script brings torch.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import runpy
 import signal
@@ -39,7 +38,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from hostsync.protocol import RUN_DIR_ENV, free_port
+from hostsync.codec import read_file, write_file
+from hostsync.rank.protocol import RUN_DIR_ENV, free_port
+from hostsync.records import ForkPlan, ForkSnippet, ForkWorld, SnippetExit
 
 
 def import_script(path: Path) -> ModuleType:
@@ -53,23 +54,23 @@ def import_script(path: Path) -> ModuleType:
     return module
 
 
-def run_world(main: Callable[[], object], script: str, world: dict) -> int:
-    """Fork `world["ranks"]` ranks running `main`; 0, or the first failure's exit status, once
+def run_world(main: Callable[[], object], script: str, world: ForkWorld) -> int:
+    """Fork `world.ranks` ranks running `main`; 0, or the first failure's exit status, once
     every rank is gone (the others are stopped: they would wait in a collective for ever)."""
     rendezvous = {
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
-        "WORLD_SIZE": str(world["ranks"]),
-        "LOCAL_WORLD_SIZE": str(world["ranks"]),
-        RUN_DIR_ENV: world["run_dir"],
+        "WORLD_SIZE": str(world.ranks),
+        "LOCAL_WORLD_SIZE": str(world.ranks),
+        RUN_DIR_ENV: world.run_dir,
     }
     ranks = {}
-    for rank in range(world["ranks"]):
+    for rank in range(world.ranks):
         pid = os.fork()
         if pid == 0:
             ranked = {"RANK": str(rank), "LOCAL_RANK": str(rank)}
-            os.environ.update(rendezvous | world.get("env", {}) | ranked)
-            sys.argv = [script, *world["args"]]
+            os.environ.update(rendezvous | world.env | ranked)
+            sys.argv = [script, *world.args]
             _run_rank(main)
         ranks[pid] = rank
     failed = 0
@@ -84,23 +85,22 @@ def run_world(main: Callable[[], object], script: str, world: dict) -> int:
     return failed
 
 
-def run_snippet(snippet: dict) -> None:
+def run_snippet(snippet: ForkSnippet) -> None:
     """Fork the snippet as `python SNIPPET` with its output in its log; write how it ended."""
     started = time.monotonic()
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        with Path(snippet["log"]).open("wb") as log:
+        with Path(snippet.log).open("wb") as log:
             os.dup2(log.fileno(), sys.stdout.fileno())
             os.dup2(log.fileno(), sys.stderr.fileno())
-        os.environ.update(snippet["env"])
-        sys.argv = [snippet["script"]]
-        _run_rank(lambda: runpy.run_path(snippet["script"], run_name="__main__"))
+        os.environ.update(snippet.env)
+        sys.argv = [snippet.script]
+        _run_rank(lambda: runpy.run_path(snippet.script, run_name="__main__"))
     _, status = os.waitpid(pid, 0)
-    ended = {"exit_status": os.waitstatus_to_exitcode(status),
-             "seconds": time.monotonic() - started}  # fmt: skip
-    Path(snippet["log"] + ".exit.json").write_text(json.dumps(ended) + "\n")
+    ended = SnippetExit(os.waitstatus_to_exitcode(status), time.monotonic() - started)
+    write_file(ended, Path(snippet.log + ".exit.json"))
 
 
 def _run_rank(main: Callable[[], object]) -> None:
@@ -123,21 +123,21 @@ def _run_rank(main: Callable[[], object]) -> None:
 
 def main(argv: list[str]) -> int:
     (plan_file,) = argv
-    plan = json.loads(Path(plan_file).read_text())
+    plan = read_file(ForkPlan, Path(plan_file))
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    script = import_script(Path(plan["script"]))
+    script = import_script(Path(plan.script))
     entry = getattr(script, "main", None)
     if entry is None:
-        sys.exit(f"{plan['script']} has no main(): the fork launcher runs the script's main")
+        sys.exit(f"{plan.script} has no main(): the fork launcher runs the script's main")
     first_failure = 0
-    for world in plan["worlds"]:
-        Path(world["run_dir"]).mkdir(parents=True, exist_ok=True)
-        failed = run_world(entry, plan["script"], world)
+    for world in plan.worlds:
+        Path(world.run_dir).mkdir(parents=True, exist_ok=True)
+        failed = run_world(entry, plan.script, world)
         first_failure = first_failure or failed
-        if failed and not plan.get("keep_going"):
+        if failed and not plan.keep_going:
             return first_failure
-    if plan.get("snippet"):
-        run_snippet(plan["snippet"])
+    if plan.snippet:
+        run_snippet(plan.snippet)
     return first_failure
 
 

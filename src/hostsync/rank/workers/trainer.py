@@ -25,14 +25,13 @@ import re
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from hostsync.detector import CompiledInScope
 from hostsync.projects import PROJECTS
-from hostsync.protocol import SYNC_OP, SYNC_OPS, rank_entry
-from hostsync.rankkit import (
+from hostsync.rank.protocol import SYNC_OP, SYNC_OPS, rank_entry
+from hostsync.rank.rankkit import (
     MODEL_SUMMARY,
     SEQ_LEN,
     add_launch_arguments,
@@ -42,6 +41,14 @@ from hostsync.rankkit import (
     tiny_tokenizer,
     trainer_llama,
     training_arguments,
+)
+from hostsync.records import (
+    HuntStep,
+    LoggedStep,
+    ProfiledRead,
+    RankHunt,
+    StepSite,
+    TrainerRank,
 )
 
 # Every project's package, imported here, once, when the fork launcher imports this script: each
@@ -97,13 +104,14 @@ class LoggedValues:
     """What the Trainer logs (loss, grad_norm), by optimizer step."""
 
     def __init__(self) -> None:
-        self.by_step: dict[int, dict[str, float]] = {}
+        self.by_step: dict[int, LoggedStep] = {}
 
     def on_log(self, args, state, control, logs=None, **kwargs) -> None:
         if logs and "loss" in logs:
-            self.by_step[state.global_step] = {
-                key: float(logs[key]) for key in ("loss", "grad_norm") if key in logs
-            }
+            norm = logs.get("grad_norm")
+            self.by_step[state.global_step] = LoggedStep(
+                float(logs["loss"]), None if norm is None else float(norm)
+            )
 
 
 class SyncHunt:
@@ -119,8 +127,8 @@ class SyncHunt:
     def __init__(self, detected_steps: int, profiled_step: int) -> None:
         self.detected_steps = detected_steps
         self.profiled_step = profiled_step
-        self.steps: list[dict[str, Any]] = []
-        self.profiled: list[dict[str, Any]] = []
+        self.steps: list[HuntStep] = []
+        self.profiled: list[ProfiledRead] = []
         self._open = contextlib.ExitStack()
         self._step = 0
         self._logged = False
@@ -163,27 +171,21 @@ class SyncHunt:
         stalled = Counter(
             (event.kind, event.site, event.caller) for event in scope.events if event.stall
         )
-        self.steps.append({
-            "step": step,
-            "warmup": step == 1,
-            "logging": self._logged,
-            "sites": [
-                {"kind": kind, "file": site.file, "line": site.line, "function": site.function,
-                 "code": site.code, "caller": caller, "count": count,
-                 "stalls": stalled[kind, site, caller]}
-                for (kind, site, caller), count in sorted(found.items(), key=_site_order)
-            ],
-            "cost": scope.cost().to_json(),
-            "host_reads": scope.host_reads,
-        })  # fmt: skip
+        sites = tuple(
+            StepSite(kind, site.file, site.line, site.function, site.code, caller, count,
+                     stalled[kind, site, caller])
+            for (kind, site, caller), count in sorted(found.items(), key=_site_order)
+        )  # fmt: skip
+        self.steps.append(
+            HuntStep(step, step == 1, self._logged, sites, scope.cost(), scope.host_reads)
+        )
 
     def _keep_profile(self, profile: torch.profiler.profile) -> None:
         found = Counter(_attribute(event) for event in profile.events() if event.name == SYNC_OP)
         self.profiled = [
-            {"step": self.profiled_step, "logging": self._logged, "file": file,
-             "function": function, "via": via, "count": count}
+            ProfiledRead(self.profiled_step, self._logged, file, function, via, count)
             for (file, function, via), count in sorted(found.items(), key=str)
-        ]  # fmt: skip
+        ]
 
 
 def _site_order(item) -> tuple:
@@ -235,7 +237,7 @@ def lora_config():
 GENERATIONS = 2  # GRPO's group: completions per prompt
 
 
-def even_words(completions: list[str], **_: Any) -> list[float]:
+def even_words(completions: list[str], **_: object) -> list[float]:
     """GRPO's reward: how many of a completion's words are even-numbered tokens, a rule that
     tells completions apart (so their advantages, and the loss, are not all zero)."""
     return [float(sum(word[-1:] in "02468" for word in c.split())) for c in completions]
@@ -322,7 +324,9 @@ def shard_fsdp2(model) -> None:
     fully_shard(model)
 
 
-def accelerate_loop(args: argparse.Namespace, hunt: SyncHunt | None) -> tuple[Any, dict]:
+def accelerate_loop(
+    args: argparse.Namespace, hunt: SyncHunt | None
+) -> tuple[object, dict[int, LoggedStep]]:
     """A user's own loop over accelerate, as its docs write one: prepare, backward,
     clip_grad_norm_ (whose norm is logged), step; DeepSpeed from the launch's variables, FSDP2
     with `--fsdp`. Each step is watched from fetching its first batch to its logging."""
@@ -359,7 +363,7 @@ def accelerate_loop(args: argparse.Namespace, hunt: SyncHunt | None) -> tuple[An
                 optimizer.step()
                 optimizer.zero_grad()
         if step % args.logging_steps == 0:
-            logged[step] = {"loss": loss.item(), "grad_norm": float(grad_norm)}
+            logged[step] = LoggedStep(loss.item(), float(grad_norm))
             if hunt:
                 hunt.on_log(args, None, None)
     if hunt:
@@ -368,7 +372,7 @@ def accelerate_loop(args: argparse.Namespace, hunt: SyncHunt | None) -> tuple[An
 
 
 @rank_entry
-def main() -> dict:
+def main() -> TrainerRank:
     started = time.monotonic()
     args = parse_args()
     hunting = args.detect_steps or args.profile_step
@@ -389,20 +393,17 @@ def main() -> dict:
             not_judged = f"compiled, not judged: {error}"
         accelerator, logged, device = trainer.accelerator, values.by_step, trainer.args.device
     pc = getattr(accelerator, "parallelism_config", None)
-    result = {
-        "world_size": accelerator.num_processes,
-        "sp_size": pc.sp_size if pc is not None and pc.sp_enabled else 1,
-        "device": str(device),
-        "backend": args.backend,
-        "model": MODEL_SUMMARY,
-        "logged": {str(step): values for step, values in sorted(logged.items())},
-        "seconds": round(time.monotonic() - started, 1),
-    }
-    if hunt:
-        result["hunt"] = {"steps": hunt.steps, "profiled": hunt.profiled}
-        if not_judged:
-            result["hunt"]["not_judged"] = not_judged
-    return result
+    recorded = RankHunt(tuple(hunt.steps), tuple(hunt.profiled), not_judged) if hunt else None
+    return TrainerRank(
+        world_size=accelerator.num_processes,
+        sp_size=pc.sp_size if pc is not None and pc.sp_enabled else 1,
+        device=str(device),
+        backend=args.backend,
+        model=MODEL_SUMMARY,
+        logged={str(step): values for step, values in sorted(logged.items())},
+        seconds=round(time.monotonic() - started, 1),
+        hunt=recorded,
+    )
 
 
 if __name__ == "__main__":

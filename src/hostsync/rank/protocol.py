@@ -1,4 +1,5 @@
-"""What the launcher and the ranks agree on, for the rank side: standard library only.
+"""What the launcher and the ranks agree on, for the rank side: standard library and the
+records only.
 
 Rank scripts import this module, torch and the tree under test, nothing else of the workspace
 (besides the detector): the launcher's git, download and environment code never loads in a rank.
@@ -9,12 +10,14 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
-import json
 import os
 import socket
 import traceback
 from collections.abc import Callable, Collection
 from pathlib import Path
+
+from hostsync.codec import dump, write_file
+from hostsync.records import RankReport
 
 RUN_DIR_ENV = "HOSTSYNC_RUN_DIR"
 TREE_SRC_ENV = "HOSTSYNC_TREE_SRC"
@@ -69,8 +72,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def rank_entry(main: Callable[[], dict]) -> Callable[[], None]:
-    """Decorate a rank's main: its returned dict, or its traceback, lands in the run folder."""
+def rank_entry(main: Callable[[], object]) -> Callable[[], None]:
+    """Decorate a rank's main: what it returns (a record, or a case's document), in a
+    `RankReport`, or its traceback, lands in the run folder."""
 
     @functools.wraps(main)
     def wrapper() -> None:
@@ -84,7 +88,7 @@ def rank_entry(main: Callable[[], dict]) -> Callable[[], None]:
             summary = traceback.format_exception_only(error)[0].strip()
             (run_dir / f"rank-{rank}.error").write_text(f"{summary}\n\n{traceback.format_exc()}")
             raise
-        (run_dir / f"rank-{rank}.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_file(RankReport(rank, dump(result)), run_dir / f"rank-{rank}.json")
         _leave_process_group()
 
     return wrapper

@@ -2,7 +2,7 @@
 run, the arguments `accelerate launch` passes, JSON-safe numbers, named profiler ranges and the
 recording of the profiled steps.
 
-Rank scripts import this module, `hostsync.protocol`, `hostsync.detector`, torch and the tree
+Rank scripts import this module, `hostsync.rank.protocol`, `hostsync.detector`, torch and the tree
 under test, nothing else of the workspace. transformers is imported inside the functions that
 need it, so that an import error of the tree under test is reported by `rank_entry` with the
 rank and the reason, and a DeepSpeed-only script does not import it at all.
@@ -20,11 +20,12 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from hostsync.protocol import EXCLUDED_RANGE, MEASURED_RANGE, PROFILED_RANGE, RUN_DIR_ENV
+from hostsync.codec import dump
+from hostsync.rank.protocol import EXCLUDED_RANGE, MEASURED_RANGE, PROFILED_RANGE, RUN_DIR_ENV
+from hostsync.records import ProfiledRank
 
 VOCAB, LAYERS, HEADS = 128, 2, 4  # four heads: Ulysses splits them over 2 or 4 ranks
 SEQ_LEN = 16
@@ -40,7 +41,7 @@ MODEL_SUMMARY = (
 
 
 def tiny_llama(hidden: int = HIDDEN, intermediate: int = 2 * HIDDEN, head: str = "CausalLM",
-               **config: Any):  # fmt: skip
+               **config: object):  # fmt: skip
     """A tiny `LlamaFor<head>` (CausalLM, or SequenceClassification for a reward model) built
     from a config (nothing to download), the same weights on every rank (seeded); `config` sets
     further LlamaConfig fields."""
@@ -139,7 +140,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser,
 
 
 def training_arguments(output_dir: str | Path, *, precision: str = "fp32", kind: type | None = None,
-                       **settings: Any):  # fmt: skip
+                       **settings: object):  # fmt: skip
     """`TrainingArguments` (or `kind`, e.g. TRL's SFTConfig) for a short deterministic run: one
     sample per device and step, a constant learning rate, sequential sampling, nothing saved or
     reported; `settings` add to or override them.
@@ -220,24 +221,24 @@ def recording(profiler: str, cuda: bool, trace: Path | None) -> Iterator[None]:
     profiler_.export_chrome_trace(str(trace))
 
 
-def profiled_rank(args: argparse.Namespace, device: Any, seconds: list[float],
-                  trace: Path | None, **more: Any) -> dict[str, Any]:  # fmt: skip
+def profiled_rank(args: argparse.Namespace, device: object, seconds: list[float],
+                  trace: Path | None, **more: object) -> ProfiledRank:  # fmt: skip
     """What a profile rank script returns, as `hostsync.profiling` reads it: where the rank ran,
     the steps recorded (`args.scenario`, `args.warmup`, `args.steps`), each measured range's
     seconds and the trace file; `more`, the script's own figures."""
     joined = torch.distributed.is_initialized()
-    return {
-        "rank": torch.distributed.get_rank() if joined else 0,
-        "world_size": torch.distributed.get_world_size() if joined else 1,
-        "backend": torch.distributed.get_backend() if joined else "none",
-        "device": str(device),
-        "scenario": args.scenario,
-        "warmup_steps": args.warmup,
-        "steps": args.steps,
-        "range_seconds": seconds,
-        "trace": trace and trace.name,
-        **more,
-    }
+    return ProfiledRank(
+        rank=torch.distributed.get_rank() if joined else 0,
+        world_size=torch.distributed.get_world_size() if joined else 1,
+        backend=torch.distributed.get_backend() if joined else "none",
+        device=str(device),
+        scenario=args.scenario,
+        warmup_steps=args.warmup,
+        steps=args.steps,
+        range_seconds=tuple(seconds),
+        trace=trace and trace.name,
+        more=dump(more),
+    )
 
 
 class TrainerSteps:
