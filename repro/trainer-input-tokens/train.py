@@ -83,8 +83,9 @@ def trainer_for(args: argparse.Namespace, output_dir: Path, steps: int,
     training_args = training_arguments(
         output_dir, max_steps=steps, gradient_accumulation_steps=args.accumulation,
         include_num_input_tokens_seen=args.count, logging_nan_inf_filter=False,
-        ddp_backend=args.backend,  # on CPU without it each rank would train alone, silently
-        **settings,
+        # On CPU without both, accelerate's state is not distributed: each rank trains alone and
+        # `gather` returns its own count, silently.
+        ddp_backend=args.backend, use_cpu=args.device == "cpu", **settings,
     )  # fmt: skip
     world = training_args.world_size
     dataset = counted_samples(steps * args.accumulation * world, args.count == "non_padding")
@@ -132,6 +133,7 @@ def main() -> dict:
         trainer.add_callback(step_ends)
         trainer.train()
     trainer.accelerator.wait_for_everyone()  # rank 0 has written the checkpoints
+    alone = trainer.accelerator.num_processes > 1 and trainer.accelerator.distributed_type == "NO"
     row = {
         "scenario": args.scenario,
         "model": MODEL_SUMMARY,
@@ -157,6 +159,7 @@ def main() -> dict:
             ],
             "saved": saved_counts(output_dir),
         },
+        "problems": ["accelerate's state is not distributed: the count is not gathered"] * alone,
     }
     return {"runs": [row]}
 
