@@ -505,6 +505,23 @@ def test_the_deepspeed_grad_norm_is_read_every_step_and_with_the_fix_only_when_l
 @pytest.mark.heavy
 @pytest.mark.distributed
 @pytest.mark.network
+def test_the_input_token_count_is_read_every_micro_batch_and_with_the_fix_once_per_step(
+    tmp_path: Path,
+) -> None:
+    """The Trainer on 2 real ranks, 4 micro-batches per step: the same count everywhere users see
+    it, and fewer reads that wait."""
+    measured = measure_live_case(tmp_path, "trainer-input-tokens", ["accum4"])
+
+    runs = {run["tree"]: run for run in measured["runs"]}
+    assert runs["pinned"]["token_reads_per_step"] == [4, 4, 4, 4]
+    assert runs["patched"]["token_reads_per_step"] == [1, 1, 1, 1]
+    assert [c["verdict"] for c in measured["comparisons"]] == ["identical"]
+    assert [v["judgement"]["verdict"] for v in measured["verdicts"]] == ["saves stalls"]
+
+
+@pytest.mark.heavy
+@pytest.mark.distributed
+@pytest.mark.network
 def test_sft_metrics_are_read_every_micro_batch_and_with_the_fix_once_per_log(
     tmp_path: Path,
 ) -> None:
