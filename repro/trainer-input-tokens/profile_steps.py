@@ -18,8 +18,8 @@ from pathlib import Path
 from train import add_count_arguments, trainer_for  # torchrun puts this script's folder first
 from transformers import Trainer
 
-from hostsync.protocol import RUN_DIR_ENV, profile_parser, rank_entry
-from hostsync.rankkit import TrainerSteps, profiled_rank
+from hostsync.rank.protocol import RUN_DIR_ENV, profile_parser, rank_entry
+from hostsync.rank.rankkit import TrainerSteps, profiled_rank
 
 
 def parse_args() -> argparse.Namespace:

@@ -28,8 +28,8 @@ import torch
 from transformers import Trainer, TrainerCallback
 
 from hostsync.detector import SyncScope
-from hostsync.protocol import rank_entry, repro_parser
-from hostsync.rankkit import (
+from hostsync.rank.protocol import rank_entry, repro_parser
+from hostsync.rank.rankkit import (
     MODEL_SUMMARY,
     add_launch_arguments,
     samples,
