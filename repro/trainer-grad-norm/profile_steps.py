@@ -50,7 +50,7 @@ def main() -> dict:
     training_args = training_arguments(
         args.output_dir / args.scenario, precision=args.precision, max_steps=steps,
         max_grad_norm=max_grad_norm, logging_steps=steps, logging_nan_inf_filter=False,
-        ddp_backend=args.backend,  # on CPU without it each rank would train alone, silently
+        ddp_backend=args.backend,
     )  # fmt: skip
     trainer = ranges.excluding(Trainer)(
         model=trainer_llama(), args=training_args, train_dataset=samples(steps),

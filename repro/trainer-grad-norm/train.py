@@ -97,7 +97,7 @@ def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
     training_args = training_arguments(
         f"{args.output_dir}/{name}", precision=args.precision, max_steps=STEPS,
         max_grad_norm=max_grad_norm, logging_steps=logging_steps,
-        ddp_backend=args.backend,  # on CPU without it each rank would train alone, silently
+        ddp_backend=args.backend,
     )  # fmt: skip
     trainer = Trainer(model=trainer_llama(), args=training_args, train_dataset=samples(STEPS))
     with contextlib.nullcontext() if args.no_detector else SyncScope(account=True) as scope:

@@ -82,7 +82,7 @@ def run_scenario(name: str, args: argparse.Namespace, world_size: int) -> dict[s
         f"{args.output_dir}/{name}", kind=SFTConfig, max_steps=STEPS, logging_steps=logging_steps,
         per_device_train_batch_size=BATCH, gradient_accumulation_steps=accumulation,
         padding_free=padding_free, max_length=None, dataset_num_proc=None,
-        ddp_backend=args.backend,  # on CPU without it each rank would train alone, silently
+        ddp_backend=args.backend,
     )  # fmt: skip
     count = STEPS * BATCH * accumulation * world_size
     with contextlib.nullcontext() if args.no_detector else SyncScope(account=True) as scope:

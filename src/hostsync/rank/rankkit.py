@@ -149,12 +149,21 @@ def training_arguments(output_dir: str | Path, *, precision: str = "fp32", kind:
     without a GPU (its use_cpu way out also turns the DeepSpeed launch off), while DeepSpeed's
     CPU accelerator runs bf16, so it is set after the check and DeepSpeed's "auto" bf16 follows
     it as on a GPU.
+
+    Launched ranks without a GPU train as one DDP group only with `use_cpu`: `ddp_backend` alone
+    leaves accelerate's state not distributed (measured with transformers 5.24.0 and accelerate
+    1.15.0: `NOT_PARALLEL`), each rank training alone, silently. DeepSpeed's ranks are set up by
+    DeepSpeed, which `use_cpu` would turn off.
     """
     from transformers import TrainingArguments
 
     bf16 = precision == "bf16"
     kind = kind or TrainingArguments
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    deepspeed = "deepspeed" in settings or os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
+    own_group = launched and not deepspeed and not torch.cuda.is_available()
     short_run = {
+        **({"use_cpu": True} if own_group else {}),
         "per_device_train_batch_size": 1, "learning_rate": 1e-3, "lr_scheduler_type": "constant",
         "train_sampling_strategy": "sequential", "remove_unused_columns": False,
         "save_strategy": "no", "report_to": "none", "disable_tqdm": True, "seed": 0,
@@ -164,6 +173,16 @@ def training_arguments(output_dir: str | Path, *, precision: str = "fp32", kind:
     if bf16:
         arguments.bf16 = True
     return arguments
+
+
+def check_one_group(accelerator: object) -> None:
+    """Refuses a launched run whose ranks each train alone: its figures would be one rank's,
+    without the collectives a distributed step runs."""
+    if accelerator.num_processes > 1 and accelerator.distributed_type == "NO":
+        raise RuntimeError(
+            f"{accelerator.num_processes} ranks launched, but accelerate's state is not"
+            " distributed: each rank would train alone (on CPU, TrainingArguments needs use_cpu)"
+        )
 
 
 def finite_or_name(value: float) -> float | str:

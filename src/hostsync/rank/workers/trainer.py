@@ -35,6 +35,7 @@ from hostsync.rank.rankkit import (
     MODEL_SUMMARY,
     SEQ_LEN,
     add_launch_arguments,
+    check_one_group,
     preference_samples,
     samples,
     sft_samples,
@@ -260,7 +261,6 @@ def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | No
         # Set only when asked for: transformers 5.24 deprecates the name, even set to False.
         **({"gradient_checkpointing": True} if args.gradient_checkpointing else {}),
         **({"torch_compile": True} if args.torch_compile else {}),
-        # Without it accelerate's state has no backend on CPU: each rank trains alone, silently.
         "ddp_backend": args.backend,
     }  # fmt: skip
     reward = args.trainer == "RewardTrainer"
@@ -339,6 +339,7 @@ def accelerate_loop(
         # Without it accelerate's state has no backend on CPU: each rank trains alone, silently.
         kwargs_handlers=[InitProcessGroupKwargs(backend=args.backend)],
     )  # fmt: skip
+    check_one_group(accelerator)
     model = trainer_llama()
     if args.fsdp:
         shard_fsdp2(model)
@@ -385,6 +386,7 @@ def main() -> TrainerRank:
         values = as_callback(LoggedValues)()
         hunt = as_callback(SyncHunt)(args.detect_steps, args.profile_step) if hunting else None
         trainer = build_trainer(args, [values, *([hunt] if hunt else [])], hunt)
+        check_one_group(trainer.accelerator)
         try:
             trainer.train()
         except CompiledInScope as error:
