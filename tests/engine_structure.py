@@ -93,23 +93,50 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-# An annotation naming one of these takes or returns data whose shape no type states.
-UNTYPED = {"dict", "Dict", "Mapping", "MutableMapping", "Any", "Json"}
+# An annotation naming one of these takes or returns data whose shape no type states: `Any` and
+# raw JSON anywhere; a mapping bare, or one whose values may be anything (`dict[str, object]`).
+# A mapping whose keys and values are typed (`Mapping[str, str]`, `dict[Site, int]`) is typed.
+ANYTHING = {"Any", "Json"}
+MAPPINGS = {"dict", "Dict", "Mapping", "MutableMapping"}
+
+
+def _annotation(annotation: ast.expr | None) -> ast.expr | None:
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        return ast.parse(annotation.value, mode="eval").body
+    return annotation
+
+
+def _name(node: ast.AST) -> str | None:
+    return node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
 
 
 def _names_in(annotation: ast.expr | None) -> set[str]:
+    annotation = _annotation(annotation)
     if annotation is None:
         return set()
-    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
-        annotation = ast.parse(annotation.value, mode="eval").body
-    return {node.id for node in ast.walk(annotation) if isinstance(node, ast.Name)} | {
-        node.attr for node in ast.walk(annotation) if isinstance(node, ast.Attribute)
-    }
+    return {name for node in ast.walk(annotation) if (name := _name(node))}
+
+
+def _is_untyped(annotation: ast.expr | None, aliases: set[str]) -> bool:
+    annotation = _annotation(annotation)
+    if annotation is None:
+        return False
+    if _names_in(annotation) & (ANYTHING | aliases):
+        return True
+    typed_mappings = set()
+    for node in ast.walk(annotation):
+        if isinstance(node, ast.Subscript) and _name(node.value) in MAPPINGS:
+            typed_mappings.add(id(node.value))
+            if "object" in _names_in(node.slice):
+                return True
+    return any(
+        _name(node) in MAPPINGS and id(node) not in typed_mappings for node in ast.walk(annotation)
+    )
 
 
 def _untyped_aliases(trees: list[ast.Module]) -> set[str]:
     """Module-level type aliases that stand for untyped data (`RankResults = list[dict]`)."""
-    found = set(UNTYPED)
+    found: set[str] = set()
     for tree in trees:
         for node in tree.body:
             if (
@@ -117,7 +144,7 @@ def _untyped_aliases(trees: list[ast.Module]) -> set[str]:
                 and len(node.targets) == 1
                 and isinstance(node.targets[0], ast.Name)
                 and isinstance(node.value, ast.Subscript | ast.Name | ast.BinOp)
-                and _names_in(node.value) & UNTYPED
+                and _is_untyped(node.value, found)
             ):
                 found.add(node.targets[0].id)
     return found
@@ -128,7 +155,7 @@ def untyped_signatures() -> tuple[list[str], int]:
     name`, and how many functions there are in all."""
     modules = engine_modules()
     trees = {name: ast.parse(path.read_text(), str(path)) for name, path in modules.items()}
-    untyped = _untyped_aliases(list(trees.values()))
+    aliases = _untyped_aliases(list(trees.values()))
     found, total = [], 0
     for name, tree in trees.items():
         for node in ast.walk(tree):
@@ -138,8 +165,8 @@ def untyped_signatures() -> tuple[list[str], int]:
             arguments = node.args
             every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
             every += [a for a in (arguments.vararg, arguments.kwarg) if a is not None]
-            named = set().union(_names_in(node.returns), *(_names_in(a.annotation) for a in every))
-            if named & untyped:
+            annotations = [node.returns, *(a.annotation for a in every)]
+            if any(_is_untyped(annotation, aliases) for annotation in annotations):
                 found.append(f"{name}:{node.lineno} {node.name}")
     return found, total
 
