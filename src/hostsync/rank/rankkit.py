@@ -160,7 +160,7 @@ def training_arguments(output_dir: str | Path, *, precision: str = "fp32", kind:
     bf16 = precision == "bf16"
     kind = kind or TrainingArguments
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    deepspeed = "deepspeed" in settings or os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"  # how launchers pick it
     own_group = launched and not deepspeed and not torch.cuda.is_available()
     short_run = {
         **({"use_cpu": True} if own_group else {}),
