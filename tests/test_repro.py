@@ -353,6 +353,79 @@ def test_the_snippet_runs_after_the_ranks_in_the_interpreter_they_were_forked_fr
         assert snippet.ended().exit_status == status  # its own, not the launch's
 
 
+# A rank script whose leading imports (up to the project under test) name a module that says
+# which process imported it: the interpreter the trees share, or each tree's own.
+SAYS_WHO_IMPORTED_WHAT = """
+    import os
+
+    import torch.distributed as dist
+    import where_imported
+
+    import transformers
+
+    from hostsync.protocol import rank_entry
+
+    IMPORTED_IN = os.getpid()
+
+
+    @rank_entry
+    def main():
+        dist.init_process_group("gloo")
+        return {
+            "shared_in": where_imported.PID, "imported_in": IMPORTED_IN,
+            "transformers": transformers.__file__, "rank": dist.get_rank(),
+        }
+"""
+
+
+def tree_jobs(tmp_path: Path, script: Path, trees: list[Tree]) -> list[tuple[Run, Start]]:
+    """A 2-rank launch of `script` on each tree, the shared interpreter's folder under
+    `tmp_path`."""
+    layout = Layout(tmp_path, "sp-loss")
+    start = Start(script, (World(2, ()),), Device.CPU, 300)
+    return [(Run(tmp_path / tree.label, tree, layout), start) for tree in trees]
+
+
+@pytest.mark.distributed
+def test_trees_of_one_environment_share_the_imports_before_the_project_and_nothing_else(
+    tmp_path: Path, trees: dict[str, Tree], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "where_imported.py").write_text("import os\n\nPID = os.getpid()\n")
+    monkeypatch.setenv("PYTHONPATH", str(shared))
+    script = write_script(tmp_path, SAYS_WHO_IMPORTED_WHAT)
+    pinned, fixed = trees["pinned"], trees["fixed"]
+    assert launchers.sharing_groups([pinned, fixed], Layout()) == [[pinned, fixed]]
+
+    found = launchers.fork_trees(tree_jobs(tmp_path, script, [pinned, fixed]))
+
+    (([pinned_ranks], _), ([fixed_ranks], _)) = found
+    ranks = pinned_ranks + fixed_ranks
+    assert len({rank["shared_in"] for rank in ranks}) == 1  # one import, in the shared interpreter
+    assert len({rank["imported_in"] for rank in pinned_ranks}) == 1  # the tree's own fork
+    assert {rank["imported_in"] for rank in pinned_ranks} != {r["imported_in"] for r in fixed_ranks}
+    assert ranks[0]["shared_in"] not in {rank["imported_in"] for rank in ranks}
+    for tree, its_ranks in ((pinned, pinned_ranks), (fixed, fixed_ranks)):
+        assert {Path(rank["transformers"]).parent.parent for rank in its_ranks} == {tree.src}
+
+
+@pytest.mark.distributed
+def test_a_tree_that_fails_in_a_shared_interpreter_is_named_and_the_next_does_not_run(
+    tmp_path: Path, trees: dict[str, Tree]
+) -> None:
+    script = write_script(tmp_path, RAISES_ON_RANK_1)
+    jobs = tree_jobs(tmp_path, script, [trees["pinned"], trees["fixed"]])
+
+    with pytest.raises(RunFailed, match=r"rank 1 raised ValueError: rank 1 gives up"):
+        launchers.fork_trees(jobs)
+
+    assert not (tmp_path / FIXED / "world-0-ranks-2").exists()
+    (plan,) = (tmp_path / "work" / "runs").glob("shared-worker-*/plan.json")
+    listing = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
+    assert [row for row in listing.splitlines() if str(plan) in row and "Z" not in row[:2]] == []
+
+
 @pytest.mark.distributed
 def test_the_snippet_prints_the_line_an_issue_quotes_on_each_tree(result: ReproResult) -> None:
     assert result.snippet.output == {

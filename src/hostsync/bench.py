@@ -277,10 +277,11 @@ def bench_runs(layout: Layout, args: argparse.Namespace, truth: DetectorTruth,
 
     def run(detector: bool, env: dict[str, str] | None = None) -> tuple[float, list[dict]]:
         started = time.perf_counter()
-        [(_, _, ranks)] = repro.run_launch(
-            layout, tree, spec, [sp_size], scenarios, device=device, timeout=args.timeout,
+        (launched,) = repro.run_launch(
+            layout, [tree], spec, [sp_size], scenarios, device=device, timeout=args.timeout,
             detector=detector, env=env,
         )  # fmt: skip
+        [(_, _, ranks)] = launched.runs
         return time.perf_counter() - started, ranks
 
     layout.cache.mkdir(parents=True, exist_ok=True)

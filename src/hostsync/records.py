@@ -416,7 +416,8 @@ class TrainerComparison(Record):
 
 @dataclass(frozen=True)
 class SnippetExit(Record):
-    """How a snippet run in the fork launcher's interpreter ended (`hostsync.prefork`)."""
+    """How a snippet, or a tree's plan in a shared interpreter, ended in a fork of the fork
+    launcher's interpreter (`hostsync.prefork`)."""
 
     exit_status: int
     seconds: float
