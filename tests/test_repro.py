@@ -50,6 +50,7 @@ def trees(layout: Layout) -> dict[str, Tree]:
     return {name: prepare_tree(layout, name) for name in ("pinned", "fixed")}
 
 
+# A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
 def settings(trees: tuple[str, ...], scenarios: list[str] | None = None,
              ranks: str | None = None) -> repro.ReproSettings:  # fmt: skip
     return repro.ReproSettings(
@@ -268,7 +269,7 @@ HANGS_ON_RANK_1 = """
         dist.init_process_group("gloo")
         Path(os.environ["HOSTSYNC_RUN_DIR"], f"started-{dist.get_rank()}").touch()
         if dist.get_rank() == 1:
-            time.sleep(3600)
+            time.sleep(3600)  # the hang under test: the launcher's timeout must end it
         dist.barrier()
         return {}
 
@@ -311,6 +312,7 @@ def test_forked_ranks_share_one_import_across_worlds(
     run = Run(tmp_path / "run", trees["pinned"], Layout())
     worlds = (World(2, ("--two",)), World(3, ("--three",)))
 
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     worlds = launchers.start(Launcher.FORK, run, Start(script, worlds, Device.CPU, 300))
 
     reports = [report for world in worlds for report in world]
@@ -343,6 +345,7 @@ def test_the_snippet_runs_after_the_ranks_in_the_interpreter_they_were_forked_fr
         run = Run(tmp_path / f"run-{status}", trees["pinned"], Layout())
         log = tmp_path / f"snippet-{status}.log"
         snippet = launchers.Snippet(tmp_path / "snippet.py", log, {"SNIPPET_EXIT": str(status)})
+        # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
         what = Start(script, (World(2, ()),), Device.CPU, 300, snippet=snippet)
 
         (ranks,) = launchers.start(Launcher.FORK, run, what)
@@ -382,6 +385,7 @@ def tree_jobs(tmp_path: Path, script: Path, trees: list[Tree]) -> list[tuple[Run
     """A 2-rank launch of `script` on each tree, the shared interpreter's folder under
     `tmp_path`."""
     layout = Layout(tmp_path, "sp-loss")
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     start = Start(script, (World(2, ()),), Device.CPU, 300)
     return [(Run(tmp_path / tree.label, tree, layout), start) for tree in trees]
 
@@ -442,6 +446,7 @@ def test_a_script_without_main_is_refused_by_the_fork_launcher_in_one_line(
     run = Run(tmp_path / "run", trees["pinned"], Layout())
 
     with pytest.raises(RunFailed, match="launcher exited with status 1"):
+        # A hang guard: the launcher refuses the script at once, long before it.
         launchers.start(Launcher.FORK, run, Start(script, (World(2, ()),), Device.CPU, 60))
 
     assert "worker.py has no main()" in run.log_file.read_text()
@@ -452,6 +457,7 @@ def test_a_script_without_main_is_refused_by_the_fork_launcher_in_one_line(
 def test_rank_that_raises_is_named_and_nothing_survives(
     tmp_path: Path, trees: dict[str, Tree], launcher: Launcher
 ) -> None:
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     with pytest.raises(RunFailed, match=r"rank 1 raised ValueError: rank 1 gives up"):
         run_script(tmp_path, trees["pinned"], RAISES_ON_RANK_1, timeout=300, launcher=launcher)
 
@@ -486,9 +492,11 @@ def test_runs_side_by_side_stop_together_when_one_fails(tmp_path: Path) -> None:
 
     def fails_once_the_other_runs() -> None:
         while not started.exists():
+            # Polls for an event (the other run started), not a wait of fixed length.
             time.sleep(0.05)
         raise RunFailed("rank 0 raised ValueError")
 
+    # The hanging run's timeout is never reached: the failure beside it stops it (what is tested).
     with pytest.raises(RunFailed, match="rank 0 raised ValueError"):
         launchers.side_by_side(
             [lambda: launchers.run_group(hangs, [sys.executable, "-c", script], timeout=3600),

@@ -738,7 +738,7 @@ def _kill_group(process: subprocess.Popen) -> None:
             break
         deadline = time.monotonic() + _KILL_GRACE_S
         while time.monotonic() < deadline and _group_alive(process.pid):
-            time.sleep(0.1)
+            time.sleep(0.1)  # polls for the group's end, which has no event to wait on
         if not _group_alive(process.pid):
             break
     process.wait()
