@@ -252,8 +252,8 @@ def print_whole_repro(case: cases.Case, by_path: dict[str, dict[str, float]]) ->
         f" each): {', '.join(f'{path} {p[TOTAL]:.1f} s' for path, p in by_path.items())};"
         f" {ratios}"
     )
-    names = list(dict.fromkeys(name for phases in by_path.values() for name in phases))
-    names.append(names.pop(names.index(TOTAL)))
+    names = list(dict.fromkeys(name for phases in reversed(by_path.values()) for name in phases))
+    names.append(names.pop(names.index(TOTAL)))  # now's phases first, in the order they ran
     rows = [[name, *(f"{p[name]:.1f}" if name in p else "-" for p in by_path.values())]
             for name in names]  # fmt: skip
     print(table.text(["phase (s)", *by_path], rows))
