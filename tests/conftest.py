@@ -50,6 +50,7 @@ def hostsync(
 ) -> subprocess.CompletedProcess[str]:
     """`python -m hostsync ARGS` on the workspace `layout`, as a user runs it."""
     env = os.environ | {"PYTHONPATH": str(ROOT / "src"), "HOSTSYNC_ROOT": str(layout.root)}
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     return subprocess.run([sys.executable, "-m", "hostsync", *args], capture_output=True,
                           text=True, env=env | (env_extra or {}), timeout=600)  # fmt: skip
 

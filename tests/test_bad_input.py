@@ -330,6 +330,7 @@ def test_a_build_stopped_midway_leaves_no_lock_for_the_next_to_wait_on(tmp_path:
     script = tmp_path / "build.py"
     script.write_text(textwrap.dedent(DIES_MIDWAY_THROUGH_A_BUILD))
 
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     assert run_group(run, [sys.executable, str(script)], timeout=600) == 1
 
     assert ever_held.parent.is_dir() and not ever_held.exists()
@@ -348,6 +349,7 @@ def test_a_run_stopped_beside_a_live_build_leaves_that_builds_lock(tmp_path: Pat
         commands[name] = [sys.executable, str(tmp_path / f"{name}.py"), str(tmp_path)]
     lock = tmp_path / "extensions" / "op" / "lock"
 
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         stop = pool.submit(run_group, runs["stop"], commands["stop"], timeout=600)
         wait_until(lambda: (tmp_path / "stopping").exists() or stop.done())
@@ -374,7 +376,7 @@ IGNORES_SIGTERM = """
     def main():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         Path(os.environ["HOSTSYNC_RUN_DIR"], "started-" + os.environ["RANK"]).touch()
-        time.sleep(3600)
+        time.sleep(3600)  # a rank that never ends: only the Ctrl-C under test stops it
 """
 
 RETURNS_ROWS = """
@@ -458,6 +460,7 @@ def test_ctrl_c_stops_every_rank_writes_nothing_and_the_next_run_works(
     assert not list(layout.profiles.glob("repro-*.json"))
 
     script.write_text(textwrap.dedent(RETURNS_ROWS))
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     (written,) = layout.profiles.glob("repro-*.json")

@@ -265,6 +265,7 @@ def test_the_census_smoke_setup_runs_and_reports_a_compiled_one_as_not_judged(
     compiled setup is reported, not a crash."""
     workspace = make_workspace(tmp_path / "workspace")
 
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     done = subprocess.run(
         [sys.executable, "-m", "hostsync", "census", "--setups", "smoke,trainer-compile",
          "--steps", "3", "--columns", "today"],

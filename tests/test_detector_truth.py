@@ -271,6 +271,7 @@ def test_a_function_compiled_while_a_scope_is_open_is_refused_too(tmp_path):
         "print(double(torch.ones(2)).tolist())\n"
     )
     source = Path(sync_ops.__file__).parents[1]
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     run = subprocess.run(
         [sys.executable, str(script)],
         capture_output=True,

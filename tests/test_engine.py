@@ -267,6 +267,7 @@ def test_a_release_declares_its_requirements_in_its_pkg_info(tmp_path: Path) -> 
 @pytest.mark.network
 def test_the_sessions_share_environments_by_dependency_set() -> None:
     """What `nox -s ...` runs in: the environment of the default case's pin, named by release."""
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     done = subprocess.run(
         [sys.executable, "-m", "hostsync", "env"], capture_output=True, text=True, timeout=1800,
         env={"PYTHONPATH": str(ROOT / "src"), "PATH": str(Path(sys.executable).parent)},

@@ -85,6 +85,7 @@ def test_the_gpu_script_runs_dry_on_a_cpu_pinned_reading_twice_a_step_fixed_neve
     env = os.environ | {"HOSTSYNC_ROOT": str(workspace.root)}
 
     def script(*argv: str) -> str:
+        # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
         done = subprocess.run([sys.executable, str(SCRIPT), *argv], env=env, capture_output=True,
                               text=True, timeout=900)  # fmt: skip
         assert done.returncode == 0, done.stderr
@@ -120,6 +121,7 @@ def test_a_cases_profiled_step_runs_dry_on_a_cpu_each_tree_with_its_own_reads(
     env = os.environ | {"HOSTSYNC_ROOT": str(layout.root), "OMP_NUM_THREADS": "1"}
 
     def script(python: str, *argv: str) -> None:
+        # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
         done = subprocess.run([python, str(CASE_SCRIPT), *argv, "--case", layout.case], env=env,
                               capture_output=True, text=True, timeout=900)  # fmt: skip
         assert done.returncode == 0, done.stderr

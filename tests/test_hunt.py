@@ -52,6 +52,7 @@ def pinned(layout: Layout) -> Tree:
 @pytest.fixture(scope="module")
 def hunted(layout: Layout, pinned: Tree) -> HuntTree:
     rules = allowlist.load_allowlist(layout.allowlist)
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     return measure.hunt_tree(layout, pinned, steps=6, rules=rules, timeout=600)
 
 
@@ -109,6 +110,7 @@ def test_the_profiler_and_the_detector_agree_on_every_read(hunted: HuntTree) -> 
 @pytest.mark.heavy
 @pytest.mark.distributed
 def test_trainer_loss_with_sp_equals_the_loss_without(layout: Layout, pinned: Tree) -> None:
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     compared = trainer_launch.compare_losses(layout, pinned, steps=2, timeout=600)
 
     assert compared.sp_ranks_agree

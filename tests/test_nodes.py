@@ -130,6 +130,7 @@ def node_folder(tmp_path: Path, node: int, ranks: list[int]) -> Path:
 
 
 def test_each_node_ends_a_world_holding_every_ranks_result(tmp_path: Path) -> None:
+    # Every share is left before the gather: the pools' timeouts are never waited out.
     layout = NodeLayout(2, 0, "h:1", tmp_path / "shares", "job")
     pool = Pool(tmp_path / "shares" / "job" / "0000", "pinned x4", timeout=5)
     nodes.leave_share(pool, 1, node_folder(tmp_path, 1, [0, 3]))
@@ -148,6 +149,7 @@ def test_each_node_ends_a_world_holding_every_ranks_result(tmp_path: Path) -> No
 
 
 def test_a_node_that_failed_ran_something_else_or_never_came_is_named(tmp_path: Path) -> None:
+    # Every share is left before the gather: the pools' timeouts are never waited out.
     layout = NodeLayout(2, 0, "h:1", tmp_path, "job")
     failed = Pool(tmp_path / "a", "pinned x2", timeout=5)
     nodes.leave_share(failed, 0, node_folder(tmp_path, 0, [0]))
@@ -161,6 +163,7 @@ def test_a_node_that_failed_ran_something_else_or_never_came_is_named(tmp_path: 
     with pytest.raises(WorkspaceError, match="node 1 ran 'patched x2' where this node ran"):
         nodes.gather(other, layout, tmp_path)
 
+    # The node that never comes is what is tested: a short wait for it is the point.
     alone = Pool(tmp_path / "c", "pinned x2", timeout=0.5)
     nodes.leave_share(alone, 0, tmp_path)
     with pytest.raises(WorkspaceError, match="node 1 of 2 left no results"):
@@ -209,6 +212,7 @@ def test_each_nodes_command_holds_a_lock_of_its_own(workspace: Layout) -> None:
     """Node 1's command on a shared workspace beside node 0's; a second node 0 is refused."""
 
     def lock_elsewhere(node: int) -> subprocess.CompletedProcess[str]:
+        # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
         return subprocess.run([sys.executable, "-c", LOCK, str(workspace.root), str(node)],
                               capture_output=True, text=True, timeout=60)  # fmt: skip
 

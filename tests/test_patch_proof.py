@@ -178,6 +178,7 @@ def test_pytest_outcomes_come_from_the_report(tmp_path: Path) -> None:
     )
     run = Run(tmp_path / "run", tree, Layout(tmp_path / "workspace"))
 
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     returncode, tests = patch_proof.pytest_in_tree(tree, ["tests/test_fake.py"], run, timeout=120)
 
     assert returncode == 1
@@ -204,6 +205,7 @@ def test_nothing_collected_under_upstreams_conftest_exits_0_and_is_caught(tmp_pa
     )
     run = Run(tmp_path / "run", tree, Layout(tmp_path / "workspace"))
 
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     returncode, tests = patch_proof.pytest_in_tree(tree, ["tests/test_empty.py"], run, timeout=120)
 
     assert (returncode, tests) == (0, [])
@@ -337,6 +339,7 @@ def test_red_on_the_pinned_release_green_on_the_patched_tree_and_on_the_fix(
 ) -> None:
     said: list[str] = []
 
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     status, path = patch_proof.prove_and_report(
         made.case_of(workspace), [], timeout=900, say=said.append
     )
@@ -367,6 +370,7 @@ def test_the_live_trainer_case_is_red_on_its_release_and_green_patched(tmp_path:
     case = cases.load(layout.root, layout.case)
     said: list[str] = []
 
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     status, path = patch_proof.prove_and_report(
         made.case_of(layout), [], timeout=900, say=said.append
     )
@@ -389,6 +393,7 @@ def test_the_deepspeed_case_is_red_on_its_release_green_patched_and_formatted(
     layout = make_workspace(tmp_path / "workspace").for_case("ds-clip-norm")
     said: list[str] = []
 
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     status, path = patch_proof.prove_and_report(
         made.case_of(layout), [], timeout=900, say=said.append
     )
@@ -419,6 +424,7 @@ def test_another_release_is_judged_by_running_and_a_probe_that_cannot_run_change
     with serving(tmp_path / "index") as url:
         monkeypatch.setenv(sdists.INDEX_ENV, url)
         monkeypatch.setenv("HOSTSYNC_PREPARED", "1")  # the test's interpreter is the environment
+        # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
         expect, said = patch_proof.release_expectation(layout, case, "5.13.0", timeout=120)
 
     assert expect == patch_proof.red(case)

@@ -32,6 +32,7 @@ SYNC = SYNC_OP
 
 def capture(layout: Layout, tree_name: str, tmp_path: Path) -> dict:
     tree = prepare_tree(made.case_of(layout), tree_name)
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     settings = capturing.ProfileSettings(
         case=cases.load(layout.root, layout.case), trees=(tree_name,), scenario="all_tokens",
         warmup=1, steps=2, device="cpu", profiler="torch", timeout=600.0,
@@ -260,6 +261,7 @@ def test_no_nsys_agent_outlives_a_launch_killed_at_its_timeout(tmp_path: Path) -
     run = OwnEnvironment(tmp_path, tree=None)  # type: ignore[arg-type]
 
     with pytest.raises(RunHung):
+        # The timeout is what ends this run (the hang is the point); 8 s leaves nsys time to start.
         run_group(run, [*wrap, "/bin/sleep", "60"], timeout=8)
     nsys.end_agents(session)
 

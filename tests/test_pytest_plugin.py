@@ -156,6 +156,7 @@ def test_the_report_surveys_every_test_and_fails_none(pytester):
 
 def run_python(code: str, path: str, cwd: Path) -> subprocess.CompletedProcess:
     environment = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=environment, cwd=cwd,
         timeout=300, check=False,
@@ -184,6 +185,7 @@ def test_the_installed_package_registers_the_plugin_for_any_project(tmp_path):
     for module in (SOURCE / "hostsync").glob("*.py"):
         (checkout / "src" / "hostsync" / module.name).write_bytes(module.read_bytes())
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     subprocess.run(
         [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", checkout],
         check=True, capture_output=True, timeout=300,
@@ -195,6 +197,7 @@ def test_the_installed_package_registers_the_plugin_for_any_project(tmp_path):
             archive.read(entry_points).decode()
         )
     site = tmp_path / "site"
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     subprocess.run(
         [*pip, "install", "--no-deps", "--no-index", "--target", site, wheel],
         check=True, capture_output=True, timeout=300,
@@ -444,6 +447,7 @@ OTHER_THREADS = """
     def test_a_server_thread_is_not_the_test(server):
         go, read = server
         go.set()
+        # Waits on the server thread's event; the limit only keeps a broken plugin from hanging.
         assert read.wait(timeout=60)
 
     @pytest.mark.no_host_sync(allow=[SEED])

@@ -51,6 +51,7 @@ def trees(layout: Layout) -> dict[str, Tree]:
     return {name: prepare_tree(made.case_of(layout), name) for name in ("pinned", "fixed")}
 
 
+# A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
 def settings(trees: tuple[str, ...], scenarios: list[str] | None = None,
              ranks: str | None = None) -> repro.ReproSettings:  # fmt: skip
     return repro.ReproSettings(
@@ -270,7 +271,7 @@ HANGS_ON_RANK_1 = """
         dist.init_process_group("gloo")
         Path(os.environ["HOSTSYNC_RUN_DIR"], f"started-{dist.get_rank()}").touch()
         if dist.get_rank() == 1:
-            time.sleep(3600)
+            time.sleep(3600)  # the hang under test: the launcher's timeout must end it
         dist.barrier()
         return {}
 
@@ -313,6 +314,7 @@ def test_forked_ranks_share_one_import_across_worlds(
     run = Run(tmp_path / "run", trees["pinned"], Layout())
     worlds = (World(2, ("--two",)), World(3, ("--three",)))
 
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     worlds = launchers.start(Launcher.FORK, run, Start(script, worlds, Device.CPU, 300))
 
     reports = [report.payload for world in worlds for report in world]
@@ -345,6 +347,7 @@ def test_the_snippet_runs_after_the_ranks_in_the_interpreter_they_were_forked_fr
         run = Run(tmp_path / f"run-{status}", trees["pinned"], Layout())
         log = tmp_path / f"snippet-{status}.log"
         snippet = launchers.Snippet(tmp_path / "snippet.py", log, {"SNIPPET_EXIT": str(status)})
+        # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
         what = Start(script, (World(2, ()),), Device.CPU, 300, snippet=snippet)
 
         (ranks,) = launchers.start(Launcher.FORK, run, what)
@@ -353,6 +356,80 @@ def test_the_snippet_runs_after_the_ranks_in_the_interpreter_they_were_forked_fr
         said = f"forked from {interpreter}, worker.IMPORTED_IN={interpreter}"
         assert said in log.read_text()
         assert snippet.ended().exit_status == status  # its own, not the launch's
+
+
+# A rank script whose leading imports (up to the project under test) name a module that says
+# which process imported it: the interpreter the trees share, or each tree's own.
+SAYS_WHO_IMPORTED_WHAT = """
+    import os
+
+    import torch.distributed as dist
+    import where_imported
+
+    import transformers
+
+    from hostsync.rank.protocol import rank_entry
+
+    IMPORTED_IN = os.getpid()
+
+
+    @rank_entry
+    def main():
+        dist.init_process_group("gloo")
+        return {
+            "shared_in": where_imported.PID, "imported_in": IMPORTED_IN,
+            "transformers": transformers.__file__, "rank": dist.get_rank(),
+        }
+"""
+
+
+def tree_jobs(tmp_path: Path, script: Path, trees: list[Tree]) -> list[tuple[Run, Start]]:
+    """A 2-rank launch of `script` on each tree, the shared interpreter's folder under
+    `tmp_path`."""
+    layout = Layout(tmp_path, "sp-loss")
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
+    start = Start(script, (World(2, ()),), Device.CPU, 300)
+    return [(Run(tmp_path / tree.label, tree, layout), start) for tree in trees]
+
+
+@pytest.mark.distributed
+def test_trees_of_one_environment_share_the_imports_before_the_project_and_nothing_else(
+    tmp_path: Path, trees: dict[str, Tree], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "where_imported.py").write_text("import os\n\nPID = os.getpid()\n")
+    monkeypatch.setenv("PYTHONPATH", str(shared))
+    script = write_script(tmp_path, SAYS_WHO_IMPORTED_WHAT)
+    pinned, fixed = trees["pinned"], trees["fixed"]
+    assert launchers.sharing_groups([pinned, fixed], Layout()) == [[pinned, fixed]]
+
+    found = launchers.fork_trees(tree_jobs(tmp_path, script, [pinned, fixed]))
+
+    (([pinned_ranks], _), ([fixed_ranks], _)) = found
+    ranks = pinned_ranks + fixed_ranks
+    assert len({rank["shared_in"] for rank in ranks}) == 1  # one import, in the shared interpreter
+    assert len({rank["imported_in"] for rank in pinned_ranks}) == 1  # the tree's own fork
+    assert {rank["imported_in"] for rank in pinned_ranks} != {r["imported_in"] for r in fixed_ranks}
+    assert ranks[0]["shared_in"] not in {rank["imported_in"] for rank in ranks}
+    for tree, its_ranks in ((pinned, pinned_ranks), (fixed, fixed_ranks)):
+        assert {Path(rank["transformers"]).parent.parent for rank in its_ranks} == {tree.src}
+
+
+@pytest.mark.distributed
+def test_a_tree_that_fails_in_a_shared_interpreter_is_named_and_the_next_does_not_run(
+    tmp_path: Path, trees: dict[str, Tree]
+) -> None:
+    script = write_script(tmp_path, RAISES_ON_RANK_1)
+    jobs = tree_jobs(tmp_path, script, [trees["pinned"], trees["fixed"]])
+
+    with pytest.raises(RunFailed, match=r"rank 1 raised ValueError: rank 1 gives up"):
+        launchers.fork_trees(jobs)
+
+    assert not (tmp_path / FIXED / "world-0-ranks-2").exists()
+    (plan,) = (tmp_path / "work" / "runs").glob("shared-worker-*/plan.json")
+    listing = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
+    assert [row for row in listing.splitlines() if str(plan) in row and "Z" not in row[:2]] == []
 
 
 @pytest.mark.distributed
@@ -371,6 +448,7 @@ def test_a_script_without_main_is_refused_by_the_fork_launcher_in_one_line(
     run = Run(tmp_path / "run", trees["pinned"], Layout())
 
     with pytest.raises(RunFailed, match="launcher exited with status 1"):
+        # A hang guard: the launcher refuses the script at once, long before it.
         launchers.start(Launcher.FORK, run, Start(script, (World(2, ()),), Device.CPU, 60))
 
     assert "worker.py has no main()" in run.log_file.read_text()
@@ -381,6 +459,7 @@ def test_a_script_without_main_is_refused_by_the_fork_launcher_in_one_line(
 def test_rank_that_raises_is_named_and_nothing_survives(
     tmp_path: Path, trees: dict[str, Tree], launcher: Launcher
 ) -> None:
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     with pytest.raises(RunFailed, match=r"rank 1 raised ValueError: rank 1 gives up"):
         run_script(tmp_path, trees["pinned"], RAISES_ON_RANK_1, timeout=300, launcher=launcher)
 
@@ -415,9 +494,11 @@ def test_runs_side_by_side_stop_together_when_one_fails(tmp_path: Path) -> None:
 
     def fails_once_the_other_runs() -> None:
         while not started.exists():
+            # Polls for an event (the other run started), not a wait of fixed length.
             time.sleep(0.05)
         raise RunFailed("rank 0 raised ValueError")
 
+    # The hanging run's timeout is never reached: the failure beside it stops it (what is tested).
     with pytest.raises(RunFailed, match="rank 0 raised ValueError"):
         launchers.side_by_side(
             [lambda: launchers.run_group(hangs, [sys.executable, "-c", script], timeout=3600),

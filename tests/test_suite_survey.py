@@ -64,6 +64,7 @@ def test_a_survey_compares_each_outcome_and_ranks_the_sites(workspace):
     spec = SurveySpec("1.0", Sdist("https://example.invalid/stepper-1.0.tar.gz", 1, "0" * 64),
                       options=("-o", "addopts="), tests=("tests",))  # fmt: skip
 
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     result = survey(workspace.for_case("survey"), tree, spec, spec.tests, timeout=300, rounds=2)
 
     modes = [SurveyMode.OFF, SurveyMode.REPORT, SurveyMode.GATE]

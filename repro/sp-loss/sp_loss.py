@@ -24,6 +24,10 @@ import deepspeed
 import torch
 from accelerate.parallelism_config import ParallelismConfig
 from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+# The tiny model's modeling code (about 950 modules, which transformers imports lazily) imported
+# here, once, before the fork launcher forks the ranks, rather than by every rank.
+from transformers import LlamaForCausalLM  # noqa: F401
 from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
 
 from hostsync.detector import SyncScope

@@ -9,10 +9,9 @@ overhead is measured on the whole run, and on the measured call itself where the
 times it (`call_seconds` of its rows; a step waits for its slowest rank, so each call counts at
 its slowest rank's time; each run's first call, a warm-up, is left out). Last, warm `repro`s
 of the whole case as the command runs them (the environment check nox makes first, the trees
-brought up to date, every tree's launches and its snippet): before (each snippet in an
-interpreter of its own, which imports torch and the tree again, the trees one after another)
-and now (each snippet in the interpreter the tree's ranks were forked from, the trees side by
-side where the cores hold their ranks), in one run, as a ratio, phase by phase, so that the
+brought up to date, the imports the trees share, every tree's launches and its snippet), each
+way `repro` has run them (`PATHS`: each snippet in an interpreter of its own; an interpreter per
+tree; the trees of one environment in one), in one run, as ratios, phase by phase, so that the
 next slowdown shows where it is.
 
 The detector's precision and recall come from its labelled suite (`hostsync.detector_suite`),
@@ -212,14 +211,22 @@ def parser() -> argparse.ArgumentParser:
 
 
 ENV_CHECK, TREES_UP_TO_DATE, TOTAL = "environment check", "trees brought up to date", "total"
+# The ways `repro` has run a case's trees, oldest first (`repro.measure`'s options): each snippet
+# in an interpreter of its own; an interpreter per tree, the snippet forked from it; the trees of
+# one environment in one interpreter, each tree's project in a fork of its own (now).
+PATHS = {
+    "snippets apart": {"snippets_apart": True, "trees_at_once": 1, "share": False},
+    "per tree": {"share": False},
+    "now": {},
+}
 
 
 def whole_repro_phases(layout: Layout, case: cases.Case, device: str, timeout: float, *,
-                       before: bool) -> dict[str, float]:  # fmt: skip
-    """One warm `repro` of the case as `nox -s repro` runs it, seconds per phase and in all: the
-    environment check (`python -m hostsync env`, which nox runs first), the trees brought up to
-    date, then each tree's launches and its snippet. `before`: as it ran before, the trees one
-    after another and each snippet in an interpreter of its own."""
+                       path: str) -> dict[str, float]:  # fmt: skip
+    """One warm `repro` of the case as `nox -s repro` runs it, the way `PATHS[path]` says,
+    seconds per phase and in all: the environment check (`python -m hostsync env`, which nox
+    runs first), the trees brought up to date, then the imports the trees share, each tree's
+    launches and its snippet."""
     started = time.perf_counter()
     env = os.environ | {"PYTHONPATH": str(ENGINE_SRC), "HOSTSYNC_ROOT": str(layout.root)}
     subprocess.run([sys.executable, "-m", "hostsync", "env"], check=True, env=env,
@@ -229,23 +236,32 @@ def whole_repro_phases(layout: Layout, case: cases.Case, device: str, timeout: f
     phases[TREES_UP_TO_DATE] = time.perf_counter() - started - phases[ENV_CHECK]
     measured = repro.measure(
         layout, case, trees, list(case.scenarios), device=device, timeout=timeout,
-        snippets=True, snippets_apart=before, trees_at_once=1 if before else None,
+        snippets=True, **PATHS[path],
     )  # fmt: skip
     return phases | measured.phases | {TOTAL: time.perf_counter() - started}
 
 
-def print_whole_repro(case: cases.Case, before: dict[str, float], now: dict[str, float]) -> None:
+def print_whole_repro(case: cases.Case, by_path: dict[str, dict[str, float]]) -> None:
+    now = by_path["now"]
+    ratios = ", ".join(
+        f"now/{path} {now[TOTAL] / phases[TOTAL]:.2f}" for path, phases in by_path.items()
+        if path != "now"
+    )  # fmt: skip
     print(
         f"warm repro of the whole case ({len(case.trees)} trees, every launch, the snippet on"
-        f" each): before {before[TOTAL]:.1f} s, now {now[TOTAL]:.1f} s, ratio now/before"
-        f" {now[TOTAL] / before[TOTAL]:.2f}"
+        f" each): {', '.join(f'{path} {p[TOTAL]:.1f} s' for path, p in by_path.items())};"
+        f" {ratios}"
     )
-    rows = [[name, f"{before.get(name, 0):.1f}", f"{now[name]:.1f}"] for name in now]
-    print(table.text(["phase (s)", "before", "now"], rows))
+    names = list(dict.fromkeys(name for phases in reversed(by_path.values()) for name in phases))
+    names.append(names.pop(names.index(TOTAL)))  # now's phases first, in the order they ran
+    rows = [[name, *(f"{p[name]:.1f}" if name in p else "-" for p in by_path.values())]
+            for name in names]  # fmt: skip
+    print(table.text(["phase (s)", *by_path], rows))
     print(
-        "  before: trees one after another, each snippet in an interpreter of its own; now: trees"
-        " side by side where the cores hold their ranks, each tree's time holding its snippet's,"
-        " which runs after its ranks from their interpreter"
+        "  snippets apart: trees one after another, each snippet in an interpreter of its own;"
+        " per tree: an interpreter per tree, its snippet forked from it after its ranks; now:"
+        " the trees of one environment in one interpreter, which imports what they share once"
+        " (a tree's time holds its snippet's)"
     )
 
 
@@ -278,10 +294,11 @@ def bench_runs(case: cases.Case, args: argparse.Namespace, truth: DetectorTruth,
 
     def run(detector: bool, env: dict[str, str] | None = None) -> tuple[float, RankResults]:
         started = time.perf_counter()
-        [(_, _, ranks)] = repro.run_launch(
-            layout, tree, spec, [sp_size], scenarios, device=device, timeout=args.timeout,
+        (launched,) = repro.run_launch(
+            layout, [tree], spec, [sp_size], scenarios, device=device, timeout=args.timeout,
             detector=detector, env=env,
         )  # fmt: skip
+        [(_, _, ranks)] = launched.runs
         return time.perf_counter() - started, ranks
 
     layout.cache.mkdir(parents=True, exist_ok=True)
@@ -295,8 +312,10 @@ def bench_runs(case: cases.Case, args: argparse.Namespace, truth: DetectorTruth,
             wall_s[detector].append(seconds)
             call_s[detector] += call_seconds(ranks)
 
-    before = whole_repro_phases(layout, case, args.device, args.timeout, before=True)
-    now = whole_repro_phases(layout, case, args.device, args.timeout, before=False)
+    by_path = {
+        path: whole_repro_phases(layout, case, args.device, args.timeout, path=path)
+        for path in PATHS
+    }
     wall = {detector: statistics.median(s) for detector, s in wall_s.items()}
     call_ms = {d: 1000 * statistics.median(s) if s else None for d, s in call_s.items()}
     print(
@@ -305,7 +324,7 @@ def bench_runs(case: cases.Case, args: argparse.Namespace, truth: DetectorTruth,
         f" each way, {len(call_s[True])} timed calls each way"
     )
     print(f"cold run (empty extensions cache, detector on): {cold_s:.1f} s")
-    print_whole_repro(case, before, now)
+    print_whole_repro(case, by_path)
     print(
         table.text(
             ["median", "with detector", "without", "overhead"],
@@ -325,8 +344,8 @@ def bench_runs(case: cases.Case, args: argparse.Namespace, truth: DetectorTruth,
             "device": device.value,
             "scenarios": scenarios,
             "cold_run_s": cold_s,
-            "whole_repro_s": now[TOTAL],
-            "whole_repro_phases_s": {"before": before, "now": now},
+            "whole_repro_s": by_path["now"][TOTAL],
+            "whole_repro_phases_s": by_path,
             "warm_run_s": {"with_detector": wall_s[True], "without_detector": wall_s[False]},
             "loss_call_s": {"with_detector": call_s[True], "without_detector": call_s[False]},
             "median_loss_call_ms": {

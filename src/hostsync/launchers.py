@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -55,9 +56,11 @@ from hostsync.records import (
     Device,
     ForkPlan,
     ForkSnippet,
+    ForkTree,
     ForkWorld,
     Launcher,
     RankReport,
+    SharedForkPlan,
     SnippetExit,
 )
 from hostsync.upstream.trees import Tree
@@ -110,6 +113,11 @@ class Run:
         return self.layout.cache / "torch_extensions" / where
 
     @property
+    def tree_paths(self) -> tuple[Path, ...]:
+        """What goes first on sys.path to import the tree under test (and any stacked beside it)."""
+        return (self.tree.src, *self.tree.stacked)
+
+    @property
     def log_file(self) -> Path:
         return self.run_dir / "launcher.log"
 
@@ -117,10 +125,7 @@ class Run:
         """The ranks import the project from the tree under test and hostsync from here, and
         find the tree's environment's own tools (torchrun, accelerate) first on the PATH."""
         env = dict(os.environ)
-        paths = [self.tree.src, *self.tree.stacked, ENGINE_SRC]
-        env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), env.get("PYTHONPATH", "")]).rstrip(
-            os.pathsep
-        )
+        env["PYTHONPATH"] = python_path(self.tree_paths)
         env["PATH"] = os.pathsep.join([str(Path(self.tree.python).parent), env.get("PATH", "")])
         env[RUN_DIR_ENV] = str(self.run_dir)
         env[TREE_SRC_ENV] = str(self.tree.src)
@@ -135,6 +140,12 @@ class Run:
         env.setdefault("TORCH_EXTENSIONS_DIR", str(self.extensions_dir))
         env.update(extra or {})
         return env
+
+
+def python_path(first: Sequence[Path]) -> str:
+    """PYTHONPATH for a launch: `first`, then hostsync, then what the caller had."""
+    paths = [*map(str, first), str(ENGINE_SRC), os.environ.get("PYTHONPATH", "")]
+    return os.pathsep.join(paths).rstrip(os.pathsep)
 
 
 # --- what a launch is asked to do ----------------------------------------------------------------
@@ -204,7 +215,7 @@ def start(launcher: Launcher, run: Run, what: Start) -> list[RankResults]:
     """Run `what` with `launcher`: for each world, its ranks' results, by rank. Raises RunFailed
     naming the failing rank (with its traceback) or the timeout; either way every process of the
     run is gone when this returns."""
-    if what.snippet and not LAUNCHERS[launcher].runs_snippet(what.nodes):
+    if what.snippet and not LAUNCHERS[launcher].forks_here(what.nodes):
         raise WorkspaceError(f"only the fork launcher on one machine runs a snippet: {launcher}")
     return LAUNCHERS[launcher].run(run, what)
 
@@ -373,6 +384,85 @@ def fork_each(run: Run, what: Start, *, keep_going: bool = True,
     """Each world's rank results, or why it failed, from one interpreter that imported the script
     once (`hostsync.rank.prefork`); with `keep_going` a failed world does not stop the next ones
     (one import for many independent runs). `timeout` is per world; one machine only."""
+    plan, folders = _fork_plan(run, what, keep_going)
+    plan_file = _write_plan(run, plan)
+    command = what.wrapped(run, [run.tree.python, "-m", "hostsync.rank.prefork", str(plan_file)])
+    timeout = what.timeout * len(what.worlds)
+    try:
+        returncode = run_group(run, command, timeout=timeout, env=what.environment())
+    except RunHung as error:
+        raise _which_hung(error, [(folders, what)]) from None
+    if returncode != 0 and not keep_going:
+        raise RunFailed(_describe_failure(run, returncode))
+    return _fork_results(run, what, folders, returncode)
+
+
+def sharing_groups(trees: Sequence[Tree], layout: Layout) -> list[list[Tree]]:
+    """The trees, in order, grouped where one forked interpreter can serve them all
+    (`fork_trees`): the same environment and compiled extensions folder."""
+    groups: dict[tuple[str, Path], list[Tree]] = {}
+    for tree in trees:
+        key = (tree.python, Run(Path(), tree, layout).extensions_dir)
+        groups.setdefault(key, []).append(tree)
+    return list(groups.values())
+
+
+def fork_trees(jobs: Sequence[tuple[Run, Start]]) -> list[tuple[list[RankResults], float]]:
+    """`_fork`'s worlds for each (run, start) of trees that share an environment, script and
+    device, from one interpreter: it imports what the script imports before the project once,
+    and each tree's plan runs in a fork of it that imports the rest (`prefork.run_trees`).
+    Each tree's worlds' results and the seconds its fork took. Raises at the first tree that
+    fails, as `_fork` does; every process is gone either way."""
+    if len({(run.tree.python, run.extensions_dir) for run, _ in jobs}) != 1:
+        raise WorkspaceError("trees of several environments cannot share one interpreter")
+    first, what = jobs[0]
+    shared = dataclasses.replace(
+        first, run_dir=first.layout.new_run_dir(f"shared-{what.script.stem}")
+    )
+    base = first.environment(what.environment()) | {"PYTHONPATH": python_path(())}
+    trees, folders = [], []
+    for run, start in jobs:
+        plan, its_folders = _fork_plan(run, start, keep_going=False)
+        env = run.environment(start.environment())
+        own = {name: value for name, value in env.items() if base.get(name) != value}
+        trees.append(ForkTree(plan, tuple(map(str, run.tree_paths)), own, str(_tree_exit(run))))
+        folders.append(its_folders)
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+    plan_file = _write_plan(shared, SharedForkPlan(tuple(trees)))
+    prefork = [first.tree.python, "-m", "hostsync.rank.prefork", str(plan_file)]
+    command = what.wrapped(shared, prefork)
+    timeout = sum(start.timeout * len(start.worlds) for _, start in jobs)
+    try:
+        returncode = run_group(shared, command, timeout=timeout, env=base)
+    except RunHung as error:
+        raise _which_hung(error, [(f, start) for f, (_, start) in zip(folders, jobs, strict=True)]
+                          ) from None  # fmt: skip
+    found = []
+    for (run, start), its_folders in zip(jobs, folders, strict=True):
+        ended = _tree_ended(run)
+        if ended is None or ended.exit_status != 0:
+            raise RunFailed(_describe_failure(shared, returncode, run.run_dir))
+        worlds = [_raised(one) for one in _fork_results(run, start, its_folders, 0)]
+        found.append((worlds, ended.seconds))
+    shutil.rmtree(shared.run_dir)
+    return found
+
+
+def _tree_exit(run: Run) -> Path:
+    return run.run_dir / "tree.exit.json"
+
+
+def _tree_ended(run: Run) -> SnippetExit | None:
+    """How a tree's plan ended in a shared interpreter (`fork_trees`), or None where it never
+    ran (a tree before it failed)."""
+    written = _tree_exit(run)
+    if not written.exists():
+        return None
+    return read_file(SnippetExit, written)
+
+
+def _fork_plan(run: Run, what: Start, keep_going: bool) -> tuple[ForkPlan, list[Path]]:
+    """The prefork plan of one run (`hostsync.rank.prefork`), and each world's folder."""
     folders = [world_dir(run.run_dir, i, world) for i, world in enumerate(what.worlds)]
     plan = ForkPlan(
         str(what.script),
@@ -383,22 +473,28 @@ def fork_each(run: Run, what: Start, *, keep_going: bool = True,
         keep_going,
         what.snippet and _snippet_plan(what.snippet),
     )
+    return plan, folders
+
+
+def _write_plan(run: Run, plan: ForkPlan | SharedForkPlan) -> Path:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     plan_file = run.run_dir / "plan.json"
     write_file(plan, plan_file)
-    command = what.wrapped(run, [run.tree.python, "-m", "hostsync.rank.prefork", str(plan_file)])
-    timeout = what.timeout * len(what.worlds)
-    try:
-        returncode = run_group(run, command, timeout=timeout, env=what.environment())
-    except RunHung as error:
-        # The world that hung is the first one whose ranks did not all write something.
+    return plan_file
+
+
+def _which_hung(error: RunHung, runs: Sequence[tuple[list[Path], Start]]) -> RunHung:
+    """The timeout, naming the first world whose ranks did not all write something."""
+    for folders, what in runs:
         for folder, world in zip(folders, what.worlds, strict=True):
             ranks = _unfinished(folder, world.ranks)
             if ranks:
-                raise RunHung(f"{error}; {_still_running(ranks, world.ranks)}") from None
-        raise
-    if returncode != 0 and not keep_going:
-        raise RunFailed(_describe_failure(run, returncode))
+                return RunHung(f"{error}; {_still_running(ranks, world.ranks)}")
+    return error
+
+
+def _fork_results(run: Run, what: Start, folders: list[Path], returncode: int,
+                  ) -> list[RankResults | RunFailed]:  # fmt: skip
     found: list[RankResults | RunFailed] = []
     for folder, world in zip(folders, what.worlds, strict=True):
         try:
@@ -433,7 +529,9 @@ class LauncherEntry:
             return _each_world(self.command)(run, what)
         return _fork(run, what)
 
-    def runs_snippet(self, layout: NodeLayout) -> bool:
+    def forks_here(self, layout: NodeLayout) -> bool:
+        """Its ranks fork from one interpreter on this machine: that interpreter runs a snippet
+        after the worlds, and serves trees of one environment from one import."""
         return self.forks and not layout.spans_nodes
 
 
@@ -639,7 +737,7 @@ def _kill_group(process: subprocess.Popen) -> None:
             break
         deadline = time.monotonic() + _KILL_GRACE_S
         while time.monotonic() < deadline and _group_alive(process.pid):
-            time.sleep(0.1)
+            time.sleep(0.1)  # polls for the group's end, which has no event to wait on
         if not _group_alive(process.pid):
             break
     process.wait()

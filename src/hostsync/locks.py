@@ -90,7 +90,7 @@ def _holder(fd: int) -> str:
         try:
             holder = LockHolder.from_json(json.loads(text))
         except ValueError:  # half written (a RecordError is one too)
-            time.sleep(0.1)
+            time.sleep(0.1)  # the holder writes itself in just after it locks: read it again
             continue
         return f"pid {holder.pid} (`{holder.command}`, since {holder.since})"
     return "another command"

@@ -212,8 +212,29 @@ class ForkPlan(Record):
 
 
 @dataclass(frozen=True)
+class ForkTree(Record):
+    """One tree's plan in an interpreter the trees of one environment share: its `ForkPlan`, the
+    tree's entries for the front of sys.path, its own variables, and where how it ended goes (a
+    `SnippetExit`)."""
+
+    plan: ForkPlan
+    path: tuple[str, ...]
+    env: dict[str, str]
+    exit: str
+
+
+@dataclass(frozen=True)
+class SharedForkPlan(Record):
+    """What `hostsync.rank.prefork` runs for trees of one environment: each in a fork of one
+    interpreter that imported what their script imports before the project under test."""
+
+    trees: tuple[ForkTree, ...]
+
+
+@dataclass(frozen=True)
 class SnippetExit(Record):
-    """How a snippet run in the fork launcher's interpreter ended (`hostsync.rank.prefork`)."""
+    """How a snippet, or a tree's plan in a shared interpreter, ended in a fork of the fork
+    launcher's interpreter (`hostsync.rank.prefork`)."""
 
     exit_status: int
     seconds: float

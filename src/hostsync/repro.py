@@ -29,10 +29,10 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hostsync import (
     cost,
@@ -76,10 +76,21 @@ from hostsync.records import (
 )
 from hostsync.upstream.trees import Tree, infos, prepare_trees
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Launched:
+    """One tree's share of a launch: (ranks, device, each rank's result) per rank count, and the
+    seconds it took (its fork's, where trees share an interpreter)."""
+
+    runs: list[tuple[int, Device, RankResults]]
+    seconds: float
+
 
 def run_launch(
     layout: Layout,
-    tree: Tree,
+    trees: Sequence[Tree],
     spec: Launch,
     counts: Sequence[int],
     scenarios: Sequence[str],
@@ -89,36 +100,56 @@ def run_launch(
     detector: bool = True,
     env: Mapping[str, str] | None = None,
     nodes: NodeLayout = SINGLE,
-    snippet: IssueSnippet | None = None,
-) -> list[tuple[int, Device, RankResults]]:
-    """A launch on `tree` at each rank count of `counts`: (ranks, device, each rank's result).
+    snippets: Mapping[str, IssueSnippet] | None = None,
+) -> list[Launched]:
+    """A launch on each of `trees` (of one environment) at each rank count of `counts`.
 
     Each rank count gets its own device (`auto` uses GPUs only where there is one per rank on
     each machine); the rank counts that share a device go to the launcher together (`fork` runs
-    them all from one import of its script, and then `snippet`, where its device is theirs). Run
-    folders are removed after a success and kept, with the launcher log and the failing rank's
-    traceback, after a failure.
+    them all from one import of its script, and then the tree's snippet of `snippets`, where its
+    device is theirs). Several trees of a `fork` launch on one machine share one interpreter
+    (`launchers.fork_trees`); other launches run tree after tree. Run folders are removed after
+    a success and kept, with the launcher log and the failing rank's traceback, after a failure.
     """
     script = layout.repro / spec.script
-    name = f"repro-{tree.label}-{spec.script.removesuffix('.py')}"
     by_device: dict[Device, list[int]] = {}
     for ranks in counts:
-        used = devices.resolve_device(device, nodes.ranks_here(ranks), tree.python)
+        used = devices.resolve_device(device, nodes.ranks_here(ranks), trees[0].python)
         by_device.setdefault(used, []).append(ranks)
-    done: dict[int, tuple[Device, RankResults]] = {}
+    done: list[dict[int, tuple[Device, RankResults]]] = [{} for _ in trees]
+    seconds = [0.0] * len(trees)
     for used, group in by_device.items():
         args = ("--scenarios", ",".join(scenarios), "--device", used.value, *spec.args)
         args += () if detector else ("--no-detector",)
-        run = Run(layout.new_run_dir(name), tree, layout)
         worlds = tuple(World(n, args) for n in group)
-        carried = snippet.snippet if snippet and snippet.device == used else None
-        what = Start(script, worlds, used, timeout, env or {}, nodes=nodes, snippet=carried)
-        worlds = launchers.start(spec.launcher, run, what)
-        for rank_results in worlds:
-            check_contract(rank_results, scenarios, run.run_dir)
-        shutil.rmtree(run.run_dir)
-        done |= {n: (used, rank_results) for n, rank_results in zip(group, worlds, strict=True)}
-    return [(ranks, *done[ranks]) for ranks in counts]
+        jobs = []
+        for tree in trees:
+            name = f"repro-{tree.label}-{spec.script.removesuffix('.py')}"
+            run = Run(layout.new_run_dir(name), tree, layout)
+            snippet = (snippets or {}).get(tree.label)
+            carried = snippet.snippet if snippet and snippet.device == used else None
+            what = Start(script, worlds, used, timeout, env or {}, nodes=nodes, snippet=carried)
+            jobs.append((run, what))
+        if len(jobs) > 1 and launchers.LAUNCHERS[spec.launcher].forks_here(nodes):
+            launched = launchers.fork_trees(jobs)
+        else:
+            launched = [_timed(lambda run=run, what=what: launchers.start(spec.launcher, run, what))
+                        for run, what in jobs]  # fmt: skip
+        for index, ((run, _), (found, took)) in enumerate(zip(jobs, launched, strict=True)):
+            for rank_results in found:
+                check_contract(rank_results, scenarios, run.run_dir)
+            shutil.rmtree(run.run_dir)
+            done[index] |= dict(zip(group, ((used, results) for results in found), strict=True))
+            seconds[index] += took
+    return [
+        Launched([(ranks, *tree_done[ranks]) for ranks in counts], took)
+        for tree_done, took in zip(done, seconds, strict=True)
+    ]
+
+
+def _timed(call: Callable[[], T]) -> tuple[T, float]:
+    started = time.perf_counter()
+    return call(), time.perf_counter() - started
 
 
 def check_contract(rank_results: RankResults, scenarios: Sequence[str], where: Path) -> None:
@@ -354,6 +385,7 @@ def measure(
     layout: Layout, case: Case, trees: list[Tree], scenarios: Sequence[str], *,
     device: str, timeout: float, only_ranks: Sequence[int] = (), nodes: NodeLayout = SINGLE,
     snippets: bool = False, snippets_apart: bool = False, trees_at_once: int | None = None,
+    share: bool = True,
 ) -> Measured:  # fmt: skip
     """Every (tree, launch, rank count) as one run, and with `snippets` the case's snippet on
     each tree: in the interpreter a fork launch on its device imported (the same calls, without
@@ -362,38 +394,60 @@ def measure(
     hold every rank of them (ranks beyond the cores wait in each collective for one that is not
     running: two trees of 4 ranks on 2 cores take twice as long side by side), unless
     `trees_at_once` says otherwise; across nodes one after another, as every node pools its
-    worlds in the same order."""
+    worlds in the same order. Trees that run one after another in one environment share one
+    interpreter per fork launch (`launchers.fork_trees`: torch and DeepSpeed imported once),
+    unless `share` is off or the snippets run apart (the paths `bench` compares)."""
     snippets = snippets and bool(case.card.repro.snippet)
     widest = max((max(counts) for _, _, counts in planned(case, scenarios, only_ranks)), default=1)
     fit = max(1, (os.cpu_count() or 1) // widest)
     at_once = 1 if nodes.spans_nodes else trees_at_once or fit
+    shared = share and at_once == 1 and not snippets_apart
 
-    def one_tree(tree: Tree) -> Measured:
+    def some_trees(group: list[Tree]) -> Measured:
         found = Measured()
         started = time.perf_counter()
-        snippet = IssueSnippet.of(layout, case, tree, device) if snippets else None
+        issued = {t.label: IssueSnippet.of(layout, case, t, device) for t in group if snippets}
+        runs: dict[str, list[RunRow]] = {tree.label: [] for tree in group}
+        seconds = dict.fromkeys(runs, 0.0)
         for spec, wanted, counts in planned(case, scenarios, only_ranks):
-            carries = (
-                snippet
-                if snippet and not snippets_apart and not snippet.snippet.ended()
-                and launchers.LAUNCHERS[spec.launcher].runs_snippet(nodes)
-                else None
-            )  # fmt: skip
-            done = run_launch(layout, tree, spec, counts, wanted, device=device, timeout=timeout,
-                              nodes=nodes, snippet=carries)  # fmt: skip
-            for ranks, device_used, rank_results in done:
-                found.used.add(device_used)
-                found.runs.extend(merge_ranks(rank_results, tree.label, spec.script, ranks))
-                found.nodes.extend(shares_of(f"{tree.label} {spec.script} x{ranks}", rank_results))
-        found.phases[f"tree {tree.label}"] = time.perf_counter() - started
-        if snippet:
-            ended = snippet.snippet.ended() or snippet.run_apart()
-            found.snippets[tree.label] = snippet.line(case, ended)
-            found.phases[f"snippet {tree.label}"] = ended.seconds
+            carries = {
+                label: snippet
+                for label, snippet in issued.items()
+                if not snippets_apart and not snippet.snippet.ended()
+                and launchers.LAUNCHERS[spec.launcher].forks_here(nodes)
+            }  # fmt: skip
+            done = run_launch(layout, group, spec, counts, wanted, device=device, timeout=timeout,
+                              nodes=nodes, snippets=carries)  # fmt: skip
+            for tree, launched in zip(group, done, strict=True):
+                seconds[tree.label] += launched.seconds
+                for ranks, device_used, rank_results in launched.runs:
+                    found.used.add(device_used)
+                    runs[tree.label].extend(
+                        merge_ranks(rank_results, tree.label, spec.script, ranks)
+                    )
+                    found.nodes.extend(
+                        shares_of(f"{tree.label} {spec.script} x{ranks}", rank_results)
+                    )
+        if len(group) > 1:
+            names = ", ".join(runs)
+            found.phases[f"imports shared by {names}"] = (
+                time.perf_counter() - started - sum(seconds.values())
+            )
+        else:
+            seconds = {group[0].label: time.perf_counter() - started}
+        for tree in group:
+            found.runs.extend(runs[tree.label])
+            found.phases[f"tree {tree.label}"] = seconds[tree.label]
+            if tree.label in issued:
+                snippet = issued[tree.label]
+                ended = snippet.snippet.ended() or snippet.run_apart()
+                found.snippets[tree.label] = snippet.line(case, ended)
+                found.phases[f"snippet {tree.label}"] = ended.seconds
         return found
 
+    groups = launchers.sharing_groups(trees, layout) if shared else [[tree] for tree in trees]
     found = Measured()
-    for one in launchers.side_by_side([functools.partial(one_tree, tree) for tree in trees],
+    for one in launchers.side_by_side([functools.partial(some_trees, group) for group in groups],
                                       at_once):  # fmt: skip
         found.runs.extend(one.runs)
         found.used.update(one.used)

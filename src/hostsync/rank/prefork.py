@@ -18,6 +18,14 @@ the script's `main` (its `rank_entry`) with its world's variables set. A failed 
 plan unless `keep_going` (independent runs, such as the census's setups). Exit status: 0, or
 the first failing rank's.
 
+Trees that share an environment share one interpreter too (`shared_imports`): a
+`records.SharedForkPlan` (each tree's `ForkPlan`, with the tree's entries for the front of
+sys.path, its own variables, and where how it ended goes) imports once what the script imports
+before the project under test (torch, DeepSpeed, accelerate for sp-loss: most of the 7 s), then
+forks one child per tree, which puts the tree on sys.path, imports the script and runs the
+tree's plan: the import order is the script's own, and no tree's project is ever imported where
+another tree runs. The trees run in turn; a failed one stops the next.
+
 The snippet, a one-process script an issue quotes, runs last, as `python SNIPPET` would run it
 (as `__main__`, its output in its log) but forked from this interpreter, whose imports it
 shares: it would otherwise import torch and the tree again. How it ended goes beside its log
@@ -27,7 +35,10 @@ Standard library and the records only, like `hostsync.rank.protocol`: the script
 
 from __future__ import annotations
 
+import ast
+import importlib
 import importlib.util
+import json
 import os
 import runpy
 import signal
@@ -38,9 +49,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from hostsync.codec import read_file, write_file
-from hostsync.rank.protocol import RUN_DIR_ENV, free_port
-from hostsync.records import ForkPlan, ForkSnippet, ForkWorld, SnippetExit
+from hostsync.codec import load, write_file
+from hostsync.rank.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, free_port
+from hostsync.records import ForkPlan, ForkSnippet, ForkWorld, SharedForkPlan, SnippetExit
 
 
 def import_script(path: Path) -> ModuleType:
@@ -113,6 +124,8 @@ def _run_rank(main: Callable[[], object]) -> None:
         code = 0
     except SystemExit as error:
         code = error.code if isinstance(error.code, int) else 1
+        if isinstance(error.code, str):
+            print(error.code, file=sys.stderr)  # what `sys.exit(message)` says at top level
     except BaseException:
         traceback.print_exc()
     finally:
@@ -121,10 +134,64 @@ def _run_rank(main: Callable[[], object]) -> None:
         os._exit(code)
 
 
-def main(argv: list[str]) -> int:
-    (plan_file,) = argv
-    plan = read_file(ForkPlan, Path(plan_file))
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+def shared_imports(script: Path, package: str) -> list[str]:
+    """The modules the script's leading top-level imports name, up to the first of `package`
+    (the project under test), of hostsync or of the script's folder: what every tree's import
+    of it shares."""
+    found = []
+    for statement in ast.parse(script.read_text()).body:
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+            continue  # the docstring
+        if isinstance(statement, ast.Import):
+            names = [alias.name for alias in statement.names]
+        elif isinstance(statement, ast.ImportFrom) and not statement.level:
+            names = [statement.module]
+        else:
+            break
+        roots = [name.split(".")[0] for name in names]
+        if any(root in (package, "hostsync") or _beside(script, root) for root in roots):
+            break
+        found += [name for name in names if name != "__future__"]
+    return found
+
+
+def _beside(script: Path, name: str) -> bool:
+    """A module of the script's own folder (another rank script): only the tree's child, which
+    puts that folder on sys.path, can import it."""
+    return (script.parent / f"{name}.py").exists() or (script.parent / name).is_dir()
+
+
+def run_trees(plan: SharedForkPlan) -> int:
+    """Each tree's plan in a fork of one interpreter that imported the script's shared modules
+    once; how each ended beside its plan. 0, or the first failing tree's status."""
+    script, package = Path(plan.trees[0].plan.script), os.environ[TREE_PACKAGE_ENV]
+    for name in shared_imports(script, package):
+        importlib.import_module(name)
+    if package in sys.modules:
+        sys.exit(
+            f"importing what {script} imports before {package} imported {package}"
+            " itself: its trees cannot share one interpreter (give each tree its own launch)"
+        )
+    engine = sys.path.index(str(Path(__file__).resolve().parents[1]))
+    for tree in plan.trees:
+        started = time.monotonic()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            sys.path[engine:engine] = tree.path
+            os.environ.update(tree.env)
+            _run_rank(lambda tree=tree: sys.exit(run_plan(tree.plan)))
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        write_file(SnippetExit(code, time.monotonic() - started), Path(tree.exit))
+        if code:
+            return code if code > 0 else 128 - code
+    return 0
+
+
+def run_plan(plan: ForkPlan) -> int:
+    """One tree's worlds, then its snippet, from one import of its script."""
     script = import_script(Path(plan.script))
     entry = getattr(script, "main", None)
     if entry is None:
@@ -139,6 +206,14 @@ def main(argv: list[str]) -> int:
     if plan.snippet:
         run_snippet(plan.snippet)
     return first_failure
+
+
+def main(argv: list[str]) -> int:
+    (plan_file,) = argv
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    data = json.loads(Path(plan_file).read_text())
+    plan = load(SharedForkPlan if "trees" in data else ForkPlan, data, plan_file)
+    return run_trees(plan) if isinstance(plan, SharedForkPlan) else run_plan(plan)
 
 
 if __name__ == "__main__":
