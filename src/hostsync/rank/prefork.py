@@ -172,7 +172,7 @@ def run_trees(plan: SharedForkPlan) -> int:
             f"importing what {script} imports before {package} imported {package}"
             " itself: its trees cannot share one interpreter (give each tree its own launch)"
         )
-    engine = sys.path.index(str(Path(__file__).resolve().parents[1]))
+    engine = sys.path.index(str(Path(__file__).resolve().parents[2]))  # the folder of hostsync
     for tree in plan.trees:
         started = time.monotonic()
         sys.stdout.flush()
