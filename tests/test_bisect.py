@@ -516,12 +516,26 @@ NORMS = """
 """
 
 
+# A function TorchScript compiles at import, calling one the detector observes (as DeepSpeed's
+# MoE gating does, which accelerate imports from within a probe's scope).
+SCRIPTED = """
+    import torch.nn.functional as F
+
+
+    @torch.jit.script
+    def _one_hot_to_float(x, num_classes: int):
+        return F.one_hot(x, num_classes=num_classes).float()
+"""
+
+
 def clip_release(item: str | None) -> dict[str, str]:
     """The release's files; `item` "broken" fails at import, as an old release does with a
-    newer torch."""
+    newer torch; "scripted" keeps the norm on the device and scripts a function at import."""
     text = textwrap.dedent(NORMS.format(item=item)) if item is not None else "import torch\n"
     if item == "broken":
         text = "raise ImportError('an older torch')\n" + textwrap.dedent(NORMS.format(item=""))
+    if item == "scripted":
+        text = textwrap.dedent(NORMS.format(item="")) + textwrap.dedent(SCRIPTED)
     return {"deepspeed/__init__.py": "", "deepspeed/runtime/__init__.py": "", CLIP_UTILS: text}
 
 
@@ -571,7 +585,7 @@ def test_an_older_release_is_judged_beside_the_pinned_projects_of_its_day(
 @pytest.mark.distributed  # a process per judged release
 def test_a_value_that_turns_from_float_to_tensor_is_judged_by_running(tmp_path: Path) -> None:
     site = judged_history(tmp_path, {"0.1.0": None, "0.2.0": ".item()", "0.3.0": ".item()",
-                                     "0.4.0": "", "0.5.0": ""})  # fmt: skip
+                                     "0.4.0": "", "0.5.0": "scripted"})  # fmt: skip
 
     assert (site["first"], site["before_first"]) == ("0.2.0", "0.1.0")  # the text's boundary
     (boundary,) = site["boundaries"]

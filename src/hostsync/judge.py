@@ -72,6 +72,12 @@ def revision(layout: Layout, project: Project, repo: Path, commit: str, python: 
     return tree(layout, project, commit[:12], root, python, finding, snippet, timeout)
 
 
+# TorchScript off: a release that scripts functions at import (DeepSpeed's MoE gating, which
+# accelerate imports) would compile them inside the scope, where the detector's observed torch
+# functions are no builtins TorchScript knows; eager, they are judged like any other code.
+_EAGER = {"PYTORCH_JIT": "0"}
+
+
 def _probes(finding: Finding, snippet: Path | None) -> list[tuple[list[str], str]]:
     """The probes to try, in order, as their options and in words: a generated call of the
     site's function where it is a function of its module, then the case's snippet."""
@@ -104,7 +110,7 @@ def tree(layout: Layout, project: Project, label: str, root: Path, python: str,
         command = [python, "-m", "hostsync.probe", "--file", file, "--out", str(out), *options,
                    "--lines", *map(str, lines)]  # fmt: skip
         try:
-            status = run_group(run, command, timeout=timeout)
+            status = run_group(run, command, timeout=timeout, env=_EAGER)
         except RunFailed as error:
             judged = Judgement(label, ProbeVerdict.NOT_RUN, what, str(error))
         else:
