@@ -121,7 +121,8 @@ def tree(layout: Layout, project: Project, label: str, root: Path, python: str,
         if judged.verdict != ProbeVerdict.NOT_RUN:
             return judged
         tried.append(judged)
-    reasons = "; ".join(f"{run.probe}: {run.reason}" for run in tried)
+    reasons = "; ".join(f"{run.probe}: {run.reason}" if len(tried) > 1 else run.reason
+                        for run in tried)  # fmt: skip
     return Judgement(label, ProbeVerdict.NOT_RUN, " then ".join(w for _, w in probes), reasons)
 
 
