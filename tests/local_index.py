@@ -16,9 +16,9 @@ from pathlib import Path
 
 
 def make_sdist(folder: Path, name: str, version: str, files: dict[str, str],
-               requires: tuple[str, ...] = ()) -> Path:  # fmt: skip
+               requires: tuple[str, ...] = (), uploaded: str | None = None) -> Path:  # fmt: skip
     """`name-version.tar.gz` holding `files` (paths relative to the release's top folder) and a
-    PKG-INFO declaring `requires`."""
+    PKG-INFO declaring `requires`; the index gives `uploaded` (an ISO date) as its upload time."""
     folder.mkdir(parents=True, exist_ok=True)
     top = f"{name}-{version}"
     pkg_info = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
@@ -31,7 +31,13 @@ def make_sdist(folder: Path, name: str, version: str, files: dict[str, str],
             member = tarfile.TarInfo(f"{top}/{path}")
             member.size, member.mtime = len(data), 1_700_000_000
             tar.addfile(member, io.BytesIO(data))
+    if uploaded:
+        _uploaded(archive).write_text(uploaded)
     return archive
+
+
+def _uploaded(sdist: Path) -> Path:
+    return sdist.with_name(sdist.name + ".uploaded")
 
 
 class _Quiet(SimpleHTTPRequestHandler):
@@ -52,6 +58,11 @@ def serving(root: Path) -> Iterator[str]:
                 "size": sdist.stat().st_size,
                 "hashes": {"sha256": hashlib.sha256(sdist.read_bytes()).hexdigest()},
             }
+            | (
+                {"upload-time": f"{_uploaded(sdist).read_text()}T12:00:00Z"}
+                if _uploaded(sdist).exists()
+                else {}
+            )
             for sdist in sorted(project.glob("*.tar.gz"))
         ]
         page = root / "simple" / project.name / "index.html"

@@ -18,7 +18,7 @@ from hostsync.layout import Layout
 from hostsync.projects import get
 from hostsync.records import Presence
 from hostsync.sites import AllowRule
-from hostsync.upstream import presence, sdists
+from hostsync.upstream import envs, presence, sdists
 from hostsync.upstream.git import git
 
 from conftest import hostsync, make_workspace, one_line_error, own_downloads
@@ -287,6 +287,10 @@ def test_a_start_without_the_site_is_refused_in_one_line(tmp_path: Path) -> None
         (["--project", "deepspeed", "--file", STAGE], "--project needs --file and --code"),
         (["--code", READ], "name a site of --project: add it"),
         (["--case", "sp-loss", "--project", "deepspeed"], "give one of them"),
+        (
+            ["--project", "deepspeed", "--file", STAGE, "--code", READ, "--tests"],
+            "--tests runs a case's tests: add --case NAME",
+        ),
         (["--case", "sp-loss", "--since", "five"], "--since 'five' is no version"),
         (["--case", "sp-loss", "--tag-format", "release"], "has no {version}"),
         (["--case", "sp-loss", "--remote", "/"], "--remote / is no git repository"),
@@ -373,6 +377,47 @@ def test_a_read_under_other_local_names_is_the_same_read(tmp_path: Path, monkeyp
     (where,) = evidence["0.2.0"].found
     assert where.function == "SFTTrainer.compute_loss"
     assert where.code == "(correct / total_sum).item() if total_sum > 0 else 0.0"
+
+
+# How a planted TRL logs its entropy: read into a local that a later line appends (as TRL 0.22.0
+# to 1.15.0 do, in two forms), or read inside the append (1.16.0).
+ENTROPY = """
+    class SFTTrainer:
+        def compute_loss(self, model, inputs, mode="train"):
+            entropy = inputs["entropy"]
+            {logged}
+            return model(inputs)
+"""
+
+
+def test_a_read_appended_through_a_local_is_found_by_the_call_it_feeds(
+    tmp_path: Path, monkeypatch
+) -> None:
+    appended = 'self._metrics[mode]["entropy"].append(entropy)'
+    then = f"\n            {appended}"
+    logged = {
+        "0.1.0": "self._metrics[mode]['loss'].append(0.0)",
+        "0.2.0": f"entropy = self.accelerator.gather_for_metrics(entropy).mean().item(){then}",
+        "0.3.0": f"entropy = (entropy / total).item() if total > 0 else 0.0{then}",
+        "1.0.0": 'self._metrics[mode]["entropy"].append((entropy / n).item() if n > 0 else 0.0)',
+    }
+    releases = {
+        version: {"trl/__init__.py": "", METRICS: textwrap.dedent(ENTROPY.format(logged=text))}
+        for version, text in logged.items()
+    }
+    site = AllowRule(METRICS, "asked", function="compute_loss",
+                     code='self._metrics[mode]["entropy"].append(')  # fmt: skip
+    found = history_over(tmp_path, monkeypatch, "trl", releases, site)
+
+    assert (found.first, found.before_first, found.contiguous) == ("0.2.0", "0.1.0", True)
+    evidence = {release.version: release.finding for release in found.releases}
+    assert evidence["0.1.0"].presence == Presence.ABSENT
+    # The read's own line comes with the append, so that a probe judges the line that reads.
+    assert [at.code for at in evidence["0.2.0"].found] == [
+        "entropy = self.accelerator.gather_for_metrics(entropy).mean().item()", appended,
+    ]  # fmt: skip
+    (inline,) = evidence["1.0.0"].found
+    assert inline.code.startswith('self._metrics[mode]["entropy"].append((entropy / n).item()')
 
 
 def test_a_renamed_function_is_followed_by_its_body(tmp_path: Path, monkeypatch) -> None:
@@ -471,12 +516,26 @@ NORMS = """
 """
 
 
+# A function TorchScript compiles at import, calling one the detector observes (as DeepSpeed's
+# MoE gating does, which accelerate imports from within a probe's scope).
+SCRIPTED = """
+    import torch.nn.functional as F
+
+
+    @torch.jit.script
+    def _one_hot_to_float(x, num_classes: int):
+        return F.one_hot(x, num_classes=num_classes).float()
+"""
+
+
 def clip_release(item: str | None) -> dict[str, str]:
     """The release's files; `item` "broken" fails at import, as an old release does with a
-    newer torch."""
+    newer torch; "scripted" keeps the norm on the device and scripts a function at import."""
     text = textwrap.dedent(NORMS.format(item=item)) if item is not None else "import torch\n"
     if item == "broken":
         text = "raise ImportError('an older torch')\n" + textwrap.dedent(NORMS.format(item=""))
+    if item == "scripted":
+        text = textwrap.dedent(NORMS.format(item="")) + textwrap.dedent(SCRIPTED)
     return {"deepspeed/__init__.py": "", "deepspeed/runtime/__init__.py": "", CLIP_UTILS: text}
 
 
@@ -497,10 +556,36 @@ def judged_history(tmp_path: Path, releases: dict[str, str | None]) -> dict:
     return history_of(path) | {"report": (layout.sites / "bisect.md").read_text()}
 
 
+def test_an_older_release_is_judged_beside_the_pinned_projects_of_its_day(
+    tmp_path: Path, monkeypatch
+) -> None:
+    days = {
+        "trl": {"0.16.0": "2025-03-22", "1.16.0": "2026-10-15"},
+        "transformers": {"4.50.0": "2025-03-21", "4.49.0": "2025-02-17", "4.51.0": "2025-04-05",
+                         "5.24.0": "2026-11-21"},
+        "accelerate": {"1.5.2": "2025-03-14", "1.6.0": "2025-04-01", "1.15.0": "2026-09-09"},
+        "deepspeed": {"0.16.4": "2025-02-26", "0.19.8": "2026-10-20"},
+        "peft": {"0.21.2": "2026-10-01"},  # none of that day: the pin stays
+    }  # fmt: skip
+    for project, released in days.items():
+        for version, day in released.items():
+            make_sdist(tmp_path / "index" / "files" / project, project, version, {},
+                       uploaded=day)  # fmt: skip
+    layout = make_workspace(tmp_path / "workspace")
+    monkeypatch.delenv("HOSTSYNC_PREPARED", raising=False)
+    with serving(tmp_path / "index") as url:
+        monkeypatch.setenv(sdists.INDEX_ENV, url)
+        old = envs.companions_of_its_day(layout, get("trl"), "0.16.0")
+        pinned = envs.companions_of_its_day(layout, get("trl"), "1.16.0")
+
+    assert old == {"transformers": "4.50.0", "accelerate": "1.5.2", "deepspeed": "0.16.4"}
+    assert pinned == {}
+
+
 @pytest.mark.distributed  # a process per judged release
 def test_a_value_that_turns_from_float_to_tensor_is_judged_by_running(tmp_path: Path) -> None:
     site = judged_history(tmp_path, {"0.1.0": None, "0.2.0": ".item()", "0.3.0": ".item()",
-                                     "0.4.0": "", "0.5.0": ""})  # fmt: skip
+                                     "0.4.0": "", "0.5.0": "scripted"})  # fmt: skip
 
     assert (site["first"], site["before_first"]) == ("0.2.0", "0.1.0")  # the text's boundary
     (boundary,) = site["boundaries"]

@@ -212,8 +212,16 @@ def test_the_committed_templates_use_only_known_sources_and_reducers(case: str) 
         assert found, f"{template.name} cites no result"
         for match in found:
             assert match["source"] in review.SOURCES, (template.name, match[0])
-            assert (match["reduce"] or "first") in review.REDUCERS, (template.name, match[0])
+            reduce = match["reduce"] or "first"
+            assert reduce in review.REDUCERS or reduce.isdecimal(), (template.name, match[0])
             review.segments(match["path"].strip())
+
+
+def test_a_number_reducer_cites_that_value_of_the_matching_ones() -> None:
+    sites = {"sites": [{"first": "0.16.0"}, {"first": "0.22.0"}, {"first": "0.16.1"}]}
+    filled = review.fill("{{bisect:sites.first|2}} {{bisect:sites.first|4}}", {"bisect": sites})
+
+    assert filled == f"0.22.0 {drafts.NOT_MEASURED}"
 
 
 def test_running_review_twice_leaves_git_status_clean(drafted: Layout) -> None:

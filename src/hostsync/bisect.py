@@ -18,8 +18,8 @@ inlined. That is still text: `--judge` decides where the reads begin by running 
 the anchor, bisected on "device read", each in an environment built for it; a release whose line
 runs without a device read (a value still a Python number there) moves the boundary on, one
 that does not install or run is "not run" and leaves the text's boundary. Each boundary records
-which it rests on, and the words a draft says it in (`stated`). `--judge` also runs the case's
-tests on the boundary releases through test-patch's checks (expensive).
+which it rests on, and the words a draft says it in (`stated`). `--tests` also runs the case's
+tests on the boundary releases through test-patch's checks (expensive: a tree each).
 
 `--remote` (a local clone or mirror with the release tags) narrows each boundary to the commits
 between its two releases (the first-parent path), bisected the same way, down to the commit that
@@ -301,6 +301,7 @@ class BisectSettings:
     remote: Path | None
     tag_format: str | None
     judge: bool
+    tests: bool
     timeout: float
 
 
@@ -381,7 +382,8 @@ def judged_boundaries(reader: Reader, target: Target, made: SiteHistory, snippet
     first, anchor = versions.index(made.first), versions.index(made.anchor)
     boundary = first_boundary(made.before_first, made.first, Decided.TEXT)
     if verdict(anchor) == ProbeVerdict.READ:
-        low, high = first, anchor
+        # The text's first release first: where it reads already, nothing between is run.
+        low, high = first, first if verdict(first) == ProbeVerdict.READ else anchor
         while low < high:
             middle = (low + high) // 2
             low, high = (
@@ -432,7 +434,7 @@ def bisect_sites(layout: Layout, reader: Reader, targets: list[Target], settings
                 if older and newer
             )  # fmt: skip
             made = dataclasses.replace(made, narrowed=narrowed)
-        if settings.judge and case and target.project == home:
+        if settings.tests and case and target.project == home:
             made = judged(layout, case, made, settings, checks)
         if settings.judge:
             snippet = judge.snippet_of(layout, case)
@@ -479,9 +481,11 @@ def parser() -> argparse.ArgumentParser:
                         f" else {DEFAULT_TAG_FORMAT})")  # fmt: skip
     parser.add_argument("--judge", action="store_true",
                         help="judge where the reads begin by running: the site under the detector"
-                        " on the boundary releases, each in an environment built for it, and with"
-                        " --case the case's tests there too, as test-patch --release does"
-                        " (expensive: a tree and an environment each)")  # fmt: skip
+                        " on the boundary releases, each in an environment built for it"
+                        " (expensive: an environment each)")  # fmt: skip
+    parser.add_argument("--tests", action="store_true",
+                        help="with --case, also run the case's tests on the boundary releases, as"
+                        " test-patch --release does (expensive: a tree each)")  # fmt: skip
     add_timeout(parser, "one pytest run or probe (--judge)")
     return parser
 
@@ -494,6 +498,8 @@ def settings_from(args: argparse.Namespace) -> BisectSettings:
         raise WorkspaceError("--project needs --file and --code or --function: name the site")
     if not args.project and (args.file or args.code or args.function):
         raise WorkspaceError("--file, --code and --function name a site of --project: add it")
+    if args.tests and not args.case:
+        raise WorkspaceError("--tests runs a case's tests: add --case NAME")
     if args.remote and not _is_repository(args.remote):
         raise WorkspaceError(
             f"--remote {args.remote} is no git repository: give a local clone or mirror of the"
@@ -510,6 +516,7 @@ def settings_from(args: argparse.Namespace) -> BisectSettings:
         remote=args.remote,
         tag_format=args.tag_format,
         judge=args.judge,
+        tests=args.tests,
         timeout=args.timeout,
     )
 
@@ -614,10 +621,14 @@ def _sentence(history: SiteHistory) -> str:
 def _decided(boundary: Boundary) -> str:
     """How a boundary was decided, and each run tried for it."""
     older = f"{boundary.older} and " if boundary.older else ""
-    runs = "; ".join(f"{run.version}: {run.verdict} ({run.probe}: {run.reason})"
+    runs = "; ".join(f"{run.version}{_beside(run)}: {run.verdict} ({run.probe}: {run.reason})"
                      for run in boundary.judged)  # fmt: skip
     tried = f" Runs: {runs}." if runs else " Not judged by running (bisect --judge runs it)."
     return f"The reads begin between {older}{boundary.newer}, by {boundary.decided}.{tried}"
+
+
+def _beside(run: Judgement) -> str:
+    return f" (beside {', '.join(run.beside)})" if run.beside else ""
 
 
 def _narrowed(narrowed: GitNarrowing) -> str:

@@ -9,6 +9,7 @@ line). `bisect --judge`, `test_patch --release` and `watch --tests` judge the sa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tarfile
@@ -36,15 +37,22 @@ def snippet_of(layout: Layout, case: cases.Case | None) -> Path | None:
 def release(layout: Layout, project: Project, version: str, sdist: Sdist, finding: Finding,
             snippet: Path | None, timeout: float) -> Judgement:  # fmt: skip
     """The site's lines (as `finding` places them) run under the detector on `version`, in an
-    environment built for it."""
+    environment built for it: a release older than the pinned one beside the other pinned
+    projects of its day (`envs.companions_of_its_day`)."""
+    beside: tuple[str, ...] = ()
     try:
-        python = envs.python_for(layout, project, cases.Release(version, f"v{version}", sdist))
+        companions = envs.companions_of_its_day(layout, project, version)
+        beside = tuple(f"{name} {at}" for name, at in sorted(companions.items()))
+        python = envs.python_for(layout, project, cases.Release(version, f"v{version}", sdist),
+                                 companions=companions)  # fmt: skip
     except WorkspaceError as error:
         what = " then ".join(words for _, words in _probes(finding, snippet)) or "no probe"
-        return Judgement(version, ProbeVerdict.NOT_RUN, what, f"does not install here: {error}")
+        return Judgement(version, ProbeVerdict.NOT_RUN, what, f"does not install here: {error}",
+                         beside)  # fmt: skip
     root = probe.unpacked(fetch_sdist(layout, sdist),
                           layout.work / "probes" / f"{project.name}-{version}")  # fmt: skip
-    return tree(layout, project, version, root, python, finding, snippet, timeout)
+    judged = tree(layout, project, version, root, python, finding, snippet, timeout)
+    return dataclasses.replace(judged, beside=beside)
 
 
 def revision(layout: Layout, project: Project, repo: Path, commit: str, python: str,
@@ -62,6 +70,12 @@ def revision(layout: Layout, project: Project, repo: Path, commit: str, python: 
                 tar.extractall(partial, filter="data")
         partial.rename(root)
     return tree(layout, project, commit[:12], root, python, finding, snippet, timeout)
+
+
+# TorchScript off: a release that scripts functions at import (DeepSpeed's MoE gating, which
+# accelerate imports) would compile them inside the scope, where the detector's observed torch
+# functions are no builtins TorchScript knows; eager, they are judged like any other code.
+_EAGER = {"PYTORCH_JIT": "0"}
 
 
 def _probes(finding: Finding, snippet: Path | None) -> list[tuple[list[str], str]]:
@@ -96,7 +110,7 @@ def tree(layout: Layout, project: Project, label: str, root: Path, python: str,
         command = [python, "-m", "hostsync.probe", "--file", file, "--out", str(out), *options,
                    "--lines", *map(str, lines)]  # fmt: skip
         try:
-            status = run_group(run, command, timeout=timeout)
+            status = run_group(run, command, timeout=timeout, env=_EAGER)
         except RunFailed as error:
             judged = Judgement(label, ProbeVerdict.NOT_RUN, what, str(error))
         else:
@@ -107,7 +121,8 @@ def tree(layout: Layout, project: Project, label: str, root: Path, python: str,
         if judged.verdict != ProbeVerdict.NOT_RUN:
             return judged
         tried.append(judged)
-    reasons = "; ".join(f"{run.probe}: {run.reason}" for run in tried)
+    reasons = "; ".join(f"{run.probe}: {run.reason}" if len(tried) > 1 else run.reason
+                        for run in tried)  # fmt: skip
     return Judgement(label, ProbeVerdict.NOT_RUN, " then ".join(w for _, w in probes), reasons)
 
 

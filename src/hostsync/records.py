@@ -1140,7 +1140,7 @@ class Finding(Record):
 @dataclass(frozen=True)
 class ReleaseEvidence(Record):
     """One release a bisect read: its sdist, the site's finding in it, and, where the case's
-    tests could be run on it (`--judge`), their checks."""
+    tests could be run on it (`--tests`), their checks."""
 
     version: str
     uploaded: str
@@ -1197,12 +1197,14 @@ class GitNarrowing(Record):
 @dataclass(frozen=True)
 class Judgement(Record):
     """One release's site run under the detector: the verdict, what ran, and why it reads that
-    way (the reads it saw, or why it did not run)."""
+    way (the reads it saw, or why it did not run), and the pinned projects it ran beside at
+    other releases than the pins (`transformers 4.50.0`: those of an older release's day)."""
 
     version: str
     verdict: ProbeVerdict
     probe: str
     reason: str
+    beside: tuple[str, ...] = field(default=(), metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ template), with every figure a query over the latest results:
     {{gpu:figures[tree=pinned].dtoh_copies}}                GPU evidence, where there is some
 
 A path walks dicts by key and maps over lists; `[key=value,...]` keeps the list items that
-match. Reducers: first (the default), last, max, min, sum, count, join. Results measured against
+match. Reducers: first (the default), last, max, min, sum, count, join, and a number n: the n-th
+value (`|2`). Results measured against
 another pin.toml, card, patch series or case script (the snippet an issue quotes among them) are
 stale: `review` names them and refuses, or reruns their commands with `--rerun`; a result of
 another case, one that measured nothing or a proof that failed is refused outright. A bisect and
@@ -253,12 +254,15 @@ def _matches(item: Any, filters: dict[str, str]) -> bool:
 def figure(match: re.Match, documents: dict[str, Any]) -> str:
     """One placeholder's text; "not measured" when no result holds it."""
     source, reduce = match["source"], match["reduce"] or "first"
-    if source not in documents or reduce not in REDUCERS:
+    if source not in documents or not (reduce in REDUCERS or reduce.isdecimal()):
         raise WorkspaceError(
             f"unknown placeholder {match[0]}: sources are {', '.join(documents)}, reducers"
-            f" {', '.join(REDUCERS)}"
+            f" {', '.join(REDUCERS)} or a number"
         )
     values = lookup(documents[source], segments(match["path"].strip()))
+    if reduce.isdecimal():
+        values = values[int(reduce) - 1 : int(reduce)] if int(reduce) else []
+        reduce = "first"
     if not values and reduce != "count":
         return drafts.NOT_MEASURED
     value = REDUCERS[reduce](values)

@@ -33,9 +33,16 @@ from hostsync.cases import Release
 from hostsync.codec import RecordError, read_file, write_file
 from hostsync.errors import WorkspaceError, last_line
 from hostsync.layout import Layout
-from hostsync.projects import Project
+from hostsync.projects import PROJECTS, Project
 from hostsync.records import EnvRecord
-from hostsync.upstream.sdists import egg_info_requires, fetch_sdist, pkg_info, requires_dist
+from hostsync.upstream.sdists import (
+    egg_info_requires,
+    fetch_sdist,
+    index_url,
+    pkg_info,
+    published,
+    requires_dist,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,18 +111,21 @@ def installed_in(site_packages: list[str] | None = None) -> dict[str, str]:
 
 def problems(
     installed: dict[str, str], pin: pinning.Pin, project: Project, requires: list[str], *,
-    exact: bool,
+    exact: bool, companions: dict[str, str] | None = None,
 ) -> list[str]:  # fmt: skip
     """Why an environment holding `installed` cannot run the tree (empty when it can).
 
-    `exact`: pin.toml's `install` versions (a managed environment), else its `supported` ranges
-    (a prepared one). The tree's own project is imported from the tree: only its needs count.
+    `exact`: pin.toml's `install` versions (a managed environment; `companions` in place of
+    some), else its `supported` ranges (a prepared one). The tree's own project is imported from
+    the tree: only its needs count.
     """
+    companions = companions or {}
     found = []
     for requirement in pin.requirements:
         if requirement.name == project.name:
             continue
-        wanted = f"=={requirement.install}" if exact else requirement.supported
+        install = companions.get(requirement.name, requirement.install)
+        wanted = f"=={install}" if exact else requirement.supported
         found += _unmet(installed, requirement.name, SpecifierSet(wanted, prereleases=True))
     for text in requires:
         requirement = Requirement(text)
@@ -135,10 +145,36 @@ def _unmet(installed: dict[str, str], name: str, specifier: SpecifierSet) -> lis
 # --- choosing and building -----------------------------------------------------------------------
 
 
+def companions_of_its_day(layout: Layout, project: Project, version: str) -> dict[str, str]:
+    """For a release older than pin.toml's own pin of its project, the other projects pin.toml
+    pins at their newest release uploaded by that release's day: what it was made to run with
+    (TRL 0.16.0 with transformers 4.50, not 5.24). None for the pinned release or a newer one,
+    or a project pin.toml does not pin, or in a prepared environment (it is what it is)."""
+    if prepared():
+        return {}
+    pin = pinning.load(layout.pin_file)
+    pinned = {r.name: r.install for r in pin.requirements}
+    if project.name not in pinned or Version(version) >= Version(pinned[project.name]):
+        return {}
+    days = {r.version: r.uploaded for r in published(project)}
+    day = days.get(version)
+    if not day:
+        raise WorkspaceError(
+            f"{index_url()} gives no upload day of {project.name} {version}: its companions of"
+            " that day cannot be chosen"
+        )
+    companions = {}
+    for name in pinned.keys() & PROJECTS.keys() - {project.name}:
+        before = [r.version for r in published(PROJECTS[name]) if r.uploaded and r.uploaded <= day]
+        if before and before[-1] != pinned[name]:
+            companions[name] = before[-1]
+    return companions
+
+
 def python_for(layout: Layout, project: Project, release: Release, root: Path | None = None,
-               ) -> str:  # fmt: skip
+               companions: dict[str, str] | None = None) -> str:  # fmt: skip
     """The interpreter that runs a tree of `project` at `release`: an environment that fits,
-    built first if none does."""
+    built first if none does; `companions`: other versions of pinned projects than the pins."""
     pin = pinning.load(layout.pin_file)
     version = release.version
     requires = declared(layout, project, release, root)
@@ -157,9 +193,10 @@ def python_for(layout: Layout, project: Project, release: Release, root: Path | 
             raise WorkspaceError(
                 f"{error}: remove {record_file.parent} and rerun, it is rebuilt"
             ) from None
-        if not problems(record.installed, pin, project, requires, exact=True):
+        if not problems(record.installed, pin, project, requires, exact=True,
+                        companions=companions):  # fmt: skip
             return usable_python(record_file.parent, record)
-    return build(layout, pin, project, version, requires)
+    return build(layout, pin, project, version, requires, companions or {})
 
 
 def usable_python(env: Path, record: EnvRecord) -> str:
@@ -176,13 +213,15 @@ def usable_python(env: Path, record: EnvRecord) -> str:
 
 
 def build(
-    layout: Layout, pin: pinning.Pin, project: Project, version: str, requires: list[str]
-) -> str:
-    """A new environment: pin.toml's pins with `project` at `version`, checked after install.
+    layout: Layout, pin: pinning.Pin, project: Project, version: str, requires: list[str],
+    companions: dict[str, str],
+) -> str:  # fmt: skip
+    """A new environment: pin.toml's pins (`companions` in place of some) with `project` at
+    `version`, checked after install.
 
     Named by release and by the digest of what it installs, so that an environment built for
     other pins (a checkout of another pin.toml sharing work/envs/) is never in the way."""
-    specs = pin.install_specs(replace={project.name: version})
+    specs = pin.install_specs(replace={**companions, project.name: version})
     digest = hashlib.sha256(" ".join(specs).encode()).hexdigest()[:8]
     name = f"{project.name}-{version}-{digest}"
     # Built at its real path: scripts it installs name their interpreter by path, and a
@@ -212,7 +251,7 @@ def build(
             )
     site = [str(p) for p in target.glob("lib/python*/site-packages")]
     installed = installed_in(site)
-    unmet = problems(installed, pin, project, requires, exact=True)
+    unmet = problems(installed, pin, project, requires, exact=True, companions=companions)
     if unmet:
         raise WorkspaceError(
             f"the new environment {name} does not fit its own release: {'; '.join(unmet)}:"

@@ -13,7 +13,10 @@ lost the site, whatever other files hold.
 
 Code is matched on its syntax tree, not its text, where the rule's code parses: local names (a
 function's parameters and the names it assigns) are abstracted, so `num_valid > 0` is also found
-as `total_tokens > 0`, though not as `self.num_virtual_tokens > 0`. A function renamed or moved
+as `total_tokens > 0`, though not as `self.num_virtual_tokens > 0`. A call left open
+(`self._metrics[mode]["entropy"].append(`) is its callee called with any arguments, and a local
+name passed to it leads to the statement that assigned it: the read of `entropy = ....item()`
+that a later line appends. A function renamed or moved
 is followed by its body: given the body it has in a release that carries the site (`reference`),
 the function of the package most like it stands in for it, and where none is like it, the
 anchor's reads (its statements that call `.item()`, `.tolist()`, `float`, `int` or `bool`) are
@@ -167,11 +170,27 @@ _READING_BUILTINS = frozenset({"float", "int", "bool"})
 SIMILAR = 0.75
 
 
-def _pattern(code: str | None) -> ast.AST | None:
-    """The rule's code as a syntax tree, or None where it is a fragment that does not parse (it
-    is then matched as text)."""
+@dataclass(frozen=True)
+class _OpenCall:
+    """A rule's code that is a call left open (`self._metrics[mode]["entropy"].append(`): that
+    callee called with any arguments."""
+
+    func: ast.AST
+
+
+def _pattern(code: str | None) -> ast.AST | _OpenCall | None:
+    """The rule's code as a syntax tree (an expression left open after a call's parenthesis as
+    that callee), or None where it is a fragment that does not parse (it is then matched as
+    text)."""
     if not code:
         return None
+    if code.rstrip().endswith("("):
+        try:
+            call = ast.parse(code.strip() + ")", mode="eval").body
+        except SyntaxError:
+            call = None
+        if isinstance(call, ast.Call):
+            return _OpenCall(call.func)
     for mode in ("eval", "exec"):
         try:
             tree = ast.parse(code.strip(), mode=mode)
@@ -208,8 +227,19 @@ def normalised(node: ast.AST, local: set[str] | None = None,
     return ast.dump(copied)
 
 
-def _structural_lines(pattern: ast.AST, parsed: _Parsed) -> Iterator[int]:
-    """The lines of `parsed`'s functions where a node has the pattern's normalised tree."""
+def _structural_lines(pattern: ast.AST | _OpenCall, parsed: _Parsed) -> Iterator[int]:
+    """The lines of `parsed`'s functions where a node has the pattern's normalised tree; for a
+    call left open, each call of its callee and, for a local name passed to it, the statement
+    that last assigned that name before (where a value is read, then passed on)."""
+    if isinstance(pattern, _OpenCall):
+        wanted = normalised(pattern.func, keep=parsed.module_names)
+        for scope in parsed.scopes:
+            local = _local_names(scope.node)
+            for node in ast.walk(scope.node):
+                if isinstance(node, ast.Call) and normalised(node.func, local) == wanted:
+                    yield node.lineno
+                    yield from _assigned_before(scope.node, node, local)
+        return
     wanted = normalised(pattern, keep=parsed.module_names)
     kind = type(pattern)
     for scope in parsed.scopes:
@@ -217,6 +247,17 @@ def _structural_lines(pattern: ast.AST, parsed: _Parsed) -> Iterator[int]:
         for node in ast.walk(scope.node):
             if isinstance(node, kind) and normalised(node, local) == wanted:
                 yield node.lineno
+
+
+def _assigned_before(function: ast.AST, call: ast.Call, local: set[str]) -> Iterator[int]:
+    """The line of the last assignment before `call` to each local name it is passed."""
+    for name in {arg.id for arg in call.args if isinstance(arg, ast.Name) and arg.id in local}:
+        lines = [node.lineno for node in ast.walk(function)
+                 if isinstance(node, ast.Assign) and node.lineno < call.lineno
+                 and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+                 ]  # fmt: skip
+        if lines:
+            yield max(lines)
 
 
 def _candidates(rule: AllowRule, parsed: _Parsed, literal: bool = False) -> Iterator[int]:
