@@ -165,10 +165,16 @@ def wheel(session: nox.Session) -> None:
     )
     # The workspace's addopts load the plugin with -p; here only its entry point does.
     session.run(
-        "python", "-m", "pytest", "tests/test_pytest_plugin.py", "-o",
-        "addopts=-ra --strict-markers", "-k", "not registers_the_plugin_for_any_project",
+        "python",
+        "-m",
+        "pytest",
+        "tests/test_pytest_plugin.py",
+        "-o",
+        "addopts=-ra --strict-markers",
+        "-k",
+        "not registers_the_plugin_for_any_project",
         env={"OMP_NUM_THREADS": "1", "TMPDIR": str(dist)},
-    )  # fmt: skip
+    )
     shutil.rmtree(dist)
 
 

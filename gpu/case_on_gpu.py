@@ -99,8 +99,9 @@ def _without_bytecode(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
 # --- there: each tree measured in a process of its own -------------------------------------------
 
 
-def measure(layout: Layout, carry: Path, device: str, warmup: int, steps: int,
-            argv: list[str]) -> GpuResult:  # fmt: skip
+def measure(
+    layout: Layout, carry: Path, device: str, warmup: int, steps: int, argv: list[str]
+) -> GpuResult:
     """Every carried tree's profiled steps; with nsys installed (and a GPU), Nsight Systems'."""
     import torch
 
@@ -109,8 +110,10 @@ def measure(layout: Layout, carry: Path, device: str, warmup: int, steps: int,
         raise WorkspaceError(
             f"no {trees_file}: run `python gpu/case_on_gpu.py pack --case {layout.case}` first"
         )
-    infos = {label: TreeInfo.from_json(info) for label, info in
-             json.loads(trees_file.read_text()).items()}  # fmt: skip
+    infos = {
+        label: TreeInfo.from_json(info)
+        for label, info in json.loads(trees_file.read_text()).items()
+    }
     use_nsys = device == "cuda" and shutil.which("nsys") is not None
     found = []
     with tempfile.TemporaryDirectory(prefix="gpu-trees-") as scratch:
@@ -119,65 +122,112 @@ def measure(layout: Layout, carry: Path, device: str, warmup: int, steps: int,
             with tarfile.open(carry / f"{label}.tar.gz") as archive:
                 archive.extractall(src, filter="data")
             built = carry / f"{label}-extensions"  # the ops a tree builds, kept between runs
-            figures = run_tree(layout, src, built, Path(scratch), label, device, warmup, steps,
-                               "torch")  # fmt: skip
+            figures = run_tree(
+                layout, src, built, Path(scratch), label, device, warmup, steps, "torch"
+            )
             if use_nsys:
-                wrapped = nsys_steps(layout, src, built, Path(scratch), label, device, warmup,
-                                     steps)  # fmt: skip
+                wrapped = nsys_steps(
+                    layout, src, built, Path(scratch), label, device, warmup, steps
+                )
                 figures = GpuTreeFigures.from_json(figures.to_json() | {"nsys": wrapped.to_json()})
-            found.append(GpuTreeFigures.from_json(
-                figures.to_json() | {"version": infos[label].version}
-            ))  # fmt: skip
+            found.append(
+                GpuTreeFigures.from_json(figures.to_json() | {"version": infos[label].version})
+            )
     command = shlex.join(["python", "gpu/case_on_gpu.py", *argv])
     cuda = device == "cuda"
     return GpuResult(
         stamp=Stamp.now(command, layout.case, provenance.inputs(layout)),
-        device=torch.cuda.get_device_name(0) if cuda else "cpu", torch=torch.__version__,
-        dry_run=not cuda, warmup_steps=warmup, steps=steps, trees=infos, figures=tuple(found),
-    )  # fmt: skip
+        device=torch.cuda.get_device_name(0) if cuda else "cpu",
+        torch=torch.__version__,
+        dry_run=not cuda,
+        warmup_steps=warmup,
+        steps=steps,
+        trees=infos,
+        figures=tuple(found),
+    )
 
 
-def rank_command(layout: Layout, src: Path, folder: Path, device: str, warmup: int, steps: int,
-                 profiler: str) -> list[str]:  # fmt: skip
-    return [sys.executable, __file__, "rank", "--case", layout.case, "--src", str(src),
-            "--folder", str(folder), "--device", device, "--warmup", str(warmup),
-            "--steps", str(steps), "--profiler", profiler]  # fmt: skip
+def rank_command(
+    layout: Layout, src: Path, folder: Path, device: str, warmup: int, steps: int, profiler: str
+) -> list[str]:
+    return [
+        sys.executable,
+        __file__,
+        "rank",
+        "--case",
+        layout.case,
+        "--src",
+        str(src),
+        "--folder",
+        str(folder),
+        "--device",
+        device,
+        "--warmup",
+        str(warmup),
+        "--steps",
+        str(steps),
+        "--profiler",
+        profiler,
+    ]
 
 
-def run_tree(layout: Layout, src: Path, built: Path, scratch: Path, label: str, device: str,
-             warmup: int, steps: int, profiler: str,
-             wrap: tuple[str, ...] = ()) -> GpuTreeFigures:  # fmt: skip
+def run_tree(
+    layout: Layout,
+    src: Path,
+    built: Path,
+    scratch: Path,
+    label: str,
+    device: str,
+    warmup: int,
+    steps: int,
+    profiler: str,
+    wrap: tuple[str, ...] = (),
+) -> GpuTreeFigures:
     """One tree's profiled steps in a process of its own, the tree first on its path and its
     built ops in `built`."""
     folder = scratch / f"{label}-{profiler}"
     folder.mkdir()
-    env = os.environ | nsys.ENV | {
-        "PYTHONPATH": os.pathsep.join([str(src), str(ENGINE_SRC)]),
-        "TORCH_EXTENSIONS_DIR": str(built),
-    }  # fmt: skip
+    env = (
+        os.environ
+        | nsys.ENV
+        | {
+            "PYTHONPATH": os.pathsep.join([str(src), str(ENGINE_SRC)]),
+            "TORCH_EXTENSIONS_DIR": str(built),
+        }
+    )
     command = [*wrap, *rank_command(layout, src, folder, device, warmup, steps, profiler)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True,
-                          timeout=_TREE_TIMEOUT_S)  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=_TREE_TIMEOUT_S)
     if done.returncode != 0:
         raise WorkspaceError(f"{label}: the steps failed ({done.stderr.strip()[-2000:]})")
     figures = GpuTreeFigures.from_json(json.loads((folder / FIGURES_FILE).read_text()))
     return GpuTreeFigures.from_json(figures.to_json() | {"tree": label})
 
 
-def nsys_steps(layout: Layout, src: Path, built: Path, scratch: Path, label: str, device: str,
-               warmup: int, steps: int):  # fmt: skip
+def nsys_steps(
+    layout: Layout,
+    src: Path,
+    built: Path,
+    scratch: Path,
+    label: str,
+    device: str,
+    warmup: int,
+    steps: int,
+):
     """The same steps under Nsight Systems, and its figures of the measured ranges."""
     session = nsys.new_session()
     folder = scratch / f"{label}-nsys"
-    wrap = tuple(word.replace(RUN_DIR_FIELD, str(folder)).replace(NODE_FIELD, "0")
-                 for word in nsys.profile_command(session))  # fmt: skip
+    wrap = tuple(
+        word.replace(RUN_DIR_FIELD, str(folder)).replace(NODE_FIELD, "0")
+        for word in nsys.profile_command(session)
+    )
     try:
         run_tree(layout, src, built, scratch, label, device, warmup, steps, "nsys", wrap)
     finally:
         nsys.end_agents(session)
     tables = nsys.tables()
-    return nsys.figures([nsys.run_stats(report, tables) for report in nsys.reports_in(folder)],
-                        tables)  # fmt: skip
+    return nsys.figures(
+        [nsys.run_stats(report, tables) for report in nsys.reports_in(folder)], tables
+    )
 
 
 # --- the steps, in the tree's own process --------------------------------------------------------
@@ -238,11 +288,19 @@ def rank_main(args: argparse.Namespace) -> None:
     spec = case.card.profile
     script = layout.repro / spec.script
     folder = Path(args.folder)
-    os.environ.update({
-        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), RUN_DIR_ENV: str(folder),
-        TREE_SRC_ENV: args.src, TREE_PACKAGE_ENV: case.project.name,
-    })  # fmt: skip
+    os.environ.update(
+        {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            RUN_DIR_ENV: str(folder),
+            TREE_SRC_ENV: args.src,
+            TREE_PACKAGE_ENV: case.project.name,
+        }
+    )
     clock = StepClock(args.device == "cuda")
     opened = rankkit.named_range
 
@@ -252,9 +310,20 @@ def rank_main(args: argparse.Namespace) -> None:
             yield
 
     rankkit.named_range = clocked_range  # before the script imports it
-    sys.argv = [str(script), "--device", args.device, "--profiler", args.profiler,
-                "--scenario", spec.scenario, "--warmup", str(args.warmup),
-                "--steps", str(args.steps), *case.launch_of(spec.scenario).args]  # fmt: skip
+    sys.argv = [
+        str(script),
+        "--device",
+        args.device,
+        "--profiler",
+        args.profiler,
+        "--scenario",
+        spec.scenario,
+        "--warmup",
+        str(args.warmup),
+        "--steps",
+        str(args.steps),
+        *case.launch_of(spec.scenario).args,
+    ]
     sys.path.insert(0, str(script.parent))  # as torchrun does: the script's folder first
     started = time.monotonic()
     runpy.run_path(str(script), run_name="__main__")  # a failure raises, its traceback on stderr
@@ -264,15 +333,25 @@ def rank_main(args: argparse.Namespace) -> None:
     if rank.trace:
         step = combine_ranks([analyse_trace(load_trace(folder / rank.trace))])
         reads, copies, copied, calls, idle = (
-            step.ops[SYNC_OP], step.dtoh_copies, step.dtoh_bytes, step.cuda_calls,
+            step.ops[SYNC_OP],
+            step.dtoh_copies,
+            step.dtoh_bytes,
+            step.cuda_calls,
             step.gpu_idle_ms,
-        )  # fmt: skip
+        )
     else:  # under nsys the script records no trace: Nsight Systems' report is the figure
         copies = copied = calls = idle = None
     figures = GpuTreeFigures(
-        tree="", version="", host_reads=reads or 0, dtoh_copies=copies, dtoh_bytes=copied,
-        cuda_calls=calls, sync_warnings=sync_warnings, step_ms=step_ms, gpu_idle_ms=idle,
-    )  # fmt: skip
+        tree="",
+        version="",
+        host_reads=reads or 0,
+        dtoh_copies=copies,
+        dtoh_bytes=copied,
+        cuda_calls=calls,
+        sync_warnings=sync_warnings,
+        step_ms=step_ms,
+        gpu_idle_ms=idle,
+    )
     (folder / FIGURES_FILE).write_text(json.dumps(figures.to_json(), indent=2) + "\n")
     print(f"{args.case}: {args.steps} steps in {time.monotonic() - started:.1f} s")
 
@@ -294,8 +373,12 @@ def parser() -> argparse.ArgumentParser:
     for command in (packing, measuring, rank):
         command.add_argument("--case", required=True, help="a case with a [profile]")
     for command in (measuring, rank):
-        command.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                             help="cpu: a dry run, host reads only")  # fmt: skip
+        command.add_argument(
+            "--device",
+            choices=("cuda", "cpu"),
+            default="cuda",
+            help="cpu: a dry run, host reads only",
+        )
         command.add_argument("--warmup", type=int, default=3)
         command.add_argument("--steps", type=int, default=10)
     return parser

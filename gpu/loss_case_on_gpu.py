@@ -72,14 +72,17 @@ def _without_bytecode(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
 # --- there: each tree measured in a process of its own -------------------------------------------
 
 
-def measure(layout: Layout, carry: Path, device: str, warmup: int, steps: int,
-            argv: list[str]) -> GpuResult:  # fmt: skip
+def measure(
+    layout: Layout, carry: Path, device: str, warmup: int, steps: int, argv: list[str]
+) -> GpuResult:
     """Every carried tree's steps; with nsys installed (and a GPU), Nsight Systems' too."""
     trees_file = carry / TREES_FILE
     if not trees_file.exists():
         raise WorkspaceError(f"no {trees_file}: run `python gpu/loss_case_on_gpu.py pack` first")
-    infos = {label: TreeInfo.from_json(info) for label, info in
-             json.loads(trees_file.read_text()).items()}  # fmt: skip
+    infos = {
+        label: TreeInfo.from_json(info)
+        for label, info in json.loads(trees_file.read_text()).items()
+    }
     measured_against = provenance.inputs(layout)
     use_nsys = device == "cuda" and shutil.which("nsys") is not None
     found, seen = [], {}
@@ -92,55 +95,90 @@ def measure(layout: Layout, carry: Path, device: str, warmup: int, steps: int,
             nsys_figures = None
             if use_nsys:
                 nsys_figures = nsys_steps(src, Path(scratch), label, device, warmup, steps)
-            found.append(GpuTreeFigures(
-                tree=label, version=info.version, host_reads=seen["host_reads"],
-                dtoh_copies=seen["dtoh_copies"], dtoh_bytes=seen["dtoh_bytes"],
-                cuda_calls=seen["cuda_calls"], sync_warnings=seen["sync_warnings"],
-                nsys=nsys_figures,
-            ))  # fmt: skip
+            found.append(
+                GpuTreeFigures(
+                    tree=label,
+                    version=info.version,
+                    host_reads=seen["host_reads"],
+                    dtoh_copies=seen["dtoh_copies"],
+                    dtoh_bytes=seen["dtoh_bytes"],
+                    cuda_calls=seen["cuda_calls"],
+                    sync_warnings=seen["sync_warnings"],
+                    nsys=nsys_figures,
+                )
+            )
     command = shlex.join(["python", "gpu/loss_case_on_gpu.py", *argv])
     return GpuResult(
         stamp=Stamp.now(command, layout.case, measured_against),
-        device=seen["device"], torch=seen["torch"], dry_run=device != "cuda",
-        warmup_steps=warmup, steps=steps, trees=infos, figures=tuple(found),
-    )  # fmt: skip
+        device=seen["device"],
+        torch=seen["torch"],
+        dry_run=device != "cuda",
+        warmup_steps=warmup,
+        steps=steps,
+        trees=infos,
+        figures=tuple(found),
+    )
 
 
-def child_command(src: Path, folder: Path, device: str, warmup: int, steps: int,
-                  profiler: str) -> list[str]:  # fmt: skip
-    return [sys.executable, __file__, "steps", "--src", str(src), "--folder", str(folder),
-            "--device", device, "--warmup", str(warmup), "--steps", str(steps),
-            "--profiler", profiler]  # fmt: skip
+def child_command(
+    src: Path, folder: Path, device: str, warmup: int, steps: int, profiler: str
+) -> list[str]:
+    return [
+        sys.executable,
+        __file__,
+        "steps",
+        "--src",
+        str(src),
+        "--folder",
+        str(folder),
+        "--device",
+        device,
+        "--warmup",
+        str(warmup),
+        "--steps",
+        str(steps),
+        "--profiler",
+        profiler,
+    ]
 
 
-def run_tree(src: Path, scratch: Path, label: str, device: str, warmup: int, steps: int,
-             profiler: str, wrap: list[str] | None = None) -> dict:  # fmt: skip
+def run_tree(
+    src: Path,
+    scratch: Path,
+    label: str,
+    device: str,
+    warmup: int,
+    steps: int,
+    profiler: str,
+    wrap: list[str] | None = None,
+) -> dict:
     """One tree's steps in a process of its own, the tree first on its path; what it saw."""
     folder = scratch / f"{label}-{profiler}"
     folder.mkdir()
     env = os.environ | nsys.ENV | {"PYTHONPATH": os.pathsep.join([str(src), str(ENGINE_SRC)])}
     command = [*(wrap or []), *child_command(src, folder, device, warmup, steps, profiler)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True,
-                          timeout=_TREE_TIMEOUT_S)  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=_TREE_TIMEOUT_S)
     if done.returncode != 0:
         raise WorkspaceError(f"{label}: the steps failed ({done.stderr.strip()[-2000:]})")
     return json.loads((folder / "seen.json").read_text())
 
 
-def nsys_steps(src: Path, scratch: Path, label: str, device: str, warmup: int,
-               steps: int):  # fmt: skip
+def nsys_steps(src: Path, scratch: Path, label: str, device: str, warmup: int, steps: int):
     """The same steps under Nsight Systems, and its figures of the measured ranges."""
     session = nsys.new_session()
     folder = scratch / f"{label}-nsys"
-    wrap = [word.replace(RUN_DIR_FIELD, str(folder)).replace(NODE_FIELD, "0")
-            for word in nsys.profile_command(session)]  # fmt: skip
+    wrap = [
+        word.replace(RUN_DIR_FIELD, str(folder)).replace(NODE_FIELD, "0")
+        for word in nsys.profile_command(session)
+    ]
     try:
         run_tree(src, scratch, label, device, warmup, steps, "nsys", wrap)
     finally:
         nsys.end_agents(session)
     tables = nsys.tables()
-    return nsys.figures([nsys.run_stats(report, tables) for report in nsys.reports_in(folder)],
-                        tables)  # fmt: skip
+    return nsys.figures(
+        [nsys.run_stats(report, tables) for report in nsys.reports_in(folder)], tables
+    )
 
 
 # --- the steps, in the tree's own process --------------------------------------------------------
@@ -165,8 +203,9 @@ def steps_main(args: argparse.Namespace) -> None:
     if Path(args.src).resolve() not in Path(transformers.__file__).resolve().parents:
         raise RuntimeError(f"transformers came from {transformers.__file__}, not {args.src}")
     device, cuda, nvtx = args.device, args.device == "cuda", args.profiler == "nsys"
-    dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0,
-                            world_size=1)  # fmt: skip
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1
+    )
     mesh = init_device_mesh(device, (1,), mesh_dim_names=("sp",))  # the SP group, from the mesh
     accelerator = types.SimpleNamespace(torch_device_mesh=mesh)
     pc = types.SimpleNamespace(sp_backend="deepspeed", sp_size=1)
@@ -176,8 +215,9 @@ def steps_main(args: argparse.Namespace) -> None:
         loss = torch.tensor(2.5, device=device, requires_grad=True)  # the forward's output
         outputs = types.SimpleNamespace(loss=loss)
         with named_range(MEASURED_RANGE, nvtx):
-            total = deepspeed_sp_compute_loss(accelerator, lambda **_: outputs,
-                                              {"shift_labels": labels}, False, pc)  # fmt: skip
+            total = deepspeed_sp_compute_loss(
+                accelerator, lambda **_: outputs, {"shift_labels": labels}, False, pc
+            )
         total.backward()
 
     for _ in range(args.warmup):
@@ -186,13 +226,16 @@ def steps_main(args: argparse.Namespace) -> None:
     with recording(args.profiler, cuda, trace if args.profiler == "torch" else None):
         for _ in range(args.steps):
             step()
-    seen = {"device": torch.cuda.get_device_name(0) if cuda else "cpu",
-            "torch": torch.__version__}  # fmt: skip
+    seen = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__}
     if args.profiler == "torch":
         figures = combine_ranks([analyse_trace(load_trace(trace))])
-        seen |= {"host_reads": figures.ops[SYNC_OP], "dtoh_copies": figures.dtoh_copies,
-                 "dtoh_bytes": figures.dtoh_bytes, "cuda_calls": figures.cuda_calls,
-                 "sync_warnings": None}  # fmt: skip
+        seen |= {
+            "host_reads": figures.ops[SYNC_OP],
+            "dtoh_copies": figures.dtoh_copies,
+            "dtoh_bytes": figures.dtoh_bytes,
+            "cuda_calls": figures.cuda_calls,
+            "sync_warnings": None,
+        }
     if cuda:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -221,8 +264,12 @@ def parser() -> argparse.ArgumentParser:
     steps.add_argument("--folder", required=True)
     steps.add_argument("--profiler", choices=("torch", "nsys"), default="torch")
     for command in (measuring, steps):
-        command.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                             help="cpu: a dry run, host reads only")  # fmt: skip
+        command.add_argument(
+            "--device",
+            choices=("cuda", "cpu"),
+            default="cuda",
+            help="cpu: a dry run, host reads only",
+        )
         command.add_argument("--warmup", type=int, default=3)
         command.add_argument("--steps", type=int, default=10)
     return parser

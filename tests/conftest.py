@@ -16,8 +16,14 @@ from hostsync.layout import ROOT, Layout
 
 CASE = "sp-loss"
 COMMITTED = (
-    "cases", "patches", "repro", "pin.toml", "hunt_allowlist.toml", "census.toml", "surveys.toml",
-)  # fmt: skip
+    "cases",
+    "patches",
+    "repro",
+    "pin.toml",
+    "hunt_allowlist.toml",
+    "census.toml",
+    "surveys.toml",
+)
 SHARED = ("cache", "envs")
 
 
@@ -51,8 +57,13 @@ def hostsync(
     """`python -m hostsync ARGS` on the workspace `layout`, as a user runs it."""
     env = os.environ | {"PYTHONPATH": str(ROOT / "src"), "HOSTSYNC_ROOT": str(layout.root)}
     # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
-    return subprocess.run([sys.executable, "-m", "hostsync", *args], capture_output=True,
-                          text=True, env=env | (env_extra or {}), timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "hostsync", *args],
+        capture_output=True,
+        text=True,
+        env=env | (env_extra or {}),
+        timeout=600,
+    )
 
 
 def one_line_error(done: subprocess.CompletedProcess[str]) -> str:

@@ -15,8 +15,14 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
-def make_sdist(folder: Path, name: str, version: str, files: dict[str, str],
-               requires: tuple[str, ...] = (), uploaded: str | None = None) -> Path:  # fmt: skip
+def make_sdist(
+    folder: Path,
+    name: str,
+    version: str,
+    files: dict[str, str],
+    requires: tuple[str, ...] = (),
+    uploaded: str | None = None,
+) -> Path:
     """`name-version.tar.gz` holding `files` (paths relative to the release's top folder) and a
     PKG-INFO declaring `requires`; the index gives `uploaded` (an ISO date) as its upload time."""
     folder.mkdir(parents=True, exist_ok=True)

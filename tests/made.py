@@ -73,15 +73,25 @@ def card_reads(layout: Layout, *argv: str) -> tuple[int, list[str]]:
     """Run `python -m hostsync ARGV` in the workspace `layout`: its exit status, and the case
     of each card it read (`cases.load`), one entry per read."""
     env = os.environ | {"HOSTSYNC_ROOT": str(layout.root), "PYTHONPATH": str(ENGINE_SRC)}
-    done = subprocess.run([sys.executable, "-c", _COUNT_CARD_READS, *argv], env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _COUNT_CARD_READS, *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     line = next(line for line in done.stdout.splitlines() if line.startswith("card reads:"))
     return done.returncode, json.loads(line.removeprefix("card reads:"))
 
 
 def info(version: str) -> TreeInfo:
-    return TreeInfo(project="transformers", version=version, commit="0" * 40, origin="made",
-                    src="work/trees/x/src")  # fmt: skip
+    return TreeInfo(
+        project="transformers",
+        version=version,
+        commit="0" * 40,
+        origin="made",
+        src="work/trees/x/src",
+    )
 
 
 def stamp(layout: Layout):
@@ -92,19 +102,32 @@ def row(tree: str, ranks: int, syncs: int, scenario: str = "all_tokens") -> RunR
     return RunRow(tree, "sp_loss.py", ranks, scenario, host_syncs=syncs)
 
 
-def repro(layout: Layout, runs: tuple[RunRow, ...],
-          snippet_output: dict[str, str] | None = None) -> ReproResult:  # fmt: skip
+def repro(
+    layout: Layout, runs: tuple[RunRow, ...], snippet_output: dict[str, str] | None = None
+) -> ReproResult:
     trees = {run.tree: info("5.13.1") for run in runs}
     snippet = layout.repro / "issue_snippet.py"
     runs_of_snippet = (
         SnippetRuns(snippet.name, sha256(snippet), snippet_output) if snippet_output else None
     )
-    return ReproResult(stamp(layout), ENVIRONMENT, trees, {"all_tokens": "every rank"}, runs, (),
-                       snippet=runs_of_snippet)  # fmt: skip
+    return ReproResult(
+        stamp(layout),
+        ENVIRONMENT,
+        trees,
+        {"all_tokens": "every rank"},
+        runs,
+        (),
+        snippet=runs_of_snippet,
+    )
 
 
-def check(label: str, verdict: Verdict, *tests: TestOutcome, expected: str = "all pass",
-          name: str = "series tests") -> CheckRecord:  # fmt: skip
+def check(
+    label: str,
+    verdict: Verdict,
+    *tests: TestOutcome,
+    expected: str = "all pass",
+    name: str = "series tests",
+) -> CheckRecord:
     counts: dict[str, int] = {}
     for test in tests:
         counts[test.outcome.value] = counts.get(test.outcome.value, 0) + 1
@@ -123,24 +146,48 @@ def test_patch(layout: Layout, *checks: CheckRecord) -> TestPatchResult:
 def capture(tree: str, host_reads: int, in_forward: int = 0) -> Capture:
     ops = {"aten::_local_scalar_dense": host_reads, "aten::item": 0, "aten::is_nonzero": 0}
     forward = dict.fromkeys(ops, 0) | {"aten::_local_scalar_dense": in_forward}
-    timeline = Timeline(((0.1, 0.5),), tuple(0.6 + i / 10 for i in range(host_reads)), None, None,
-                        1.0)  # fmt: skip
+    timeline = Timeline(
+        ((0.1, 0.5),), tuple(0.6 + i / 10 for i in range(host_reads)), None, None, 1.0
+    )
     figures = StepFigures(1.0, ops, forward, None, None, None, None, timeline)
-    return Capture(tree, "5.13.1", "0" * 40, "gloo", 2, "cpu", "torch", "python x.py", 1.0,
-                   (f"{tree}-gloo-ws2-rank0.trace.json.gz",), per_step=figures)  # fmt: skip
+    return Capture(
+        tree,
+        "5.13.1",
+        "0" * 40,
+        "gloo",
+        2,
+        "cpu",
+        "torch",
+        "python x.py",
+        1.0,
+        (f"{tree}-gloo-ws2-rank0.trace.json.gz",),
+        per_step=figures,
+    )
 
 
 def profile(layout: Layout, *captures: Capture) -> ProfileResult:
     return ProfileResult(
-        stamp(layout), ENVIRONMENT, {c.tree: info(c.version) for c in captures},
-        ProfiledScenario("all_tokens", 2), RegionLabels("loss aggregation", "model forward"),
-        2, 3, (), captures,
-    )  # fmt: skip
+        stamp(layout),
+        ENVIRONMENT,
+        {c.tree: info(c.version) for c in captures},
+        ProfiledScenario("all_tokens", 2),
+        RegionLabels("loss aggregation", "model forward"),
+        2,
+        3,
+        (),
+        captures,
+    )
 
 
 def hunt(layout: Layout, *trees: HuntTree) -> HuntResult:
-    setup = HuntSetup(world_size=2, sp_size=2, model="m", device="cpu", backend="gloo",
-                      versions={"python": "3.11.7"})  # fmt: skip
+    setup = HuntSetup(
+        world_size=2,
+        sp_size=2,
+        model="m",
+        device="cpu",
+        backend="gloo",
+        versions={"python": "3.11.7"},
+    )
     return HuntResult(stamp=stamp(layout), setup=setup, allowlist=(), trees=trees)
 
 
@@ -152,6 +199,18 @@ def bisect(layout: Layout, first: str) -> BisectResult:
         ReleaseEvidence(first, "2026-01-26", "1" * 64, Finding(Presence.PRESENT)),
     )
     boundary = first_boundary("4.57.6", first, Decided.TEXT)
-    history = SiteHistory("transformers", site, ("4.57.6", first), first, first, first, "4.57.6",
-                          None, True, (), releases, boundaries=(boundary,))  # fmt: skip
+    history = SiteHistory(
+        "transformers",
+        site,
+        ("4.57.6", first),
+        first,
+        first,
+        first,
+        "4.57.6",
+        None,
+        True,
+        (),
+        releases,
+        boundaries=(boundary,),
+    )
     return BisectResult(stamp(layout), "https://pypi.org/simple", (history,))

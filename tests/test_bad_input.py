@@ -47,19 +47,26 @@ def test_a_case_is_named_not_given_as_a_path(workspace: Layout, name: str) -> No
     ("pattern", "replacement", "complaint"),
     [
         (r"ranks = \[2, 4\]", 'ranks = "2,4"', r"repro\.launch\[0\]\.ranks: expected a list"),
-        (r"red_on_pinned = \[.*?\]", 'red_on_pinned = "x"',
-         r"tests\.red_on_pinned: expected a list"),
+        (
+            r"red_on_pinned = \[.*?\]",
+            'red_on_pinned = "x"',
+            r"tests\.red_on_pinned: expected a list",
+        ),
         (r"size = 9196891", 'size = "9196891"', r"pin\.sdist\.size: expected an integer"),
         (r'state = "fixed"', 'state = "merged"', r"upstream\.state: expected one of"),
-        (r'launcher = "fork"', 'launcher = "python"',
-         r"repro\.launch\[0\]\.ranks: a `python` launch is one process: use \[1\]"),
+        (
+            r'launcher = "fork"',
+            'launcher = "python"',
+            r"repro\.launch\[0\]\.ranks: a `python` launch is one process: use \[1\]",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_card_field_of_the_wrong_type_is_refused_before_anything_is_built(
     workspace: Layout, pattern: str, replacement: str, complaint: str
 ) -> None:
-    card, edits = re.subn(pattern, replacement, workspace.case_file.read_text(), count=1,
-                          flags=re.DOTALL)  # fmt: skip
+    card, edits = re.subn(
+        pattern, replacement, workspace.case_file.read_text(), count=1, flags=re.DOTALL
+    )
     assert edits == 1
     workspace.case_file.write_text(card)
 
@@ -138,8 +145,9 @@ def test_an_environment_record_names_its_interpreter_inside_its_folder(tmp_path:
 
 def test_a_release_without_requires_dist_is_read_from_its_egg_info(tmp_path: Path) -> None:
     requires = "numpy\ntokenizers==0.9.4\n\n[:python_version < '3.7']\ndataclasses\n\n[all]\njax\n"
-    archive = make_sdist(tmp_path, "transformers", "4.0.0",
-                         {"src/transformers.egg-info/requires.txt": requires})  # fmt: skip
+    archive = make_sdist(
+        tmp_path, "transformers", "4.0.0", {"src/transformers.egg-info/requires.txt": requires}
+    )
     found = envs.legacy_requirements(sdists.egg_info_requires(archive))
 
     assert found == ["numpy", "tokenizers==0.9.4", "dataclasses; python_version < '3.7'"]
@@ -161,8 +169,15 @@ def test_a_release_the_index_does_not_have_is_refused_before_any_check(
 ) -> None:
     make_sdist(tmp_path / "index" / "files" / "transformers", "transformers", "5.12.0", {})
     with serving(tmp_path / "index") as url:
-        done = hostsync(workspace, "test-patch", "--case", "sp-loss", "--release", "99.9.9",
-                        env_extra={sdists.INDEX_ENV: url})  # fmt: skip
+        done = hostsync(
+            workspace,
+            "test-patch",
+            "--case",
+            "sp-loss",
+            "--release",
+            "99.9.9",
+            env_extra={sdists.INDEX_ENV: url},
+        )
 
     assert "has no sdist transformers-99.9.9.tar.gz: check the version" in one_line_error(done)
     assert not workspace.clone.exists(), "no check ran"
@@ -207,8 +222,10 @@ def test_a_failed_proof_is_never_drafted(results_of_sp_loss: Layout, reason: str
 
 def test_a_result_that_measured_nothing_is_never_drafted(workspace: Layout) -> None:
     results.write(workspace.profiles, made.repro(workspace, ()), workspace.unsaved)
-    for result in (made.test_patch(workspace, made.check("patched", Verdict.OK)),
-                   made.profile(workspace, made.capture("pinned", 3))):  # fmt: skip
+    for result in (
+        made.test_patch(workspace, made.check("patched", Verdict.OK)),
+        made.profile(workspace, made.capture("pinned", 3)),
+    ):
         results.write(workspace.profiles, result, workspace.unsaved)
 
     with pytest.raises(WorkspaceError, match=r"holds no runs: rerun `nox -s repro"):
@@ -340,11 +357,15 @@ def test_a_run_stopped_beside_a_live_build_leaves_that_builds_lock(tmp_path: Pat
     """Two runs share one extensions folder, and one is stopped while the other, started after
     it, builds: the lock is the live build's, which fails when it releases a removed lock (and a
     third build would write into its half-built op)."""
-    runs = {name: ExtensionsHere(tmp_path / f"{name}-run", tree=None)  # type: ignore[arg-type]
-            for name in ("build", "stop")}  # fmt: skip
+    runs = {
+        name: ExtensionsHere(tmp_path / f"{name}-run", tree=None)  # type: ignore[arg-type]
+        for name in ("build", "stop")
+    }
     commands = {}
-    for name, source in (("build", BUILDS_UNTIL_TOLD_TO_FINISH),
-                         ("stop", STOPPED_ONCE_ANOTHER_BUILDS)):  # fmt: skip
+    for name, source in (
+        ("build", BUILDS_UNTIL_TOLD_TO_FINISH),
+        ("stop", STOPPED_ONCE_ANOTHER_BUILDS),
+    ):
         (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
         commands[name] = [sys.executable, str(tmp_path / f"{name}.py"), str(tmp_path)]
     lock = tmp_path / "extensions" / "op" / "lock"
@@ -425,19 +446,38 @@ def test_ctrl_c_stops_every_rank_writes_nothing_and_the_next_run_works(
     env = os.environ | {"PYTHONPATH": str(ROOT / "src"), "HOSTSYNC_ROOT": str(layout.root)}
     # Two trees (side by side where the cores hold both trees' ranks); the run's own timeout ends
     # it should its ranks never start.
-    command = [*entry_point(layout, how), "--case", "sp-loss", "--trees", "pinned,patched",
-               "--ranks", "2", "--scenarios", "all_tokens", "--timeout", "600"]  # fmt: skip
+    command = [
+        *entry_point(layout, how),
+        "--case",
+        "sp-loss",
+        "--trees",
+        "pinned,patched",
+        "--ranks",
+        "2",
+        "--scenarios",
+        "all_tokens",
+        "--timeout",
+        "600",
+    ]
     # Its own process group, as a terminal's foreground job: Ctrl-C goes to that whole group. It
     # starts with SIGINT ignored, as a job a script starts in the background (`sh -c 'nox &'`, CI
     # runners) does, and which Python keeps: the command must still stop on Ctrl-C.
     log = tmp_path / "output.txt"
     with log.open("w") as output:
         started = subprocess.Popen(
-            command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+            command,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-        )  # fmt: skip
-    wait_until(lambda: len(list(layout.work.glob("runs/*/world-*/started-*"))) >= 2
-               or started.poll() is not None)  # fmt: skip
+        )
+    wait_until(
+        lambda: (
+            len(list(layout.work.glob("runs/*/world-*/started-*"))) >= 2
+            or started.poll() is not None
+        )
+    )
     assert started.poll() is None, log.read_text()
 
     interrupted = time.monotonic()

@@ -72,8 +72,9 @@ def deepspeed_files(version: str, stage: str) -> dict[str, str]:
 def deepspeed_index(root: Path, stages: dict[str, str]) -> Path:
     """A package index folder holding a DeepSpeed sdist per version, with `stages[version]`."""
     for version, stage in stages.items():
-        make_sdist(root / "files" / "deepspeed", "deepspeed", version,
-                   deepspeed_files(version, stage))  # fmt: skip
+        make_sdist(
+            root / "files" / "deepspeed", "deepspeed", version, deepspeed_files(version, stage)
+        )
     return root
 
 
@@ -102,8 +103,15 @@ def planted(tmp_path: Path) -> tuple[Path, Path]:
     return repo, index
 
 
-def commit(repo: Path, index: Path, number: int, subject: str, files: dict[str, str],
-           version: str | None, requires: tuple[str, ...] = ()) -> None:  # fmt: skip
+def commit(
+    repo: Path,
+    index: Path,
+    number: int,
+    subject: str,
+    files: dict[str, str],
+    version: str | None,
+    requires: tuple[str, ...] = (),
+) -> None:
     """Commit number `number` of a planted history, a day after the one before; a release is
     tagged and published to the index as an sdist declaring `requires`."""
     for path, text in files.items():
@@ -111,8 +119,15 @@ def commit(repo: Path, index: Path, number: int, subject: str, files: dict[str, 
         (repo / path).write_text(text)
     date = f"@{1_700_000_000 + 86400 * number} +0000"
     git(repo, "add", "--all")
-    git(repo, "commit", "--quiet", "--allow-empty", "-m", subject,
-        env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
+    git(
+        repo,
+        "commit",
+        "--quiet",
+        "--allow-empty",
+        "-m",
+        subject,
+        env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date},
+    )
     if version:
         git(repo, "tag", f"v{version}")
         make_sdist(index / "files" / "deepspeed", "deepspeed", version, files, requires=requires)
@@ -121,9 +136,10 @@ def commit(repo: Path, index: Path, number: int, subject: str, files: dict[str, 
 def history_of(result_path: Path, function: str | None = None) -> dict:
     """The one site searched, or the one in `function`."""
     (site,) = [
-        site for site in json.loads(result_path.read_text())["sites"]
+        site
+        for site in json.loads(result_path.read_text())["sites"]
         if function in (None, site["site"].get("function"))
-    ]  # fmt: skip
+    ]
     return site
 
 
@@ -163,8 +179,9 @@ def test_the_pull_request_is_read_from_the_subject(subject: str, number: int | N
 
 def test_the_package_alone_is_searched_and_code_that_moved_is_found(tmp_path: Path) -> None:
     deepspeed = get("deepspeed")
-    moved = deepspeed_files("0.6.0", CLAMPED) | {"deepspeed/runtime/zero/clip.py":
-                                                  textwrap.dedent(GUARDED)}  # fmt: skip
+    moved = deepspeed_files("0.6.0", CLAMPED) | {
+        "deepspeed/runtime/zero/clip.py": textwrap.dedent(GUARDED)
+    }
     deepspeed_index(tmp_path / "index", {"0.1.0": CLAMPED})
     make_sdist(tmp_path / "index" / "files" / "deepspeed", "deepspeed", "0.6.0", moved)
     layout = Layout(tmp_path / "workspace")
@@ -198,15 +215,25 @@ def test_a_cases_site_is_found_since_the_release_that_added_it(tmp_path: Path) -
     layout = own_downloads(make_workspace(tmp_path / "workspace")).for_case("ds-clip-norm")
     stages = {"0.19.5": CLAMPED, "0.19.6": CLAMPED, "0.19.7": CLAMPED, "0.19.8": GUARDED}
     with serving(deepspeed_index(tmp_path / "index", stages)) as url:
-        done = hostsync(layout, "bisect", "--case", "ds-clip-norm", "--since", "0.19.6",
-                        env_extra={sdists.INDEX_ENV: url})  # fmt: skip
+        done = hostsync(
+            layout,
+            "bisect",
+            "--case",
+            "ds-clip-norm",
+            "--since",
+            "0.19.6",
+            env_extra={sdists.INDEX_ENV: url},
+        )
 
     assert done.returncode == 0, done.stderr
     (path,) = layout.profiles.glob("bisect-*.json")
     site = history_of(path)
     assert (site["first"], site["last"], site["before_first"], site["after_last"]) == (
-        "0.19.8", "0.19.8", "0.19.7", None,
-    )  # fmt: skip
+        "0.19.8",
+        "0.19.8",
+        "0.19.7",
+        None,
+    )
     assert site["searched"] == ["0.19.6", "0.19.7", "0.19.8"]
     assert site["contiguous"] is True
     evidence = {release["version"]: release for release in site["releases"]}
@@ -225,29 +252,50 @@ def test_a_site_named_on_the_command_line_is_narrowed_to_the_commits_and_pull_re
     repo, index = planted
     layout = own_downloads(make_workspace(tmp_path / "workspace"))
     with serving(index) as url:
-        done = hostsync(layout, "bisect", "--project", "deepspeed", "--file", STAGE, "--code",
-                        READ, "--anchor", "0.4.0", "--remote", str(repo),
-                        env_extra={sdists.INDEX_ENV: url})  # fmt: skip
+        done = hostsync(
+            layout,
+            "bisect",
+            "--project",
+            "deepspeed",
+            "--file",
+            STAGE,
+            "--code",
+            READ,
+            "--anchor",
+            "0.4.0",
+            "--remote",
+            str(repo),
+            env_extra={sdists.INDEX_ENV: url},
+        )
 
     assert done.returncode == 0, done.stderr
     (path,) = layout.sites.glob("bisect-*.json")
     site = history_of(path)
     assert (site["first"], site["last"], site["before_first"], site["after_last"]) == (
-        "0.3.0", "0.4.0", "0.2.0", "0.5.0",
-    )  # fmt: skip
+        "0.3.0",
+        "0.4.0",
+        "0.2.0",
+        "0.5.0",
+    )
     added, removed = site["narrowed"]
     assert (added["older"], added["newer"], added["change"], added["commits"]) == (
-        "v0.2.0", "v0.3.0", "added", 3,
-    )  # fmt: skip
+        "v0.2.0",
+        "v0.3.0",
+        "added",
+        3,
+    )
     assert added["first"]["subject"] == "Guard the clip norm (#42)"
     assert added["first"]["commit"] == git(repo, "rev-parse", "v0.3.0~1").stdout.strip()
     assert added["pull_request"] == 42
     assert (removed["older"], removed["newer"], removed["change"]) == (
-        "v0.4.0", "v0.5.0", "removed",
-    )  # fmt: skip
+        "v0.4.0",
+        "v0.5.0",
+        "removed",
+    )
     assert (removed["first"]["subject"], removed["pull_request"]) == (
-        "Choose the clip on the device (#50)", 50,
-    )  # fmt: skip
+        "Choose the clip on the device (#50)",
+        50,
+    )
     report = (layout.sites / "bisect.md").read_text()
     assert "the site was added by" in report and "pull request #42" in report
     assert "the site was removed by" in report and "pull request #50" in report
@@ -255,8 +303,13 @@ def test_a_site_named_on_the_command_line_is_narrowed_to_the_commits_and_pull_re
 
 
 def test_a_site_that_came_and_went_is_noticed(tmp_path: Path, monkeypatch) -> None:
-    stages = {"0.1.0": CLAMPED, "0.2.0": GUARDED, "0.3.0": CLAMPED, "0.4.0": GUARDED,
-              "0.5.0": GUARDED}  # fmt: skip
+    stages = {
+        "0.1.0": CLAMPED,
+        "0.2.0": GUARDED,
+        "0.3.0": CLAMPED,
+        "0.4.0": GUARDED,
+        "0.5.0": GUARDED,
+    }
     site = AllowRule(STAGE, "asked", code=READ)
     target = Target(site, get("deepspeed"), None)
     with serving(deepspeed_index(tmp_path / "index", stages)) as url:
@@ -273,8 +326,17 @@ def test_a_site_that_came_and_went_is_noticed(tmp_path: Path, monkeypatch) -> No
 def test_a_start_without_the_site_is_refused_in_one_line(tmp_path: Path) -> None:
     layout = own_downloads(make_workspace(tmp_path / "workspace"))
     with serving(deepspeed_index(tmp_path / "index", {"0.1.0": CLAMPED, "0.2.0": FIXED})) as url:
-        done = hostsync(layout, "bisect", "--project", "deepspeed", "--file", STAGE, "--code",
-                        READ, env_extra={sdists.INDEX_ENV: url})  # fmt: skip
+        done = hostsync(
+            layout,
+            "bisect",
+            "--project",
+            "deepspeed",
+            "--file",
+            STAGE,
+            "--code",
+            READ,
+            env_extra={sdists.INDEX_ENV: url},
+        )
 
     line = one_line_error(done)
     assert "deepspeed 0.2.0 does not carry" in line and "with --anchor" in line
@@ -325,15 +387,20 @@ ACCURACY = """
 UNMEASURED = "class SFTTrainer:\n    def compute_loss(self, model, inputs):\n        return 0\n"
 
 
-def trl_release(function: str = "compute_loss", valid: str = "num_valid", file: str = METRICS,
-                counts: str = "self.accelerator.gather_for_metrics") -> dict[str, str]:  # fmt: skip
+def trl_release(
+    function: str = "compute_loss",
+    valid: str = "num_valid",
+    file: str = METRICS,
+    counts: str = "self.accelerator.gather_for_metrics",
+) -> dict[str, str]:
     """A TRL package whose trainer reads its accuracy in `function` of `file`."""
     text = ACCURACY.format(function=function, valid=valid, counts=counts)
     return {"trl/__init__.py": "", file: textwrap.dedent(text)}
 
 
-def history_over(tmp_path: Path, monkeypatch, project: str, releases: dict[str, dict],
-                 site: AllowRule):  # fmt: skip
+def history_over(
+    tmp_path: Path, monkeypatch, project: str, releases: dict[str, dict], site: AllowRule
+):
     """The site's history over `releases` (version: files), served as sdists on loopback."""
     for version, files in releases.items():
         make_sdist(tmp_path / "index" / "files" / project, project, version, files)
@@ -405,8 +472,9 @@ def test_a_read_appended_through_a_local_is_found_by_the_call_it_feeds(
         version: {"trl/__init__.py": "", METRICS: textwrap.dedent(ENTROPY.format(logged=text))}
         for version, text in logged.items()
     }
-    site = AllowRule(METRICS, "asked", function="compute_loss",
-                     code='self._metrics[mode]["entropy"].append(')  # fmt: skip
+    site = AllowRule(
+        METRICS, "asked", function="compute_loss", code='self._metrics[mode]["entropy"].append('
+    )
     found = history_over(tmp_path, monkeypatch, "trl", releases, site)
 
     assert (found.first, found.before_first, found.contiguous) == ("0.2.0", "0.1.0", True)
@@ -414,8 +482,9 @@ def test_a_read_appended_through_a_local_is_found_by_the_call_it_feeds(
     assert evidence["0.1.0"].presence == Presence.ABSENT
     # The read's own line comes with the append, so that a probe judges the line that reads.
     assert [at.code for at in evidence["0.2.0"].found] == [
-        "entropy = self.accelerator.gather_for_metrics(entropy).mean().item()", appended,
-    ]  # fmt: skip
+        "entropy = self.accelerator.gather_for_metrics(entropy).mean().item()",
+        appended,
+    ]
     (inline,) = evidence["1.0.0"].found
     assert inline.code.startswith('self._metrics[mode]["entropy"].append((entropy / n).item()')
 
@@ -454,8 +523,7 @@ def test_a_function_moved_and_renamed_is_followed_to_its_file(tmp_path: Path, mo
     assert evidence["0.1.0"].presence == Presence.MISSING
 
 
-def test_a_read_of_an_inlined_function_is_found_in_its_caller(tmp_path: Path,
-                                                               monkeypatch) -> None:  # fmt: skip
+def test_a_read_of_an_inlined_function_is_found_in_its_caller(tmp_path: Path, monkeypatch) -> None:
     helper = """
         class Trainer:
             def train(self, model):
@@ -467,9 +535,11 @@ def test_a_read_of_an_inlined_function_is_found_in_its_caller(tmp_path: Path,
             {helper}
     """
     read = 'if hasattr(norm, "item"):\n                        norm = norm.item()'
-    own = ('def _get_grad_norm(self, norm, model=None):\n                if model is None:\n'
-           '                    return None\n                if hasattr(norm, "item"):\n'
-           '                    norm = norm.item()\n                return norm')  # fmt: skip
+    own = (
+        "def _get_grad_norm(self, norm, model=None):\n                if model is None:\n"
+        '                    return None\n                if hasattr(norm, "item"):\n'
+        "                    norm = norm.item()\n                return norm"
+    )
     file = "transformers/trainer.py"
 
     def release(inline: str, helper_text: str) -> dict[str, str]:
@@ -543,14 +613,29 @@ def judged_history(tmp_path: Path, releases: dict[str, str | None]) -> dict:
     """`bisect --judge` of the clip's `clip_coef < 1` over `releases` (version: how the norm
     is returned; None: no clip), in the test's own interpreter as a prepared environment."""
     for version, item in releases.items():
-        make_sdist(tmp_path / "index" / "files" / "deepspeed", "deepspeed", version,
-                   clip_release(item), requires=("torch",))  # fmt: skip
+        make_sdist(
+            tmp_path / "index" / "files" / "deepspeed",
+            "deepspeed",
+            version,
+            clip_release(item),
+            requires=("torch",),
+        )
     layout = own_downloads(make_workspace(tmp_path / "workspace"))
     with serving(tmp_path / "index") as url:
-        done = hostsync(layout, "bisect", "--project", "deepspeed", "--file", CLIP_UTILS,
-                        "--function", "clip_tensors_by_global_norm", "--code", "clip_coef < 1",
-                        "--judge", env_extra={sdists.INDEX_ENV: url, "HOSTSYNC_PREPARED": "1"},
-                        )  # fmt: skip
+        done = hostsync(
+            layout,
+            "bisect",
+            "--project",
+            "deepspeed",
+            "--file",
+            CLIP_UTILS,
+            "--function",
+            "clip_tensors_by_global_norm",
+            "--code",
+            "clip_coef < 1",
+            "--judge",
+            env_extra={sdists.INDEX_ENV: url, "HOSTSYNC_PREPARED": "1"},
+        )
     assert done.returncode == 0, done.stderr
     (path,) = layout.sites.glob("bisect-*.json")
     return history_of(path) | {"report": (layout.sites / "bisect.md").read_text()}
@@ -561,16 +646,19 @@ def test_an_older_release_is_judged_beside_the_pinned_projects_of_its_day(
 ) -> None:
     days = {
         "trl": {"0.16.0": "2025-03-22", "1.16.0": "2026-10-15"},
-        "transformers": {"4.50.0": "2025-03-21", "4.49.0": "2025-02-17", "4.51.0": "2025-04-05",
-                         "5.24.0": "2026-11-21"},
+        "transformers": {
+            "4.50.0": "2025-03-21",
+            "4.49.0": "2025-02-17",
+            "4.51.0": "2025-04-05",
+            "5.24.0": "2026-11-21",
+        },
         "accelerate": {"1.5.2": "2025-03-14", "1.6.0": "2025-04-01", "1.15.0": "2026-09-09"},
         "deepspeed": {"0.16.4": "2025-02-26", "0.19.8": "2026-10-20"},
         "peft": {"0.21.2": "2026-10-01"},  # none of that day: the pin stays
-    }  # fmt: skip
+    }
     for project, released in days.items():
         for version, day in released.items():
-            make_sdist(tmp_path / "index" / "files" / project, project, version, {},
-                       uploaded=day)  # fmt: skip
+            make_sdist(tmp_path / "index" / "files" / project, project, version, {}, uploaded=day)
     layout = make_workspace(tmp_path / "workspace")
     monkeypatch.delenv("HOSTSYNC_PREPARED", raising=False)
     with serving(tmp_path / "index") as url:
@@ -584,14 +672,18 @@ def test_an_older_release_is_judged_beside_the_pinned_projects_of_its_day(
 
 @pytest.mark.distributed  # a process per judged release
 def test_a_value_that_turns_from_float_to_tensor_is_judged_by_running(tmp_path: Path) -> None:
-    site = judged_history(tmp_path, {"0.1.0": None, "0.2.0": ".item()", "0.3.0": ".item()",
-                                     "0.4.0": "", "0.5.0": "scripted"})  # fmt: skip
+    site = judged_history(
+        tmp_path,
+        {"0.1.0": None, "0.2.0": ".item()", "0.3.0": ".item()", "0.4.0": "", "0.5.0": "scripted"},
+    )
 
     assert (site["first"], site["before_first"]) == ("0.2.0", "0.1.0")  # the text's boundary
     (boundary,) = site["boundaries"]
     assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
-        "0.3.0", "0.4.0", "judged run",
-    )  # fmt: skip
+        "0.3.0",
+        "0.4.0",
+        "judged run",
+    )
     assert boundary["stated"] == "0.4.0 (run under a sync detector)"
     verdicts = {run["version"]: run["verdict"] for run in boundary["judged"]}
     assert verdicts["0.3.0"] == "line present, no device read"
@@ -601,15 +693,19 @@ def test_a_value_that_turns_from_float_to_tensor_is_judged_by_running(tmp_path: 
 
 @pytest.mark.distributed  # a process per judged release
 def test_a_release_that_does_not_run_leaves_the_texts_boundary(tmp_path: Path) -> None:
-    site = judged_history(tmp_path, {"0.1.0": None, "0.2.0": ".item()", "0.3.0": "broken",
-                                     "0.4.0": "", "0.5.0": ""})  # fmt: skip
+    site = judged_history(
+        tmp_path, {"0.1.0": None, "0.2.0": ".item()", "0.3.0": "broken", "0.4.0": "", "0.5.0": ""}
+    )
 
     (boundary,) = site["boundaries"]
     assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
-        "0.1.0", "0.2.0", "text match",
-    )  # fmt: skip
-    assert boundary["stated"].startswith("0.2.0 (by the source text; run under a sync detector,"
-                                         " 0.4.0 reads")  # fmt: skip
+        "0.1.0",
+        "0.2.0",
+        "text match",
+    )
+    assert boundary["stated"].startswith(
+        "0.2.0 (by the source text; run under a sync detector, 0.4.0 reads"
+    )
     (not_run,) = [run for run in boundary["judged"] if run["version"] == "0.3.0"]
     assert not_run["verdict"] == "not run"
     assert "ImportError: an older torch" in not_run["reason"]
@@ -632,18 +728,32 @@ def test_the_commit_that_made_the_read_is_found_by_running(tmp_path: Path) -> No
         commit(repo, index, number, subject, clip_release(item), version, requires=("torch",))
     layout = own_downloads(make_workspace(tmp_path / "workspace"))
     with serving(index) as url:
-        done = hostsync(layout, "bisect", "--project", "deepspeed", "--file", CLIP_UTILS,
-                        "--function", "clip_tensors_by_global_norm", "--code", "clip_coef < 1",
-                        "--judge", "--remote", str(repo),
-                        env_extra={sdists.INDEX_ENV: url, "HOSTSYNC_PREPARED": "1"})  # fmt: skip
+        done = hostsync(
+            layout,
+            "bisect",
+            "--project",
+            "deepspeed",
+            "--file",
+            CLIP_UTILS,
+            "--function",
+            "clip_tensors_by_global_norm",
+            "--code",
+            "clip_coef < 1",
+            "--judge",
+            "--remote",
+            str(repo),
+            env_extra={sdists.INDEX_ENV: url, "HOSTSYNC_PREPARED": "1"},
+        )
 
     assert done.returncode == 0, done.stderr
     (path,) = layout.sites.glob("bisect-*.json")
     site = history_of(path)
     (boundary,) = site["boundaries"]
     assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
-        "0.2.0", "0.3.0", "judged run",
-    )  # fmt: skip
+        "0.2.0",
+        "0.3.0",
+        "judged run",
+    )
     (reading,) = [n for n in site["narrowed"] if n["change"] == "made a device read"]
     assert (reading["older"], reading["newer"], reading["commits"]) == ("v0.2.0", "v0.3.0", 3)
     assert reading["first"]["subject"] == "Keep the global norm on the device (#77)"

@@ -41,8 +41,13 @@ def test_every_setup_of_the_census_loads_and_the_default_matrix_leaves_the_extra
     default = matrix.chosen(None)
     assert "smoke" in matrix.setups and "smoke" not in default
     assert {s.trainer.value for s in default.values()} == {
-        "Trainer", "SFTTrainer", "DPOTrainer", "RewardTrainer", "GRPOTrainer", "accelerate-loop",
-    }  # fmt: skip
+        "Trainer",
+        "SFTTrainer",
+        "DPOTrainer",
+        "RewardTrainer",
+        "GRPOTrainer",
+        "accelerate-loop",
+    }
     assert {s.zero_stage for s in default.values()} == {0, 1, 2, 3}
     assert any(s.fsdp for s in default.values())
     assert not any(s.torch_compile for s in default.values())  # opt-in: it measures nothing
@@ -118,18 +123,36 @@ def test_the_fixed_column_stacks_every_case_at_the_newest_release_of_its_project
 
 def _site(file: str, rate: float, carried: str | None = None, allowed: str | None = None):
     return HuntSite(
-        package=file.split("/")[0], file=file, line=1, function="f", code="x.item()", caller="",
-        kinds=("scalar_read",), steps=(2, 3), when="every step", per_step=int(rate), rate=rate,
-        carried=carried, allowed=allowed,
-    )  # fmt: skip
+        package=file.split("/")[0],
+        file=file,
+        line=1,
+        function="f",
+        code="x.item()",
+        caller="",
+        kinds=("scalar_read",),
+        steps=(2, 3),
+        when="every step",
+        per_step=int(rate),
+        rate=rate,
+        carried=carried,
+        allowed=allowed,
+    )
 
 
 def _run(setup: str, column: str, sites: tuple[HuntSite, ...], stalls: int = 0) -> HuntTree:
     info = TreeInfo("transformers", "5.24.0", "abc", "a test", "src")
     reads = round(sum(site.rate for site in sites) * 2)
     cost = Cost(steps=2, reads=reads, stalls=stalls, work=DeviceWork(kernels=100, bytes=4000))
-    return HuntTree(label=f"{setup} {column}", tree=column, setup=setup, info=info, stacked=(),
-                    seconds=1.0, sites=sites, cost=cost)  # fmt: skip
+    return HuntTree(
+        label=f"{setup} {column}",
+        tree=column,
+        setup=setup,
+        info=info,
+        stacked=(),
+        seconds=1.0,
+        sites=sites,
+        cost=cost,
+    )
 
 
 def test_the_report_ranks_sites_by_reads_per_step_summed_over_the_setups(tmp_path: Path) -> None:
@@ -179,8 +202,15 @@ def test_a_compiled_setup_is_reported_compiled_not_judged_and_fails_nothing(
 ) -> None:
     workspace = make_workspace(tmp_path / "workspace")
     info = TreeInfo("transformers", "5.24.0", "abc", "a test", "src")
-    compiled = HuntTree(label="c today", tree="today", setup="c", info=info, stacked=(),
-                        seconds=1.0, not_judged="compiled, not judged: fused kernels")  # fmt: skip
+    compiled = HuntTree(
+        label="c today",
+        tree="today",
+        setup="c",
+        info=info,
+        stacked=(),
+        seconds=1.0,
+        not_judged="compiled, not judged: fused kernels",
+    )
     result = CensusResult(
         stamp=Stamp.now("census", "census", Provenance("", "", {}, {})),
         environment=Environment("3.11", {"torch": "2.13.0"}, "linux", "cpu", 0),
@@ -267,12 +297,27 @@ def test_the_census_smoke_setup_runs_and_reports_a_compiled_one_as_not_judged(
 
     # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     done = subprocess.run(
-        [sys.executable, "-m", "hostsync", "census", "--setups", "smoke,trainer-compile",
-         "--steps", "3", "--columns", "today"],
-        capture_output=True, text=True, timeout=1800,
-        env={"PYTHONPATH": str(ROOT / "src"), "HOSTSYNC_ROOT": str(workspace.root),
-             "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hostsync",
+            "census",
+            "--setups",
+            "smoke,trainer-compile",
+            "--steps",
+            "3",
+            "--columns",
+            "today",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={
+            "PYTHONPATH": str(ROOT / "src"),
+            "HOSTSYNC_ROOT": str(workspace.root),
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        },
+    )
 
     assert done.returncode == 0, done.stderr[-2000:]
     assert "census wall time" in done.stderr

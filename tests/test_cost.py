@@ -111,8 +111,9 @@ def test_trees_are_compared_with_the_first_per_scenario_and_printed_with_the_bou
 
 
 def compared(pinned, patched) -> CostComparison:
-    return compare_costs([measured(pinned), RunRow("patched", "python", 1, "step",
-                                                    costs=measured(patched).costs)])[0]  # fmt: skip
+    return compare_costs(
+        [measured(pinned), RunRow("patched", "python", 1, "step", costs=measured(patched).costs)]
+    )[0]
 
 
 def test_a_draft_may_claim_a_stall_only_where_one_is_saved():

@@ -438,16 +438,21 @@ def test_a_rule_can_accept_a_shared_helper_only_for_one_caller() -> None:
         return is_invalid(norm)
 
     rule = AllowRule(
-        "test_detector.py", reason="decides a skipped step", function="is_invalid",
-        caller="step", code="norm < 0",
-    )  # fmt: skip
+        "test_detector.py",
+        reason="decides a skipped step",
+        function="is_invalid",
+        caller="step",
+        code="norm < 0",
+    )
     with SyncScope(allow=[rule]) as scope:
         step(torch.tensor(1.0))
         clip(torch.tensor(1.0))
 
     (site,) = scope.sync_sites(by_caller=True)
     assert (site["function"], site["caller"], site["count"]) == (
-        "is_invalid", "test_detector.py:clip", 1,
-    )  # fmt: skip
+        "is_invalid",
+        "test_detector.py:clip",
+        1,
+    )
     (allowed,) = scope.allowed_sync_sites()
     assert allowed["reason"] == "decides a skipped step"

@@ -116,8 +116,10 @@ def test_a_partial_or_older_result_is_refused_naming_the_file(workspace: Layout)
     partial, older = dict(document), dict(document, schema=1)
     del partial["trees"]
 
-    for broken, complaint in ((partial, r"is no valid hunt result \(trees: is missing\)"),
-                              (older, "has schema 1")):  # fmt: skip
+    for broken, complaint in (
+        (partial, r"is no valid hunt result \(trees: is missing\)"),
+        (older, "has schema 1"),
+    ):
         path.write_text(json.dumps(broken))
         with pytest.raises(WorkspaceError, match=f"{path.name} {complaint}.*rerun"):
             results.read(path, HuntResult)
@@ -269,9 +271,12 @@ def test_the_sessions_share_environments_by_dependency_set() -> None:
     """What `nox -s ...` runs in: the environment of the default case's pin, named by release."""
     # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     done = subprocess.run(
-        [sys.executable, "-m", "hostsync", "env"], capture_output=True, text=True, timeout=1800,
+        [sys.executable, "-m", "hostsync", "env"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
         env={"PYTHONPATH": str(ROOT / "src"), "PATH": str(Path(sys.executable).parent)},
-    )  # fmt: skip
+    )
 
     assert done.returncode == 0, done.stderr
     python = Path(done.stdout.strip())

@@ -27,11 +27,25 @@ GPU_FIGURE = "{{gpu:figures[tree=pinned].dtoh_copies}}"
 
 def gpu_result(layout: Layout, copies: int) -> GpuResult:
     """A GPU result (test input), as `measure` writes it on a GPU."""
-    figures = GpuTreeFigures("pinned", "5.13.1", host_reads=2, dtoh_copies=copies, dtoh_bytes=2,
-                             cuda_calls={"cudaStreamSynchronize": 2}, sync_warnings=2)  # fmt: skip
-    return GpuResult(made.stamp(layout), device="a test GPU", torch="2.11.0", dry_run=False,
-                     warmup_steps=3, steps=10, trees={"pinned": made.info("5.13.1")},
-                     figures=(figures,))  # fmt: skip
+    figures = GpuTreeFigures(
+        "pinned",
+        "5.13.1",
+        host_reads=2,
+        dtoh_copies=copies,
+        dtoh_bytes=2,
+        cuda_calls={"cudaStreamSynchronize": 2},
+        sync_warnings=2,
+    )
+    return GpuResult(
+        made.stamp(layout),
+        device="a test GPU",
+        torch="2.11.0",
+        dry_run=False,
+        warmup_steps=3,
+        steps=10,
+        trees={"pinned": made.info("5.13.1")},
+        figures=(figures,),
+    )
 
 
 def documents(layout: Layout) -> dict:
@@ -86,17 +100,25 @@ def test_the_gpu_script_runs_dry_on_a_cpu_pinned_reading_twice_a_step_fixed_neve
 
     def script(*argv: str) -> str:
         # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
-        done = subprocess.run([sys.executable, str(SCRIPT), *argv], env=env, capture_output=True,
-                              text=True, timeout=900)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT), *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout
 
     script("pack")
     assert sorted(p.name for p in (workspace.root / "gpu" / "carry").iterdir()) == [
-        "5.14.0.tar.gz", "pinned.tar.gz", "trees.json",
-    ]  # fmt: skip
-    script("measure", "--device", "cpu", "--warmup", "1", "--steps", "2", "--out-dir",
-           str(tmp_path))  # fmt: skip
+        "5.14.0.tar.gz",
+        "pinned.tar.gz",
+        "trees.json",
+    ]
+    script(
+        "measure", "--device", "cpu", "--warmup", "1", "--steps", "2", "--out-dir", str(tmp_path)
+    )
 
     (path,) = tmp_path.glob("gpu-*.json")
     result = results.read(path, GpuResult)
@@ -122,16 +144,31 @@ def test_a_cases_profiled_step_runs_dry_on_a_cpu_each_tree_with_its_own_reads(
 
     def script(python: str, *argv: str) -> None:
         # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
-        done = subprocess.run([python, str(CASE_SCRIPT), *argv, "--case", layout.case], env=env,
-                              capture_output=True, text=True, timeout=900)  # fmt: skip
+        done = subprocess.run(
+            [python, str(CASE_SCRIPT), *argv, "--case", layout.case],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert done.returncode == 0, done.stderr
 
     script(sys.executable, "pack")
     tree_python = prepare_tree(
         made.case_of(layout), "pinned"
     ).python  # deepspeed's own dependencies
-    script(tree_python, "measure", "--device", "cpu", "--warmup", "1", "--steps", "2",
-           "--out-dir", str(tmp_path))  # fmt: skip
+    script(
+        tree_python,
+        "measure",
+        "--device",
+        "cpu",
+        "--warmup",
+        "1",
+        "--steps",
+        "2",
+        "--out-dir",
+        str(tmp_path),
+    )
 
     (path,) = tmp_path.glob("gpu-*.json")
     result = results.read(path, GpuResult)
@@ -139,7 +176,10 @@ def test_a_cases_profiled_step_runs_dry_on_a_cpu_each_tree_with_its_own_reads(
     assert (figures["pinned"].host_reads, figures["patched"].host_reads) == (4, 1)
     pinned = figures["pinned"]
     assert (pinned.step_ms, pinned.gpu_idle_ms, pinned.dtoh_copies, pinned.sync_warnings) == (
-        None, None, None, None,
-    )  # fmt: skip
+        None,
+        None,
+        None,
+        None,
+    )
     assert result.dry_run and result.stamp.case == "ds-ulysses-seqlen"
     assert provenance.stale_reasons(layout, result) == []

@@ -120,11 +120,26 @@ def test_trainer_loss_with_sp_equals_the_loss_without(layout: Layout, pinned: Tr
 # --- hand-made records ---------------------------------------------------------------------------
 
 
-def site(file: str, line: int, function: str, code: str, count: int = 1,
-         kind: str = "scalar_read", stalls: int = 1) -> dict:  # fmt: skip
+def site(
+    file: str,
+    line: int,
+    function: str,
+    code: str,
+    count: int = 1,
+    kind: str = "scalar_read",
+    stalls: int = 1,
+) -> dict:
     """`stalls` of the `count` reads waited for device work (the first, by default)."""
-    return {"kind": kind, "file": file, "line": line, "function": function, "code": code,
-            "caller": "", "count": count, "stalls": stalls}  # fmt: skip
+    return {
+        "kind": kind,
+        "file": file,
+        "line": line,
+        "function": function,
+        "code": code,
+        "caller": "",
+        "count": count,
+        "stalls": stalls,
+    }
 
 
 EVERY_PLACE = ("transformers/integrations/deepspeed.py", 741, "<genexpr>", "if t > 0")
@@ -138,8 +153,14 @@ def step(number: int, *sites: dict, logging: bool = False) -> dict:
     """One step, its cost what its sites read and stalled, after 10 kernels of work each."""
     reads, stalls = sum(s["count"] for s in sites), sum(s["stalls"] for s in sites)
     cost = Cost(1, reads, stalls, DeviceWork(kernels=10 * len(sites)))
-    return {"step": number, "warmup": number == 1, "logging": logging, "sites": list(sites),
-            "cost": cost.to_json(), "host_reads": 0}  # fmt: skip
+    return {
+        "step": number,
+        "warmup": number == 1,
+        "logging": logging,
+        "sites": list(sites),
+        "cost": cost.to_json(),
+        "host_reads": 0,
+    }
 
 
 def rank(number: int) -> dict:
@@ -177,8 +198,7 @@ def test_sites_say_when_they_occur_and_rank_by_syncs_per_step() -> None:
     ]
     assert [s.rate for s in sites] == [2.0, 1.5, 0.25, 0.0]
     assert [s.stall_rate for s in sites] == [1.0, 0.5, 0.25, 0.0]
-    assert [s.package for s in sites] == ["transformers", "deepspeed", "transformers",
-                                             "accelerate"]  # fmt: skip
+    assert [s.package for s in sites] == ["transformers", "deepspeed", "transformers", "accelerate"]
 
 
 def test_a_trees_cost_is_every_ranks_steps_after_the_warm_up_and_judged_against_the_first() -> None:
@@ -237,11 +257,23 @@ def test_trees_are_compared_on_code_not_line_numbers() -> None:
 def test_profiler_reads_beyond_the_twin_step_are_listed_with_their_kernel() -> None:
     record = rank(0)
     record["profiled"] = [
-        {"step": 6, "logging": True, "file": EVERY["file"], "function": "<genexpr>",
-         "via": None, "count": 2},
-        {"step": 6, "logging": True, "file": "torch/optim/adam.py", "function": "_fused_adam",
-         "via": "aten::_fused_adamw_", "count": 2},
-    ]  # fmt: skip
+        {
+            "step": 6,
+            "logging": True,
+            "file": EVERY["file"],
+            "function": "<genexpr>",
+            "via": None,
+            "count": 2,
+        },
+        {
+            "step": 6,
+            "logging": True,
+            "file": "torch/optim/adam.py",
+            "function": "_fused_adam",
+            "via": "aten::_fused_adamw_",
+            "count": 2,
+        },
+    ]
 
     only = measure.profiler_only(as_read(record), twin=3)
 
@@ -266,8 +298,9 @@ def test_profiler_reads_beyond_the_twin_step_are_listed_with_their_kernel() -> N
     ],
 )
 def test_each_reading_names_why_it_syncs(code: str, kinds: list[str], expected: str) -> None:
-    site = HuntSite("torch", "a.py", 1, "f", code, "", tuple(kinds), (2,), "every step", 1, 1.0,
-                    None, None)  # fmt: skip
+    site = HuntSite(
+        "torch", "a.py", 1, "f", code, "", tuple(kinds), (2,), "every step", 1, 1.0, None, None
+    )
     assert expected in report.reading(site)
 
 
@@ -309,10 +342,16 @@ def test_the_profiled_step_and_its_twin_share_both_cycles() -> None:
 
 def hunt_tree(label: str, sites: list[HuntSite]) -> HuntTree:
     return HuntTree(
-        label=label, tree=label, setup="bf16-zero1", info=made.info("5.13.1"), stacked=(),
-        seconds=1.0, plan=measure.hunt_plan(7, 3), sites=tuple(sites),
+        label=label,
+        tree=label,
+        setup="bf16-zero1",
+        info=made.info("5.13.1"),
+        stacked=(),
+        seconds=1.0,
+        plan=measure.hunt_plan(7, 3),
+        sites=tuple(sites),
         cross_check=(CrossCheck(rank=0, profiler=2, detector=2),),
-    )  # fmt: skip
+    )
 
 
 def document(workspace: Layout, label: str) -> HuntResult:
@@ -345,9 +384,15 @@ def test_the_report_separates_candidates_accepted_and_profiler_only(workspace: L
 
 
 def test_a_tree_that_could_not_run_is_reported_but_not_compared(workspace: Layout) -> None:
-    failing = HuntTree(label="5.99.0", tree="5.99.0", setup="bf16-zero1",
-                       info=made.info("5.99.0"), stacked=(), seconds=2.0,
-                       error="rank 0 raised ImportError: tokenizers>=9")  # fmt: skip
+    failing = HuntTree(
+        label="5.99.0",
+        tree="5.99.0",
+        setup="bf16-zero1",
+        info=made.info("5.99.0"),
+        stacked=(),
+        seconds=2.0,
+        error="rank 0 raised ImportError: tokenizers>=9",
+    )
     result = document(workspace, "pinned")
     result = dataclasses.replace(result, trees=(*result.trees, failing))
     path = results.write(workspace.profiles, result, workspace.unsaved)
@@ -387,8 +432,15 @@ def test_setups_are_a_precision_and_a_zero_stage() -> None:
 
 
 def test_cases_of_two_releases_are_not_stacked_on_one_tree(workspace: Layout) -> None:
-    tree = Tree("patched", TreeRole.PATCHED, workspace.root, "5.13.1", "", "a test",
-                projects.get("transformers"))  # fmt: skip
+    tree = Tree(
+        "patched",
+        TreeRole.PATCHED,
+        workspace.root,
+        "5.13.1",
+        "",
+        "a test",
+        projects.get("transformers"),
+    )
 
     # sp-loss pins transformers 5.13.1, trainer-nan-filter 5.24.0: refused before any download.
     with pytest.raises(WorkspaceError, match="trainer-nan-filter pin another project or release"):

@@ -22,8 +22,13 @@ from hostsync.records import Device, RankReport, RanOn
 import made
 from conftest import make_workspace
 
-SLURM = {"SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]",
-         "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "3"}  # fmt: skip
+SLURM = {
+    "SLURM_NNODES": "2",
+    "SLURM_NODEID": "1",
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_ID": "3",
+}
 
 
 def layout_of(nnodes=None, node_rank=None, endpoint=None, env=None) -> NodeLayout:
@@ -102,9 +107,14 @@ def test_torchrun_joins_the_c10d_rendezvous_with_this_nodes_share() -> None:
     command = torchrun_command("python", Path("rank.py"), 4, ["--x"], layout)
 
     assert command[3:10] == [
-        "--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d", "--rdzv-endpoint=gpu07:29500",
-        "--rdzv-id=slurm-4242-3", "--nproc-per-node=2", "--max-restarts=0",
-    ]  # fmt: skip
+        "--nnodes=2",
+        "--node-rank=1",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=gpu07:29500",
+        "--rdzv-id=slurm-4242-3",
+        "--nproc-per-node=2",
+        "--max-restarts=0",
+    ]
     on_one_machine = NodeLayout(2, 1, "127.0.0.1:5", None, "local-1", on_this_machine=True)
     assert "--rdzv-conf=is_host=0" in torchrun_command("p", Path("r.py"), 2, [], on_one_machine)
     assert "--standalone" in torchrun_command("p", Path("r.py"), 2, [])
@@ -213,8 +223,12 @@ def test_each_nodes_command_holds_a_lock_of_its_own(workspace: Layout) -> None:
 
     def lock_elsewhere(node: int) -> subprocess.CompletedProcess[str]:
         # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
-        return subprocess.run([sys.executable, "-c", LOCK, str(workspace.root), str(node)],
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-c", LOCK, str(workspace.root), str(node)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     with locks.case(workspace):
         assert lock_elsewhere(1).returncode == 0
@@ -233,8 +247,9 @@ def test_two_nodes_give_the_loss_case_the_rows_of_one(tmp_path: Path) -> None:
     layout = make_workspace(tmp_path / "workspace")
 
     def measured(node_layout: NodeLayout) -> dict:
-        settings = repro.ReproSettings(("pinned",), "all_tokens", "2", "cpu", 900, False,
-                                       node_layout)  # fmt: skip
+        settings = repro.ReproSettings(
+            ("pinned",), "all_tokens", "2", "cpu", 900, False, node_layout
+        )
         return repro.repro_case(made.case_of(layout), settings).document()
 
     one, two = measured(nodes.SINGLE), measured(layout_of(nnodes=2))
@@ -244,5 +259,6 @@ def test_two_nodes_give_the_loss_case_the_rows_of_one(tmp_path: Path) -> None:
     assert {key: row_two[key] for key in SAME_ROWS} == {key: row_one[key] for key in SAME_ROWS}
     assert "nodes" not in one
     assert [(n["node_rank"], n["ranks"]) for n in two["nodes"]] in (
-        [(0, [0]), (1, [1])], [(0, [1]), (1, [0])],
-    )  # fmt: skip
+        [(0, [0]), (1, [1])],
+        [(0, [1]), (1, [0])],
+    )

@@ -252,20 +252,31 @@ SP_LOSS = """
         return loss
 """
 IN_TRAINER = "class Trainer:\n" + textwrap.indent(
-    textwrap.dedent(SP_LOSS).replace("def deepspeed_sp", "def _deepspeed_sp")
-    .replace("(good_tokens", "(self, good_tokens"), "    "
-)  # fmt: skip
+    textwrap.dedent(SP_LOSS)
+    .replace("def deepspeed_sp", "def _deepspeed_sp")
+    .replace("(good_tokens", "(self, good_tokens"),
+    "    ",
+)
 WITHOUT_READS = SP_LOSS.replace("if good_tokens_per_rank[rank] > 0", "if True").replace(
     "max(total_good_tokens, 1)", "total_good_tokens.clamp(min=1)"
 )
 
 
 # What the series' tests import from transformers' test helpers, as every release has it.
-TESTING_UTILS = "".join(
-    f"def {name}(*args):\n    pass\n\n\n"
-    for name in ("require_torch", "require_accelerate", "require_deepspeed", "backend_device_count",
-                 "execute_subprocess_async", "get_torch_dist_unique_port")
-) + "class TestCasePlus:\n    pass\n\n\ntorch_device = 'cpu'\n"  # fmt: skip
+TESTING_UTILS = (
+    "".join(
+        f"def {name}(*args):\n    pass\n\n\n"
+        for name in (
+            "require_torch",
+            "require_accelerate",
+            "require_deepspeed",
+            "backend_device_count",
+            "execute_subprocess_async",
+            "get_torch_dist_unique_port",
+        )
+    )
+    + "class TestCasePlus:\n    pass\n\n\ntorch_device = 'cpu'\n"
+)
 
 
 def transformers_files(version: str, deepspeed: str, trainer: str = "") -> dict[str, str]:
@@ -417,8 +428,13 @@ def test_another_release_is_judged_by_running_and_a_probe_that_cannot_run_change
     """The sites' lines run under the detector, as bisect --judge runs them: here neither the
     generated call (its values are not what the function takes) nor the snippet (it needs the
     real transformers) runs on this planted release, which stays red on its text, saying so."""
-    make_sdist(tmp_path / "index" / "files" / "transformers", "transformers", "5.13.0",
-               transformers_files("5.13.0", SP_LOSS), requires=("torch",))  # fmt: skip
+    make_sdist(
+        tmp_path / "index" / "files" / "transformers",
+        "transformers",
+        "5.13.0",
+        transformers_files("5.13.0", SP_LOSS),
+        requires=("torch",),
+    )
     layout = own_downloads(make_workspace(tmp_path / "workspace"))
     case = cases.load(layout.root, "sp-loss")
     with serving(tmp_path / "index") as url:
@@ -428,5 +444,7 @@ def test_another_release_is_judged_by_running_and_a_probe_that_cannot_run_change
         expect, said = patch_proof.release_expectation(layout, case, "5.13.0", timeout=120)
 
     assert expect == patch_proof.red(case)
-    assert said.startswith("judged by running a generated call of deepspeed_sp_compute_loss then"
-                           " the snippet issue_snippet.py: not run")  # fmt: skip
+    assert said.startswith(
+        "judged by running a generated call of deepspeed_sp_compute_loss then"
+        " the snippet issue_snippet.py: not run"
+    )

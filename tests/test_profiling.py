@@ -34,9 +34,15 @@ def capture(layout: Layout, tree_name: str, tmp_path: Path) -> dict:
     tree = prepare_tree(made.case_of(layout), tree_name)
     # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     settings = capturing.ProfileSettings(
-        case=cases.load(layout.root, layout.case), trees=(tree_name,), scenario="all_tokens",
-        warmup=1, steps=2, device="cpu", profiler="torch", timeout=600.0,
-    )  # fmt: skip
+        case=cases.load(layout.root, layout.case),
+        trees=(tree_name,),
+        scenario="all_tokens",
+        warmup=1,
+        steps=2,
+        device="cpu",
+        profiler="torch",
+        timeout=600.0,
+    )
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir(exist_ok=True)
     captured = capturing.capture(layout, tree, tmp_path / tree_name, artifacts, settings, "torch")
@@ -57,8 +63,10 @@ def test_the_pinned_aggregation_reads_sp_size_plus_one_times_per_step_and_the_fi
         assert step["ops"]["aten::is_nonzero"] >= aggregation
         assert step["cuda_calls"] is None and step["gpu_idle_ms"] is None  # a CPU run
         assert len(step["timeline"]["sync_ms"]) == step["ops"][SYNC]
-    assert before["artifacts"] == ["pinned-gloo-ws2-rank0.trace.json.gz",
-                                   "pinned-gloo-ws2-rank1.trace.json.gz"]  # fmt: skip
+    assert before["artifacts"] == [
+        "pinned-gloo-ws2-rank0.trace.json.gz",
+        "pinned-gloo-ws2-rank1.trace.json.gz",
+    ]
     trace = traces.load_trace(tmp_path / "artifacts" / before["artifacts"][0])
     assert trace["distributedInfo"]["world_size"] == 2
     assert " repro/sp-loss/sp_profile.py " in before["command"]
@@ -69,8 +77,16 @@ def test_the_pinned_aggregation_reads_sp_size_plus_one_times_per_step_and_the_fi
 
 
 def op(name: str, ts: float, dur: float = 1.0, cat: str = "cpu_op", **args: object) -> dict:
-    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
-            "args": args}  # fmt: skip
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 1,
+        "tid": 1,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
 
 
 def annotation(name: str, ts: float, dur: float) -> dict:
@@ -121,8 +137,12 @@ def test_on_cuda_only_copies_launched_in_the_range_count_and_idle_time_is_the_ga
     ]
     (step,) = traces.analyse_trace(trace)
 
-    assert step.cuda_calls == {"cudaStreamSynchronize": 1, "cudaDeviceSynchronize": 0,
-                               "cudaMemcpyAsync": 1, "cudaMemcpy": 0}  # fmt: skip
+    assert step.cuda_calls == {
+        "cudaStreamSynchronize": 1,
+        "cudaDeviceSynchronize": 0,
+        "cudaMemcpyAsync": 1,
+        "cudaMemcpy": 0,
+    }
     assert (step.dtoh_copies, step.dtoh_bytes) == (1, 8)
     # Busy: 1.0-6.0 ms, 9.4-9.402 ms, 9.9-10.0 ms of the 10 ms range.
     assert step.gpu_idle_ms == pytest.approx(10 - 5 - 0.002 - 0.1)
@@ -180,8 +200,12 @@ def test_nsys_tables_of_2022_become_per_step_counts_inside_the_measured_ranges(
 
     figures = nsys.figures([prefix], nsys.NAMES_2022)
 
-    assert figures.cuda_calls == {"cudaStreamSynchronize": 1, "cudaDeviceSynchronize": 0,
-                                  "cudaMemcpyAsync": 0.5, "cudaMemcpy": 0}  # fmt: skip
+    assert figures.cuda_calls == {
+        "cudaStreamSynchronize": 1,
+        "cudaDeviceSynchronize": 0,
+        "cudaMemcpyAsync": 0.5,
+        "cudaMemcpy": 0,
+    }
     assert (figures.dtoh_copies, figures.dtoh_bytes) == (0.5, 4)
     assert (figures.ranges, figures.steps, figures.range_ms) == (2, 2, 10.0)
 
@@ -255,9 +279,12 @@ def test_no_nsys_agent_outlives_a_launch_killed_at_its_timeout(tmp_path: Path) -
     """With context-switch tracing (nsys's default) the agent hangs on some machines, in a
     session of its own: killing the launcher's process group misses it, its session name not."""
     session = nsys.new_session()
-    wrap = [word.replace("{run_dir}", str(tmp_path)).replace("{node}", "0")
-            .replace("--cpuctxsw=none", "--cpuctxsw=process-tree")
-            for word in nsys.profile_command(session)]  # fmt: skip
+    wrap = [
+        word.replace("{run_dir}", str(tmp_path))
+        .replace("{node}", "0")
+        .replace("--cpuctxsw=none", "--cpuctxsw=process-tree")
+        for word in nsys.profile_command(session)
+    ]
     run = OwnEnvironment(tmp_path, tree=None)  # type: ignore[arg-type]
 
     with pytest.raises(RunHung):
@@ -274,9 +301,21 @@ def test_no_nsys_agent_outlives_a_launch_killed_at_its_timeout(tmp_path: Path) -
 def test_nsys_on_a_cpu_records_the_measured_ranges_and_zero_cuda(workspace: Layout) -> None:
     """`profile --case sp-loss --profiler nsys --device cpu` on the pinned tree."""
     args = command.parser().parse_args(
-        ["--case", "sp-loss", "--trees", "pinned", "--profiler", "nsys", "--device", "cpu",
-         "--warmup", "1", "--steps", "2"]
-    )  # fmt: skip
+        [
+            "--case",
+            "sp-loss",
+            "--trees",
+            "pinned",
+            "--profiler",
+            "nsys",
+            "--device",
+            "cpu",
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+        ]
+    )
 
     command.profile_case(command.settings_for(made.case_of(workspace), args))
 
@@ -299,8 +338,11 @@ def profile(layout: Layout, *trees: tuple[str, int]) -> ProfileResult:
     captures = []
     for tree, reads in trees:
         step = traces.combine_ranks([traces.analyse_trace(cpu_trace(0, reads))])
-        captures.append(dataclasses.replace(made.capture(tree, 0), per_step=step,
-                                            command=f"python sp_profile.py  # {tree}"))  # fmt: skip
+        captures.append(
+            dataclasses.replace(
+                made.capture(tree, 0), per_step=step, command=f"python sp_profile.py  # {tree}"
+            )
+        )
     return made.profile(layout, *captures)
 
 
@@ -316,8 +358,10 @@ def test_publishing_writes_the_result_then_its_folder_summary_and_timeline(
 
     folder = results.attachments(result)
     assert sorted(p.name for p in folder.iterdir()) == [
-        "pinned-gloo-ws2-rank0.trace.json.gz", "summary.md", "timeline-gloo-ws2.png",
-    ]  # fmt: skip
+        "pinned-gloo-ws2-rank0.trace.json.gz",
+        "summary.md",
+        "timeline-gloo-ws2.png",
+    ]
     summary = (folder / "summary.md").read_text()
     assert f"Source: `{result.name}`" in summary
     # On a CPU, counts only: no times.
@@ -344,8 +388,9 @@ def test_a_cuda_capture_and_an_nsys_one_fill_every_column_and_the_timeline(
     )
     calls = dict.fromkeys(traces.CUDA_CALLS, 0) | {"cudaStreamSynchronize": 3}
     figures = NsysFigures(calls, dtoh_copies=3, dtoh_bytes=24, range_ms=9.5, ranges=6, steps=3)
-    by_nsys = dataclasses.replace(on_gpu, tree="patched", profiler="nsys", nsys=figures,
-                                  per_step=None)  # fmt: skip
+    by_nsys = dataclasses.replace(
+        on_gpu, tree="patched", profiler="nsys", nsys=figures, per_step=None
+    )
     gpu = made.profile(workspace, on_gpu, by_nsys)
 
     headers, rows = report.summary_table(gpu)

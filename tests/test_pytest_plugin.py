@@ -158,9 +158,14 @@ def run_python(code: str, path: str, cwd: Path) -> subprocess.CompletedProcess:
     environment = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=environment, cwd=cwd,
-        timeout=300, check=False,
-    )  # fmt: skip
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=cwd,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_loading_the_plugin_imports_no_torch(tmp_path):
@@ -188,8 +193,10 @@ def test_the_installed_package_registers_the_plugin_for_any_project(tmp_path):
     # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     subprocess.run(
         [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", checkout],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = (tmp_path / "dist").glob("hostsync-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         (entry_points,) = [name for name in archive.namelist() if name.endswith("entry_points.txt")]
@@ -200,8 +207,10 @@ def test_the_installed_package_registers_the_plugin_for_any_project(tmp_path):
     # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     subprocess.run(
         [*pip, "install", "--no-deps", "--no-index", "--target", site, wheel],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     assert_the_plugin_gates_a_project_without_p(tmp_path, str(site))
 
 

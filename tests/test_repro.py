@@ -30,10 +30,25 @@ SP_SIZE = 2
 FIXED = "5.14.0"
 # What later sessions read from each entry of a repro result's `runs`.
 RUN_KEYS = {
-    "tree", "launch", "ranks", "sp_size", "backend", "scenario", "host_syncs", "sync_sites",
-    "forward_syncs", "loss", "reference_loss", "loss_abs_diff", "loss_ok", "loss_is_graph_tensor",
-    "backward_error", "grads_ok", "grad_max_abs_diff", "problems",
-}  # fmt: skip
+    "tree",
+    "launch",
+    "ranks",
+    "sp_size",
+    "backend",
+    "scenario",
+    "host_syncs",
+    "sync_sites",
+    "forward_syncs",
+    "loss",
+    "reference_loss",
+    "loss_abs_diff",
+    "loss_ok",
+    "loss_is_graph_tensor",
+    "backward_error",
+    "grads_ok",
+    "grad_max_abs_diff",
+    "problems",
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +67,17 @@ def trees(layout: Layout) -> dict[str, Tree]:
 
 
 # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
-def settings(trees: tuple[str, ...], scenarios: list[str] | None = None,
-             ranks: str | None = None) -> repro.ReproSettings:  # fmt: skip
+def settings(
+    trees: tuple[str, ...], scenarios: list[str] | None = None, ranks: str | None = None
+) -> repro.ReproSettings:
     return repro.ReproSettings(
-        trees=trees, scenarios=scenarios and ",".join(scenarios), ranks=ranks, device="cpu",
-        timeout=900, trainer=False,
-    )  # fmt: skip
+        trees=trees,
+        scenarios=scenarios and ",".join(scenarios),
+        ranks=ranks,
+        device="cpu",
+        timeout=900,
+        trainer=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -163,11 +183,31 @@ def test_result_file_holds_the_contract(result: ReproResult, layout: Layout) -> 
 def test_ranks_that_agree_give_one_value_and_those_that_differ_say_so() -> None:
     site = {"file": "pkg/a.py", "line": 3, "function": "f", "code": "if t:", "count": 1}
     ranks = [
-        {"runs": [{"scenario": "s", "syncs": 2, "ok": True, "tokens": 8, "sites": [site],
-                   "problems": []}]},
-        {"runs": [{"scenario": "s", "syncs": 2, "ok": False, "tokens": 0,
-                   "sites": [site | {"count": 2}], "problems": ["loss is off"]}]},
-    ]  # fmt: skip
+        {
+            "runs": [
+                {
+                    "scenario": "s",
+                    "syncs": 2,
+                    "ok": True,
+                    "tokens": 8,
+                    "sites": [site],
+                    "problems": [],
+                }
+            ]
+        },
+        {
+            "runs": [
+                {
+                    "scenario": "s",
+                    "syncs": 2,
+                    "ok": False,
+                    "tokens": 0,
+                    "sites": [site | {"count": 2}],
+                    "problems": ["loss is off"],
+                }
+            ]
+        },
+    ]
 
     reports = [RankReport(rank, document) for rank, document in enumerate(ranks)]
     (merged,) = repro.merge_ranks(reports, tree="pinned", launch="a.py", ranks=2)
@@ -288,8 +328,7 @@ def write_script(tmp_path: Path, source: str) -> Path:
     return script
 
 
-def run_script(tmp_path: Path, tree: Tree, source: str, timeout: float,
-               launcher: Launcher) -> Path:  # fmt: skip
+def run_script(tmp_path: Path, tree: Tree, source: str, timeout: float, launcher: Launcher) -> Path:
     """Launch a throwaway 2-rank script; return it so the test can look for survivors."""
     script = write_script(tmp_path, source)
     run = Run(tmp_path / "run", tree, Layout())
@@ -319,9 +358,12 @@ def test_forked_ranks_share_one_import_across_worlds(
 
     reports = [report.payload for world in worlds for report in world]
     assert [(r["world_size"], r["rank"], r["argv"]) for r in reports] == [
-        (2, 0, ["--two"]), (2, 1, ["--two"]),
-        (3, 0, ["--three"]), (3, 1, ["--three"]), (3, 2, ["--three"]),
-    ]  # fmt: skip
+        (2, 0, ["--two"]),
+        (2, 1, ["--two"]),
+        (3, 0, ["--three"]),
+        (3, 1, ["--three"]),
+        (3, 2, ["--three"]),
+    ]
     assert len({r["imported_in"] for r in reports}) == 1
     assert len({r["pid"] for r in reports} | {reports[0]["imported_in"]}) == 6
 
@@ -501,9 +543,12 @@ def test_runs_side_by_side_stop_together_when_one_fails(tmp_path: Path) -> None:
     # The hanging run's timeout is never reached: the failure beside it stops it (what is tested).
     with pytest.raises(RunFailed, match="rank 0 raised ValueError"):
         launchers.side_by_side(
-            [lambda: launchers.run_group(hangs, [sys.executable, "-c", script], timeout=3600),
-             fails_once_the_other_runs], at_once=2,
-        )  # fmt: skip
+            [
+                lambda: launchers.run_group(hangs, [sys.executable, "-c", script], timeout=3600),
+                fails_once_the_other_runs,
+            ],
+            at_once=2,
+        )
 
     assert started.exists()
     listing = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
@@ -513,8 +558,9 @@ def test_runs_side_by_side_stop_together_when_one_fails(tmp_path: Path) -> None:
 # --- the live cases, pinned against patched ------------------------------------------------------
 
 
-def measure_live_case(tmp_path: Path, name: str, scenarios: list[str],
-                      ranks: str | None = None) -> dict:  # fmt: skip
+def measure_live_case(
+    tmp_path: Path, name: str, scenarios: list[str], ranks: str | None = None
+) -> dict:
     """A case's reproducer on its pinned and patched trees, in a workspace of its own."""
     layout = make_workspace(tmp_path / "workspace").for_case(name)
     result = repro.repro_case(

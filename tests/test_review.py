@@ -85,19 +85,28 @@ def test_drafts_are_filled_from_the_results(drafted: Layout) -> None:
 @pytest.mark.parametrize(
     ("template", "name", "refusal"),
     [
-        ("GPU idle: {{profile:captures.per_step.gpu_idle_ms}}\n", "issue.md",
-         "cites profile figures no result holds: run `nox -s profile -- --case sp-loss`"),
-        ("Since {{bisect:sites[project=transformers].first}}.\n", "issue.md",
-         "cites bisect figures no result holds: run `nox -s bisect -- --case sp-loss`"),
-        ("Measured on Linux-6.18.44-fc-x86_64-with-glibc2.36.\n", "issue.md",
-         "gives the platform 'Linux-6.18.44-fc-x86_64-with-glibc2.36', the machine"),
+        (
+            "GPU idle: {{profile:captures.per_step.gpu_idle_ms}}\n",
+            "issue.md",
+            "cites profile figures no result holds: run `nox -s profile -- --case sp-loss`",
+        ),
+        (
+            "Since {{bisect:sites[project=transformers].first}}.\n",
+            "issue.md",
+            "cites bisect figures no result holds: run `nox -s bisect -- --case sp-loss`",
+        ),
+        (
+            "Measured on Linux-6.18.44-fc-x86_64-with-glibc2.36.\n",
+            "issue.md",
+            "gives the platform 'Linux-6.18.44-fc-x86_64-with-glibc2.36', the machine",
+        ),
         ("With the fix, 3 fewer reads.\n", "issue.md", r"types the figure\(s\) 3 by hand"),
         ("Run `nox -s repro` to see it.\n", "issue.md", "a word of this workspace"),
         ("{{repro:trees.pinned.version}}\n\n" * 16, "comment.md", "over the 30 of a comment"),
         ("```python\n" + "pass\n" * 31 + "```\n", "issue.md", "code block of 31 lines"),
         ("Fine.\n", "notes.md", "name a draft template after what it drafts"),
     ],
-)  # fmt: skip
+)
 def test_a_draft_upstream_should_not_get_is_refused_before_anything_is_written(
     drafted: Layout, template: str, name: str, refusal: str
 ) -> None:
@@ -227,14 +236,22 @@ def test_a_number_reducer_cites_that_value_of_the_matching_ones() -> None:
 def test_running_review_twice_leaves_git_status_clean(drafted: Layout) -> None:
     subprocess.run(["git", "init", "-q", str(drafted.root)], check=True)
     subprocess.run(["git", "-C", str(drafted.root), "add", "-A"], check=True)
-    before = subprocess.run(["git", "-C", str(drafted.root), "status", "--porcelain"],
-                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    before = subprocess.run(
+        ["git", "-C", str(drafted.root), "status", "--porcelain"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
     review.review(made.case_of(drafted))
     review.review(made.case_of(drafted))
 
-    after = subprocess.run(["git", "-C", str(drafted.root), "status", "--porcelain"],
-                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    after = subprocess.run(
+        ["git", "-C", str(drafted.root), "status", "--porcelain"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     new = set(after.splitlines()) - set(before.splitlines())
     assert all("issue_drafts/" in line for line in new), new
 

@@ -19,9 +19,13 @@ from conftest import hostsync, one_line_error
 
 # A project of its own kind: a package under src/, its tests at the root, one of them compiled.
 PROJECT = Project(
-    "stepper", "https://example.invalid/stepper", "src", "src/stepper/__init__.py",
-    r'^__version__ = "([^"]+)"', lint=RuffLint("pyproject.toml", r"ruff==(\S+)"),
-)  # fmt: skip
+    "stepper",
+    "https://example.invalid/stepper",
+    "src",
+    "src/stepper/__init__.py",
+    r'^__version__ = "([^"]+)"',
+    lint=RuffLint("pyproject.toml", r"ruff==(\S+)"),
+)
 
 PACKAGE = """
     import torch
@@ -59,10 +63,15 @@ def test_a_survey_compares_each_outcome_and_ranks_the_sites(workspace):
     for path, text in (("src/stepper/__init__.py", PACKAGE), ("tests/test_steps.py", SUITE)):
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(textwrap.dedent(text))
-    tree = Tree("stepper-1.0", TreeRole.RELEASE, root, "1.0", "", "a folder", PROJECT,
-                sys.executable)  # fmt: skip
-    spec = SurveySpec("1.0", Sdist("https://example.invalid/stepper-1.0.tar.gz", 1, "0" * 64),
-                      options=("-o", "addopts="), tests=("tests",))  # fmt: skip
+    tree = Tree(
+        "stepper-1.0", TreeRole.RELEASE, root, "1.0", "", "a folder", PROJECT, sys.executable
+    )
+    spec = SurveySpec(
+        "1.0",
+        Sdist("https://example.invalid/stepper-1.0.tar.gz", 1, "0" * 64),
+        options=("-o", "addopts="),
+        tests=("tests",),
+    )
 
     # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     result = survey(workspace.for_case("survey"), tree, spec, spec.tests, timeout=300, rounds=2)

@@ -233,10 +233,12 @@ def test_sdist_path_when_the_remote_is_unreachable(workspace: Layout, sdist_cach
 
 @pytest.mark.parametrize(
     ("damage", "message"),
-    [(lambda b: b[: len(b) // 2], "bytes where the card says"),
-     (lambda b: b[:-1] + b"\0", "sha256 .* where the card says")],
+    [
+        (lambda b: b[: len(b) // 2], "bytes where the card says"),
+        (lambda b: b[:-1] + b"\0", "sha256 .* where the card says"),
+    ],
     ids=["truncated", "tampered"],
-)  # fmt: skip
+)
 @pytest.mark.network
 def test_a_damaged_sdist_put_in_the_cache_is_refused_and_kept(
     workspace: Layout, sdist_cache: Path, damage, message: str
@@ -345,9 +347,16 @@ def set_upstream(workspace: Layout, state: str, *extra: str) -> None:
     card.write_text(text)
 
 
-def outbox_ready(workspace: Layout, remote: Path, tmp_path: Path, identity: str,
-                 monkeypatch: pytest.MonkeyPatch, templates: dict[str, str] | None = None,
-                 state: str = "none", upstream: tuple[str, ...] = ()) -> None:  # fmt: skip
+def outbox_ready(
+    workspace: Layout,
+    remote: Path,
+    tmp_path: Path,
+    identity: str,
+    monkeypatch: pytest.MonkeyPatch,
+    templates: dict[str, str] | None = None,
+    state: str = "none",
+    upstream: tuple[str, ...] = (),
+) -> None:
     """A clone with its series, results the drafts cite, templates (a PR's unless given), the
     card's upstream state, and git's config."""
     make_patches(workspace, remote, {"Keep the count on device": "return x.clamp(1)"})
@@ -406,8 +415,16 @@ def test_a_comment_is_sent_without_its_note_and_gets_a_comment_checklist(
     workspace: Layout, remote: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The note a template opens with is for the contributor: it moves to the checklist."""
-    outbox_ready(workspace, remote, tmp_path, ADA, monkeypatch, {"comment.md": COMMENT_TEMPLATE},
-                 state="open-pr", upstream=("carries_pr_change = true",))  # fmt: skip
+    outbox_ready(
+        workspace,
+        remote,
+        tmp_path,
+        ADA,
+        monkeypatch,
+        {"comment.md": COMMENT_TEMPLATE},
+        state="open-pr",
+        upstream=("carries_pr_change = true",),
+    )
 
     target = outbox.outbox(made.case_of(workspace))
 
@@ -429,11 +446,16 @@ def test_a_comment_is_sent_without_its_note_and_gets_a_comment_checklist(
     ],
 )
 def test_nothing_to_send_is_an_answer_saying_why_and_what_was_checked(
-    workspace: Layout, remote: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    state: str, why: str,
-) -> None:  # fmt: skip
-    outbox_ready(workspace, remote, tmp_path, ADA, monkeypatch, {"comment.md": COMMENT_TEMPLATE},
-                 state=state)  # fmt: skip
+    workspace: Layout,
+    remote: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    state: str,
+    why: str,
+) -> None:
+    outbox_ready(
+        workspace, remote, tmp_path, ADA, monkeypatch, {"comment.md": COMMENT_TEMPLATE}, state=state
+    )
 
     target = outbox.outbox(made.case_of(workspace))
 
@@ -467,8 +489,9 @@ def test_an_outbox_without_a_real_identity_is_refused_whatever_it_would_hold(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One rule for every case: a comment, or nothing to send, needs the contributor too."""
-    outbox_ready(workspace, remote, tmp_path, identity, monkeypatch, {"comment.md": PR_TEMPLATE},
-                 state=state)  # fmt: skip
+    outbox_ready(
+        workspace, remote, tmp_path, identity, monkeypatch, {"comment.md": PR_TEMPLATE}, state=state
+    )
 
     with pytest.raises(WorkspaceError, match=refusal):
         outbox.outbox(made.case_of(workspace))

@@ -33,9 +33,7 @@ TRAINER = """
 """
 # 5.25.0 moves the read down three lines; or drops it.
 MOVED = TRAINER.replace("    class Trainer:", "    # The Trainer.\n\n\n    class Trainer:")
-FIXED = TRAINER.replace(
-    "torch.isnan(tr_loss_step) or torch.isinf(tr_loss_step)", "False"
-)  # fmt: skip
+FIXED = TRAINER.replace("torch.isnan(tr_loss_step) or torch.isinf(tr_loss_step)", "False")
 
 
 def transformers_files(version: str, trainer: str) -> dict[str, str]:
@@ -55,16 +53,18 @@ def watched(tmp_path: Path):
         if other != CASE:
             (layout.root / "cases" / f"{other}.toml").unlink()
     files = tmp_path / "index" / "files"
-    make_sdist(files / "transformers", "transformers", "5.24.0",
-               transformers_files("5.24.0", TRAINER))  # fmt: skip
+    make_sdist(
+        files / "transformers", "transformers", "5.24.0", transformers_files("5.24.0", TRAINER)
+    )
     make_sdist(files / "accelerate", "accelerate", "1.15.0", {"src/accelerate/__init__.py": ""})
     make_sdist(files / "deepspeed", "deepspeed", "0.19.8", {"version.txt": "0.19.8\n"})
     make_sdist(files / "trl", "trl", "1.16.0", {"trl/__init__.py": ""})
     make_sdist(files / "peft", "peft", "0.21.2", {"src/peft/__init__.py": ""})
 
     def serve(trainer: str):
-        make_sdist(files / "transformers", "transformers", "5.25.0",
-                   transformers_files("5.25.0", trainer))  # fmt: skip
+        make_sdist(
+            files / "transformers", "transformers", "5.25.0", transformers_files("5.25.0", trainer)
+        )
         return serving(tmp_path / "index")
 
     return layout, serve

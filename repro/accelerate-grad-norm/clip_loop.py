@@ -110,21 +110,23 @@ def train(args: argparse.Namespace) -> tuple[Accelerator, list[dict[str, Any]]]:
                     optimizer.step()
                     optimizer.zero_grad()
         in_clip = scope.events[clip_begin:clip_end] if scope else []
-        steps.append({
-            "clip_reads": len(in_clip) if scope else None,
-            "clip_sites": [
-                site._asdict() | {"count": count}
-                for site, count in sorted(Counter(event.site for event in in_clip).items())
-            ],
-            "step_reads": len(scope.events) if scope else None,
-            "step_sites": scope.sync_sites() if scope else [],
-            "cost": scope.cost() if scope else None,
-            "norm_type": type(grad_norm).__name__,
-            # Read here, after the step's reads were counted: what a loop logs.
-            "loss": finite_or_name(float(loss)),
-            "grad_norm": finite_or_name(float(grad_norm)),
-            "weights_checksum": weights_checksum(model),
-        })  # fmt: skip
+        steps.append(
+            {
+                "clip_reads": len(in_clip) if scope else None,
+                "clip_sites": [
+                    site._asdict() | {"count": count}
+                    for site, count in sorted(Counter(event.site for event in in_clip).items())
+                ],
+                "step_reads": len(scope.events) if scope else None,
+                "step_sites": scope.sync_sites() if scope else [],
+                "cost": scope.cost() if scope else None,
+                "norm_type": type(grad_norm).__name__,
+                # Read here, after the step's reads were counted: what a loop logs.
+                "loss": finite_or_name(float(loss)),
+                "grad_norm": finite_or_name(float(grad_norm)),
+                "weights_checksum": weights_checksum(model),
+            }
+        )
     return accelerator, steps
 
 

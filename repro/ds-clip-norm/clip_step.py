@@ -196,17 +196,19 @@ def train(args: argparse.Namespace) -> tuple[object, list[dict], dict | None, li
             cost = scope.cost().to_json()
             clip_waits = [e.waited_for.kernels for e in scope.events if _in_clip(e)]
         norm = engine.get_global_grad_norm()
-        steps.append({
-            "step": step,
-            "loss": float(loss),
-            "grad_norm": None if norm is None else float(norm),
-            "step_applied": bool(engine.was_step_applied()),
-            "skipped_steps": int(engine.skipped_steps),
-            "weights_checksum": weights_checksum(engine),
-            "sync_sites": scope.sync_sites() if counting else [],
-            "reads_by_zero_method": dict(by_method.counts.most_common()),
-            "clip_reads_after_an_update": by_method.clip_reads_after_an_update,
-        })  # fmt: skip
+        steps.append(
+            {
+                "step": step,
+                "loss": float(loss),
+                "grad_norm": None if norm is None else float(norm),
+                "step_applied": bool(engine.was_step_applied()),
+                "skipped_steps": int(engine.skipped_steps),
+                "weights_checksum": weights_checksum(engine),
+                "sync_sites": scope.sync_sites() if counting else [],
+                "reads_by_zero_method": dict(by_method.counts.most_common()),
+                "clip_reads_after_an_update": by_method.clip_reads_after_an_update,
+            }
+        )
     return engine, steps, cost, clip_waits
 
 

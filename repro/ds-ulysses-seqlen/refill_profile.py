@@ -80,9 +80,12 @@ def main() -> dict:
     keys = sp_dataloader.SCENARIOS[args.scenario]
     batches = DataLoader(sp_dataloader.samples(keys, args.warmup + args.steps), batch_size=1)
     loader = UlyssesSPDataLoaderAdapter(
-        FetchApart(batches, nvtx), sp_rank=rank, sp_group=None,
-        sp_world_size=dist.get_world_size(), device=device,
-    )  # fmt: skip
+        FetchApart(batches, nvtx),
+        sp_rank=rank,
+        sp_group=None,
+        sp_world_size=dist.get_world_size(),
+        device=device,
+    )
     trace = Path(os.environ[RUN_DIR_ENV]) / f"trace-rank{rank}.json.gz"
     trace = trace if args.profiler == "torch" else None
     for _ in range(args.warmup):

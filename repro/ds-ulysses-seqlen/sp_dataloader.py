@@ -47,8 +47,12 @@ def samples(keys: tuple[str, ...], count: int = BATCHES) -> list[dict[str, torch
     found = []
     for _ in range(count):
         ids = torch.randint(0, 128, (SEQ_LEN,), generator=generator)
-        tensors = {"input_ids": ids, "labels": ids.clone(), "position_ids": torch.arange(SEQ_LEN),
-                   "attention_mask": torch.ones(SEQ_LEN, dtype=torch.int64)}  # fmt: skip
+        tensors = {
+            "input_ids": ids,
+            "labels": ids.clone(),
+            "position_ids": torch.arange(SEQ_LEN),
+            "attention_mask": torch.ones(SEQ_LEN, dtype=torch.int64),
+        }
         found.append({key: tensors[key] for key in keys})
     return found
 
@@ -56,9 +60,12 @@ def samples(keys: tuple[str, ...], count: int = BATCHES) -> list[dict[str, torch
 def run_scenario(name: str, device: torch.device, no_detector: bool) -> dict[str, Any]:
     keys = SCENARIOS[name]
     loader = UlyssesSPDataLoaderAdapter(
-        DataLoader(samples(keys), batch_size=1), sp_rank=dist.get_rank(), sp_group=None,
-        sp_world_size=dist.get_world_size(), device=device,
-    )  # fmt: skip
+        DataLoader(samples(keys), batch_size=1),
+        sp_rank=dist.get_rank(),
+        sp_group=None,
+        sp_world_size=dist.get_world_size(),
+        device=device,
+    )
     per_refill, checks, refill = [], [], loader.refill
 
     def measured_refill() -> None:

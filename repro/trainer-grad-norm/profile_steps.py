@@ -48,14 +48,20 @@ def main() -> dict:
     steps = args.warmup + args.steps
     ranges = TrainerSteps(args.warmup, args.profiler, cuda=args.device == "cuda", trace=trace)
     training_args = training_arguments(
-        args.output_dir / args.scenario, precision=args.precision, max_steps=steps,
-        max_grad_norm=max_grad_norm, logging_steps=steps, logging_nan_inf_filter=False,
+        args.output_dir / args.scenario,
+        precision=args.precision,
+        max_steps=steps,
+        max_grad_norm=max_grad_norm,
+        logging_steps=steps,
+        logging_nan_inf_filter=False,
         ddp_backend=args.backend,
-    )  # fmt: skip
+    )
     trainer = ranges.excluding(Trainer)(
-        model=trainer_llama(), args=training_args, train_dataset=samples(steps),
+        model=trainer_llama(),
+        args=training_args,
+        train_dataset=samples(steps),
         callbacks=[ranges.callback()],
-    )  # fmt: skip
+    )
     trainer.train()
     return profiled_rank(args, trainer.args.device, ranges.seconds, trace, what=what)
 

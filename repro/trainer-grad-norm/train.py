@@ -95,10 +95,13 @@ def logs_norm(site: Site) -> bool:
 def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
     what, logging_steps, max_grad_norm = SCENARIOS[name]
     training_args = training_arguments(
-        f"{args.output_dir}/{name}", precision=args.precision, max_steps=STEPS,
-        max_grad_norm=max_grad_norm, logging_steps=logging_steps,
+        f"{args.output_dir}/{name}",
+        precision=args.precision,
+        max_steps=STEPS,
+        max_grad_norm=max_grad_norm,
+        logging_steps=logging_steps,
         ddp_backend=args.backend,
-    )  # fmt: skip
+    )
     trainer = Trainer(model=trainer_llama(), args=training_args, train_dataset=samples(STEPS))
     with contextlib.nullcontext() if args.no_detector else SyncScope(account=True) as scope:
         marks = StepMarks(scope) if scope else None

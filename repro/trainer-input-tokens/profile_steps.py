@@ -37,8 +37,13 @@ def main() -> dict:
     trace = trace if args.profiler == "torch" else None
     steps = args.warmup + args.steps
     ranges = TrainerSteps(args.warmup, args.profiler, cuda=args.device == "cuda", trace=trace)
-    trainer = trainer_for(args, args.output_dir / args.scenario, steps,
-                          trainer_class=ranges.excluding(Trainer), logging_steps=steps)  # fmt: skip
+    trainer = trainer_for(
+        args,
+        args.output_dir / args.scenario,
+        steps,
+        trainer_class=ranges.excluding(Trainer),
+        logging_steps=steps,
+    )
     trainer.add_callback(ranges.callback())
     trainer.train()
     what = f"{args.accumulation} micro-batches per optimizer step, counting {args.count} tokens"

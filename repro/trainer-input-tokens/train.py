@@ -48,9 +48,11 @@ def add_count_arguments(parser: argparse.ArgumentParser) -> None:
     add_launch_arguments(parser, precisions=("fp32",))
     parser.add_argument("--accumulation", type=int, default=1, help="micro-batches per step")
     parser.add_argument(
-        "--count", choices=("all", "non_padding"), default="all",
+        "--count",
+        choices=("all", "non_padding"),
+        default="all",
         help="include_num_input_tokens_seen; non_padding pads the samples",
-    )  # fmt: skip
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -76,17 +78,27 @@ def counted_samples(count: int, padded: bool) -> list[dict[str, torch.Tensor]]:
     return rows
 
 
-def trainer_for(args: argparse.Namespace, output_dir: Path, steps: int,
-                trainer_class: type = Trainer, **settings: Any) -> Trainer:  # fmt: skip
+def trainer_for(
+    args: argparse.Namespace,
+    output_dir: Path,
+    steps: int,
+    trainer_class: type = Trainer,
+    **settings: Any,
+) -> Trainer:
     """The Trainer (or `trainer_class`) of a scenario, the profile's too: the count on, `steps`
     optimizer steps."""
     training_args = training_arguments(
-        output_dir, max_steps=steps, gradient_accumulation_steps=args.accumulation,
-        include_num_input_tokens_seen=args.count, logging_nan_inf_filter=False,
+        output_dir,
+        max_steps=steps,
+        gradient_accumulation_steps=args.accumulation,
+        include_num_input_tokens_seen=args.count,
+        logging_nan_inf_filter=False,
         # On CPU without both, accelerate's state is not distributed: each rank trains alone and
         # `gather` returns its own count, silently.
-        ddp_backend=args.backend, use_cpu=args.device == "cpu", **settings,
-    )  # fmt: skip
+        ddp_backend=args.backend,
+        use_cpu=args.device == "cpu",
+        **settings,
+    )
     world = training_args.world_size
     dataset = counted_samples(steps * args.accumulation * world, args.count == "non_padding")
     return trainer_class(model=trainer_llama(), args=training_args, train_dataset=dataset)
@@ -126,8 +138,9 @@ def main() -> dict:
     args = parse_args()
     output_dir = args.output_dir / args.scenario
     saving = {"save_strategy": "steps", "save_steps": SAVE_STEPS, "save_only_model": True}
-    trainer = trainer_for(args, output_dir, STEPS, logging_steps=1,
-                          **(saving if args.count == "non_padding" else {}))  # fmt: skip
+    trainer = trainer_for(
+        args, output_dir, STEPS, logging_steps=1, **(saving if args.count == "non_padding" else {})
+    )
     with contextlib.nullcontext() if args.no_detector else SyncScope(account=True) as scope:
         step_ends = StepEnds(scope)
         trainer.add_callback(step_ends)

@@ -44,14 +44,20 @@ def main() -> dict:
     steps = args.warmup + args.steps
     ranges = TrainerSteps(args.warmup, args.profiler, cuda=args.device == "cuda", trace=trace)
     training_args = training_arguments(
-        run_dir / "output", max_steps=steps, gradient_accumulation_steps=accumulation,
-        logging_steps=steps, logging_nan_inf_filter=nan_inf_filter, lr_scheduler_type="linear",
+        run_dir / "output",
+        max_steps=steps,
+        gradient_accumulation_steps=accumulation,
+        logging_steps=steps,
+        logging_nan_inf_filter=nan_inf_filter,
+        lr_scheduler_type="linear",
         use_cpu=args.device == "cpu",
-    )  # fmt: skip
+    )
     trainer = ranges.excluding(Trainer)(
-        model=trainer_llama(), args=training_args, train_dataset=samples(steps * accumulation),
+        model=trainer_llama(),
+        args=training_args,
+        train_dataset=samples(steps * accumulation),
         callbacks=[ranges.callback()],
-    )  # fmt: skip
+    )
     trainer.train()
     return profiled_rank(args, trainer.args.device, ranges.seconds, trace, what=what)
 

@@ -110,12 +110,15 @@ def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     what, accumulation, added_loss, nan_inf_filter = SCENARIOS[name]
     training_args = training_arguments(
-        f"{args.output_dir}/{name}", max_steps=STEPS, gradient_accumulation_steps=accumulation,
-        logging_steps=1, logging_nan_inf_filter=nan_inf_filter,
+        f"{args.output_dir}/{name}",
+        max_steps=STEPS,
+        gradient_accumulation_steps=accumulation,
+        logging_steps=1,
+        logging_nan_inf_filter=nan_inf_filter,
         # Launched ranks need a backend (and on CPU `use_cpu`, which training_arguments adds);
         # one process must not.
         ddp_backend=args.backend if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
-    )  # fmt: skip
+    )
     model = trainer_llama()
     trainer = Trainer(model=model, args=training_args, train_dataset=samples(STEPS * accumulation))
     with SyncScope(account=True) if args.detect else contextlib.nullcontext() as scope:

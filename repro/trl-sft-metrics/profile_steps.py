@@ -105,19 +105,30 @@ def main() -> dict:
     logging_steps, accumulation, padding_free = SCENARIOS[args.scenario]
     steps = args.warmup + args.steps
     training_args = training_arguments(
-        run_dir / "output", kind=SFTConfig, max_steps=steps, logging_steps=logging_steps,
-        per_device_train_batch_size=BATCH, gradient_accumulation_steps=accumulation,
-        padding_free=padding_free, max_length=None, dataset_num_proc=None,
+        run_dir / "output",
+        kind=SFTConfig,
+        max_steps=steps,
+        logging_steps=logging_steps,
+        per_device_train_batch_size=BATCH,
+        gradient_accumulation_steps=accumulation,
+        padding_free=padding_free,
+        max_length=None,
+        dataset_num_proc=None,
         use_cpu=args.device == "cpu",
-    )  # fmt: skip
+    )
     calls = LossCalls(args, trace)
     model = trainer_llama()
-    hooks = [model.register_forward_pre_hook(calls.enter_forward),
-             model.register_forward_hook(calls.leave_forward)]  # fmt: skip
+    hooks = [
+        model.register_forward_pre_hook(calls.enter_forward),
+        model.register_forward_hook(calls.leave_forward),
+    ]
     trainer = calls.trainer()(
-        model=model, args=training_args, train_dataset=sft_samples(steps * BATCH * accumulation),
-        processing_class=tiny_tokenizer(), callbacks=[calls.callback()],
-    )  # fmt: skip
+        model=model,
+        args=training_args,
+        train_dataset=sft_samples(steps * BATCH * accumulation),
+        processing_class=tiny_tokenizer(),
+        callbacks=[calls.callback()],
+    )
     trainer.train()
     for hook in hooks:
         hook.remove()

@@ -79,17 +79,25 @@ def rounded(value: float) -> float:
 def run_scenario(name: str, args: argparse.Namespace, world_size: int) -> dict[str, Any]:
     logging_steps, accumulation, padding_free = SCENARIOS[name]
     training_args = training_arguments(
-        f"{args.output_dir}/{name}", kind=SFTConfig, max_steps=STEPS, logging_steps=logging_steps,
-        per_device_train_batch_size=BATCH, gradient_accumulation_steps=accumulation,
-        padding_free=padding_free, max_length=None, dataset_num_proc=None,
+        f"{args.output_dir}/{name}",
+        kind=SFTConfig,
+        max_steps=STEPS,
+        logging_steps=logging_steps,
+        per_device_train_batch_size=BATCH,
+        gradient_accumulation_steps=accumulation,
+        padding_free=padding_free,
+        max_length=None,
+        dataset_num_proc=None,
         ddp_backend=args.backend,
-    )  # fmt: skip
+    )
     count = STEPS * BATCH * accumulation * world_size
     with contextlib.nullcontext() if args.no_detector else SyncScope(account=True) as scope:
         trainer = measured_trainer(scope)(
-            model=trainer_llama(), args=training_args, train_dataset=sft_samples(count),
+            model=trainer_llama(),
+            args=training_args,
+            train_dataset=sft_samples(count),
             processing_class=tiny_tokenizer(),
-        )  # fmt: skip
+        )
         trainer.train()
     own = [event.site for event in scope.events if event.site.file == SFT_FILE] if scope else []
     sites = Counter(own)

@@ -41,9 +41,13 @@ class BaselineEntry(Record):
     def of(cls, site: Mapping[str, Any]) -> BaselineEntry:
         """The entry of one of `SyncScope.sync_sites()`."""
         return cls(
-            site["file"], site["function"], site["code"], site["line"], tuple(site["kinds"]),
+            site["file"],
+            site["function"],
+            site["code"],
+            site["line"],
+            tuple(site["kinds"]),
             site["count"],
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)

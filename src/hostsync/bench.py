@@ -221,32 +221,45 @@ PATHS = {
 }
 
 
-def whole_repro_phases(layout: Layout, case: cases.Case, device: str, timeout: float, *,
-                       path: str) -> dict[str, float]:  # fmt: skip
+def whole_repro_phases(
+    layout: Layout, case: cases.Case, device: str, timeout: float, *, path: str
+) -> dict[str, float]:
     """One warm `repro` of the case as `nox -s repro` runs it, the way `PATHS[path]` says,
     seconds per phase and in all: the environment check (`python -m hostsync env`, which nox
     runs first), the trees brought up to date, then the imports the trees share, each tree's
     launches and its snippet."""
     started = time.perf_counter()
     env = os.environ | {"PYTHONPATH": str(ENGINE_SRC), "HOSTSYNC_ROOT": str(layout.root)}
-    subprocess.run([sys.executable, "-m", "hostsync", "env"], check=True, env=env,
-                   capture_output=True, timeout=timeout)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "hostsync", "env"],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=timeout,
+    )
     phases = {ENV_CHECK: time.perf_counter() - started}
     trees = prepare_trees(case, list(case.trees))
     phases[TREES_UP_TO_DATE] = time.perf_counter() - started - phases[ENV_CHECK]
     measured = repro.measure(
-        layout, case, trees, list(case.scenarios), device=device, timeout=timeout,
-        snippets=True, **PATHS[path],
-    )  # fmt: skip
+        layout,
+        case,
+        trees,
+        list(case.scenarios),
+        device=device,
+        timeout=timeout,
+        snippets=True,
+        **PATHS[path],
+    )
     return phases | measured.phases | {TOTAL: time.perf_counter() - started}
 
 
 def print_whole_repro(case: cases.Case, by_path: dict[str, dict[str, float]]) -> None:
     now = by_path["now"]
     ratios = ", ".join(
-        f"now/{path} {now[TOTAL] / phases[TOTAL]:.2f}" for path, phases in by_path.items()
+        f"now/{path} {now[TOTAL] / phases[TOTAL]:.2f}"
+        for path, phases in by_path.items()
         if path != "now"
-    )  # fmt: skip
+    )
     print(
         f"warm repro of the whole case ({len(case.trees)} trees, every launch, the snippet on"
         f" each): {', '.join(f'{path} {p[TOTAL]:.1f} s' for path, p in by_path.items())};"
@@ -254,8 +267,10 @@ def print_whole_repro(case: cases.Case, by_path: dict[str, dict[str, float]]) ->
     )
     names = list(dict.fromkeys(name for phases in reversed(by_path.values()) for name in phases))
     names.append(names.pop(names.index(TOTAL)))  # now's phases first, in the order they ran
-    rows = [[name, *(f"{p[name]:.1f}" if name in p else "-" for p in by_path.values())]
-            for name in names]  # fmt: skip
+    rows = [
+        [name, *(f"{p[name]:.1f}" if name in p else "-" for p in by_path.values())]
+        for name in names
+    ]
     print(table.text(["phase (s)", *by_path], rows))
     print(
         "  snippets apart: trees one after another, each snippet in an interpreter of its own;"
@@ -282,8 +297,13 @@ def main(argv: list[str]) -> int:
         return bench_runs(case, args, truth, op_us, measured_against)
 
 
-def bench_runs(case: cases.Case, args: argparse.Namespace, truth: DetectorTruth,
-               op_us: dict[str, dict[str, float]], measured_against) -> int:  # fmt: skip
+def bench_runs(
+    case: cases.Case,
+    args: argparse.Namespace,
+    truth: DetectorTruth,
+    op_us: dict[str, dict[str, float]],
+    measured_against,
+) -> int:
     """The reproducer's wall times, cold and warm, with the detector and without."""
     layout = case.layout
     spec = case.launches[0]
@@ -295,9 +315,16 @@ def bench_runs(case: cases.Case, args: argparse.Namespace, truth: DetectorTruth,
     def run(detector: bool, env: dict[str, str] | None = None) -> tuple[float, RankResults]:
         started = time.perf_counter()
         (launched,) = repro.run_launch(
-            layout, [tree], spec, [sp_size], scenarios, device=device, timeout=args.timeout,
-            detector=detector, env=env,
-        )  # fmt: skip
+            layout,
+            [tree],
+            spec,
+            [sp_size],
+            scenarios,
+            device=device,
+            timeout=args.timeout,
+            detector=detector,
+            env=env,
+        )
         [(_, _, ranks)] = launched.runs
         return time.perf_counter() - started, ranks
 
@@ -329,13 +356,27 @@ def bench_runs(case: cases.Case, args: argparse.Namespace, truth: DetectorTruth,
         table.text(
             ["median", "with detector", "without", "overhead"],
             [
-                ["warm run, wall (s)", f"{wall[True]:.2f}", f"{wall[False]:.2f}",
-                 overhead(wall[True], wall[False], "s")],
-                *([["measured call (ms)", f"{call_ms[True]:.2f}", f"{call_ms[False]:.2f}",
-                   overhead(call_ms[True], call_ms[False], "ms")]] if call_s[True] else []),
+                [
+                    "warm run, wall (s)",
+                    f"{wall[True]:.2f}",
+                    f"{wall[False]:.2f}",
+                    overhead(wall[True], wall[False], "s"),
+                ],
+                *(
+                    [
+                        [
+                            "measured call (ms)",
+                            f"{call_ms[True]:.2f}",
+                            f"{call_ms[False]:.2f}",
+                            overhead(call_ms[True], call_ms[False], "ms"),
+                        ]
+                    ]
+                    if call_s[True]
+                    else []
+                ),
             ],
         )
-    )  # fmt: skip
+    )
     print_detector(truth, op_us)
     if args.write:
         runs = {
@@ -354,9 +395,12 @@ def bench_runs(case: cases.Case, args: argparse.Namespace, truth: DetectorTruth,
             },
         }
         result = BenchResult(
-            provenance.stamp(layout, measured_against), truth, op_us,
-            environment=devices.describe(tree.python), runs=runs,
-        )  # fmt: skip
+            provenance.stamp(layout, measured_against),
+            truth,
+            op_us,
+            environment=devices.describe(tree.python),
+            runs=runs,
+        )
         path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
         print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
     return 0

@@ -110,8 +110,14 @@ class Reader:
     all its releases. A site whose function was read in a release that carries it (`follow`) is
     followed by that body where the function is renamed, moved or inlined."""
 
-    def __init__(self, layout: Layout, targets: list[Target], bounded: Project | None,
-                 since: str | None = None, until: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        layout: Layout,
+        targets: list[Target],
+        bounded: Project | None,
+        since: str | None = None,
+        until: str | None = None,
+    ) -> None:
         self.layout, self.targets = layout, targets
         self.bounded, self.since, self.until = bounded, since, until
         self._releases: dict[str, list[Published]] = {}
@@ -222,9 +228,16 @@ def history(reader: Reader, target: Target) -> SiteHistory:
 # --- narrowing to commits ------------------------------------------------------------------------
 
 
-def narrow(remote: Path, project: Project, site: AllowRule, older: str, newer: str,
-           change: Change, reference: presence.Body | None = None,
-           run: Callable[[str, Finding], Judgement] | None = None) -> GitNarrowing:  # fmt: skip
+def narrow(
+    remote: Path,
+    project: Project,
+    site: AllowRule,
+    older: str,
+    newer: str,
+    change: Change,
+    reference: presence.Body | None = None,
+    run: Callable[[str, Finding], Judgement] | None = None,
+) -> GitNarrowing:
     """The first commit on the first-parent path from tag `older` to tag `newer` whose tree is
     in `newer`'s state (the site added, removed, or with `run` its line made a device read),
     bisected on that state (the site's function followed by `reference`), and its pull
@@ -239,8 +252,11 @@ def narrow(remote: Path, project: Project, site: AllowRule, older: str, newer: s
     probed: dict[str, CommitEvidence] = {}
 
     def probe(revision: str) -> CommitEvidence:
-        commit, date, subject = git(remote, "log", "-1", "--format=%H%x00%as%x00%s",
-                                    revision).stdout.strip().split("\0")  # fmt: skip
+        commit, date, subject = (
+            git(remote, "log", "-1", "--format=%H%x00%as%x00%s", revision)
+            .stdout.strip()
+            .split("\0")
+        )
         if commit not in probed:
             sources = presence.git_sources(remote, commit, project)
             found = presence.locate(site, sources, project, reference)
@@ -261,13 +277,23 @@ def narrow(remote: Path, project: Project, site: AllowRule, older: str, newer: s
         return dataclasses.replace(narrowing, probed=tuple(probed.values()), note=note)
     changed = lambda index: in_newer_state(probe(commits[index]))  # noqa: E731
     found = probe(commits[bisect_run(len(commits), len(commits) - 1, changed)[0]])
-    return dataclasses.replace(narrowing, probed=tuple(probed.values()), first=found,
-                               pull_request=pull_request(found.subject))  # fmt: skip
+    return dataclasses.replace(
+        narrowing,
+        probed=tuple(probed.values()),
+        first=found,
+        pull_request=pull_request(found.subject),
+    )
 
 
-def narrow_reads(layout: Layout, reader: Reader, target: Target, made: SiteHistory,
-                 settings: BisectSettings, tags: str,
-                 snippet: Path | None) -> SiteHistory:  # fmt: skip
+def narrow_reads(
+    layout: Layout,
+    reader: Reader,
+    target: Target,
+    made: SiteHistory,
+    settings: BisectSettings,
+    tags: str,
+    snippet: Path | None,
+) -> SiteHistory:
     """Where a judged boundary's older release runs the line without a device read, the commit
     that made it read: its value turned into a device tensor with the same text."""
     (boundary,) = [b for b in made.boundaries if b.side == "first"]
@@ -279,12 +305,27 @@ def narrow_reads(layout: Layout, reader: Reader, target: Target, made: SiteHisto
     python = envs.python_for(layout, target.project, release)
 
     def run(commit: str, finding: Finding) -> Judgement:
-        return judge.revision(layout, target.project, settings.remote, commit, python, finding,
-                              snippet, settings.timeout)  # fmt: skip
+        return judge.revision(
+            layout,
+            target.project,
+            settings.remote,
+            commit,
+            python,
+            finding,
+            snippet,
+            settings.timeout,
+        )
 
-    narrowed = narrow(settings.remote, target.project, target.site,
-                      tags.format(version=boundary.older), tags.format(version=boundary.newer),
-                      Change.READING, reader.reference(target.site), run)  # fmt: skip
+    narrowed = narrow(
+        settings.remote,
+        target.project,
+        target.site,
+        tags.format(version=boundary.older),
+        tags.format(version=boundary.newer),
+        Change.READING,
+        reader.reference(target.site),
+        run,
+    )
     return dataclasses.replace(made, narrowed=(*made.narrowed, narrowed))
 
 
@@ -325,8 +366,10 @@ def _within(version: str, since: str | None, until: str | None) -> bool:
 
 
 def _range(since: str | None, until: str | None) -> str:
-    return " ".join(f"{word} {value}" for word, value in (("since", since), ("until", until))
-                    if value) or "at all"  # fmt: skip
+    return (
+        " ".join(f"{word} {value}" for word, value in (("since", since), ("until", until)) if value)
+        or "at all"
+    )
 
 
 def case_targets(case: cases.Case, anchor: str | None) -> list[Target]:
@@ -344,8 +387,13 @@ def case_targets(case: cases.Case, anchor: str | None) -> list[Target]:
     return targets
 
 
-def judged(layout: Layout, case: cases.Case, made: SiteHistory, settings: BisectSettings,
-           checks: dict[str, tuple]) -> SiteHistory:  # fmt: skip
+def judged(
+    layout: Layout,
+    case: cases.Case,
+    made: SiteHistory,
+    settings: BisectSettings,
+    checks: dict[str, tuple],
+) -> SiteHistory:
     """`made` with the case's tests run on its boundary releases (`checks` keeps them per
     version, for the case's other sites)."""
     boundaries = {made.before_first, made.first, made.last, made.after_last} - {None}
@@ -360,8 +408,9 @@ def judged(layout: Layout, case: cases.Case, made: SiteHistory, settings: Bisect
     return dataclasses.replace(made, releases=releases)
 
 
-def judged_boundaries(reader: Reader, target: Target, made: SiteHistory, snippet: Path | None,
-                      timeout: float) -> SiteHistory:  # fmt: skip
+def judged_boundaries(
+    reader: Reader, target: Target, made: SiteHistory, snippet: Path | None, timeout: float
+) -> SiteHistory:
     """Where the site's reads begin, judged by running, between the text's first release and
     the anchor (which must read): bisected on "device read", a release that runs its line
     without one, or does not run here, counting as before the reads. The boundary is judged
@@ -375,8 +424,15 @@ def judged_boundaries(reader: Reader, target: Target, made: SiteHistory, snippet
         if index not in runs:
             release = releases[index]
             finding = reader.finding(target.project, release, target.site)
-            runs[index] = judge.release(reader.layout, target.project, release.version,
-                                        release.sdist, finding, snippet, timeout)  # fmt: skip
+            runs[index] = judge.release(
+                reader.layout,
+                target.project,
+                release.version,
+                release.sdist,
+                finding,
+                snippet,
+                timeout,
+            )
         return runs[index].verdict
 
     first, anchor = versions.index(made.first), versions.index(made.anchor)
@@ -393,28 +449,37 @@ def judged_boundaries(reader: Reader, target: Target, made: SiteHistory, snippet
             older = versions[high - 1] if high > 0 else None
             boundary = first_boundary(older, versions[high], Decided.JUDGED)
         else:
-            boundary = first_boundary(made.before_first, made.first, Decided.TEXT,
-                                      reading=versions[high])  # fmt: skip
+            boundary = first_boundary(
+                made.before_first, made.first, Decided.TEXT, reading=versions[high]
+            )
     judged = tuple(runs[i] for i in sorted(runs))
     return dataclasses.replace(made, boundaries=(dataclasses.replace(boundary, judged=judged),))
 
 
-def first_boundary(older: str | None, newer: str, decided: Decided,
-                   reading: str | None = None) -> Boundary:  # fmt: skip
+def first_boundary(
+    older: str | None, newer: str, decided: Decided, reading: str | None = None
+) -> Boundary:
     """Where the reads begin, with the words a draft says it in; `reading`: the oldest release
     a run saw read, where the releases before it could not be judged."""
     if decided == Decided.JUDGED:
         how = "run under a sync detector"
     elif reading:
-        how = (f"by the source text; run under a sync detector, {reading} reads, older releases"
-               " did not run here")  # fmt: skip
+        how = (
+            f"by the source text; run under a sync detector, {reading} reads, older releases"
+            " did not run here"
+        )
     else:
         how = "by the source text, not run"
     return Boundary("first", older, newer, decided, f"{newer} ({how})")
 
 
-def bisect_sites(layout: Layout, reader: Reader, targets: list[Target], settings: BisectSettings,
-                 case: cases.Case | None) -> BisectResult:  # fmt: skip
+def bisect_sites(
+    layout: Layout,
+    reader: Reader,
+    targets: list[Target],
+    settings: BisectSettings,
+    case: cases.Case | None,
+) -> BisectResult:
     """Each target's history, narrowed to a commit in the home project's `--remote`, judged by
     the case's tests where asked."""
     measured_against = provenance.inputs(layout) if case else provenance.workspace_inputs(layout)
@@ -425,14 +490,23 @@ def bisect_sites(layout: Layout, reader: Reader, targets: list[Target], settings
     for target in targets:
         made = history(reader, target)
         if settings.remote and target.project == home:
-            boundaries = ((made.before_first, made.first, Change.ADDED),
-                          (made.last, made.after_last, Change.REMOVED))  # fmt: skip
+            boundaries = (
+                (made.before_first, made.first, Change.ADDED),
+                (made.last, made.after_last, Change.REMOVED),
+            )
             narrowed = tuple(
-                narrow(settings.remote, home, target.site, tags.format(version=older),
-                       tags.format(version=newer), change, reader.reference(target.site))
+                narrow(
+                    settings.remote,
+                    home,
+                    target.site,
+                    tags.format(version=older),
+                    tags.format(version=newer),
+                    change,
+                    reader.reference(target.site),
+                )
                 for older, newer, change in boundaries
                 if older and newer
-            )  # fmt: skip
+            )
             made = dataclasses.replace(made, narrowed=narrowed)
         if settings.tests and case and target.project == home:
             made = judged(layout, case, made, settings, checks)
@@ -461,31 +535,52 @@ def parser() -> argparse.ArgumentParser:
     add_case(parser)
     site = parser.add_argument_group("a site of no case")
     site.add_argument("--project", choices=sorted(projects.PROJECTS))
-    site.add_argument("--file", help="the site's file as a path suffix from the package's import"
-                      " root, e.g. deepspeed/runtime/zero/stage_1_and_2.py")  # fmt: skip
+    site.add_argument(
+        "--file",
+        help="the site's file as a path suffix from the package's import"
+        " root, e.g. deepspeed/runtime/zero/stage_1_and_2.py",
+    )
     site.add_argument("--code", help="what the site's line holds, e.g. 'is_invalid_grad_norm('")
     site.add_argument("--function", help="the function the site lies in")
-    parser.add_argument("--since", metavar="VERSION",
-                        help="the oldest release searched of the case's project (or --project);"
-                        " a site in another project is searched through all its releases",
-                        )  # fmt: skip
+    parser.add_argument(
+        "--since",
+        metavar="VERSION",
+        help="the oldest release searched of the case's project (or --project);"
+        " a site in another project is searched through all its releases",
+    )
     parser.add_argument("--until", metavar="VERSION", help="the newest release searched, likewise")
-    parser.add_argument("--anchor", metavar="VERSION",
-                        help="a release that carries the site, where the search starts (default:"
-                        " the case's pinned release, else the newest)")  # fmt: skip
-    parser.add_argument("--remote", type=Path, metavar="PATH",
-                        help="a local clone or mirror of the project with its release tags:"
-                        " narrow each boundary to a commit and its pull request")  # fmt: skip
-    parser.add_argument("--tag-format", metavar="FORMAT",
-                        help="the remote's release tags (default: as the case's pinned tag,"
-                        f" else {DEFAULT_TAG_FORMAT})")  # fmt: skip
-    parser.add_argument("--judge", action="store_true",
-                        help="judge where the reads begin by running: the site under the detector"
-                        " on the boundary releases, each in an environment built for it"
-                        " (expensive: an environment each)")  # fmt: skip
-    parser.add_argument("--tests", action="store_true",
-                        help="with --case, also run the case's tests on the boundary releases, as"
-                        " test-patch --release does (expensive: a tree each)")  # fmt: skip
+    parser.add_argument(
+        "--anchor",
+        metavar="VERSION",
+        help="a release that carries the site, where the search starts (default:"
+        " the case's pinned release, else the newest)",
+    )
+    parser.add_argument(
+        "--remote",
+        type=Path,
+        metavar="PATH",
+        help="a local clone or mirror of the project with its release tags:"
+        " narrow each boundary to a commit and its pull request",
+    )
+    parser.add_argument(
+        "--tag-format",
+        metavar="FORMAT",
+        help="the remote's release tags (default: as the case's pinned tag,"
+        f" else {DEFAULT_TAG_FORMAT})",
+    )
+    parser.add_argument(
+        "--judge",
+        action="store_true",
+        help="judge where the reads begin by running: the site under the detector"
+        " on the boundary releases, each in an environment built for it"
+        " (expensive: an environment each)",
+    )
+    parser.add_argument(
+        "--tests",
+        action="store_true",
+        help="with --case, also run the case's tests on the boundary releases, as"
+        " test-patch --release does (expensive: a tree each)",
+    )
     add_timeout(parser, "one pytest run or probe (--judge)")
     return parser
 
@@ -526,8 +621,9 @@ def main(argv: list[str]) -> int:
     settings = settings_from(args)
     if args.project:
         layout = Layout()
-        site = AllowRule(args.file, "named on the command line", function=args.function,
-                         code=args.code)  # fmt: skip
+        site = AllowRule(
+            args.file, "named on the command line", function=args.function, code=args.code
+        )
         targets = [Target(site, projects.get(args.project), settings.anchor)]
         reader = Reader(layout, targets, targets[0].project, settings.since, settings.until)
         report(layout, layout.sites, bisect_sites(layout, reader, targets, settings, None))
@@ -556,8 +652,18 @@ def report(layout: Layout, folder: Path, result: BisectResult) -> None:
         print(f"wrote {written.relative_to(layout.root)}")
 
 
-SUMMARY = ("site", "project", "first", "last", "before first", "after last", "contiguous",
-           "reads since", "added by", "removed by")  # fmt: skip
+SUMMARY = (
+    "site",
+    "project",
+    "first",
+    "last",
+    "before first",
+    "after last",
+    "contiguous",
+    "reads since",
+    "added by",
+    "removed by",
+)
 
 
 def _summary(history: SiteHistory) -> list[object]:
@@ -569,11 +675,20 @@ def _summary(history: SiteHistory) -> list[object]:
         else None
         for change in (Change.ADDED, Change.REMOVED)
     ]
-    since = next((f"{b.newer} ({b.decided})" for b in history.boundaries if b.side == "first"),
-                 None)  # fmt: skip
-    return [presence.described(history.site), history.project, history.first, history.last,
-            history.before_first, history.after_last, history.contiguous, since,
-            *commits]  # fmt: skip
+    since = next(
+        (f"{b.newer} ({b.decided})" for b in history.boundaries if b.side == "first"), None
+    )
+    return [
+        presence.described(history.site),
+        history.project,
+        history.first,
+        history.last,
+        history.before_first,
+        history.after_last,
+        history.contiguous,
+        since,
+        *commits,
+    ]
 
 
 def render(result: BisectResult, source: str) -> str:
@@ -592,11 +707,15 @@ def render(result: BisectResult, source: str) -> str:
         out += [line for boundary in history.boundaries for line in ("", _decided(boundary))]
         out += [line for narrowed in history.narrowed for line in ("", _narrowed(narrowed))]
         rows = [
-            (release.version, release.uploaded, release.finding.presence,
-             "; ".join(f"{at} `{at.code}`" for at in release.finding.found) or None,
-             "; ".join(f"{c.label}: {c.verdict} ({c.reason})" for c in release.judged) or None)
+            (
+                release.version,
+                release.uploaded,
+                release.finding.presence,
+                "; ".join(f"{at} `{at.code}`" for at in release.finding.found) or None,
+                "; ".join(f"{c.label}: {c.verdict} ({c.reason})" for c in release.judged) or None,
+            )
             for release in history.releases
-        ]  # fmt: skip
+        ]
         out += ["", table.markdown(("release", "uploaded", "site", "where", "tests"), rows)]
     return "\n".join(out) + "\n"
 
@@ -621,8 +740,10 @@ def _sentence(history: SiteHistory) -> str:
 def _decided(boundary: Boundary) -> str:
     """How a boundary was decided, and each run tried for it."""
     older = f"{boundary.older} and " if boundary.older else ""
-    runs = "; ".join(f"{run.version}{_beside(run)}: {run.verdict} ({run.probe}: {run.reason})"
-                     for run in boundary.judged)  # fmt: skip
+    runs = "; ".join(
+        f"{run.version}{_beside(run)}: {run.verdict} ({run.probe}: {run.reason})"
+        for run in boundary.judged
+    )
     tried = f" Runs: {runs}." if runs else " Not judged by running (bisect --judge runs it)."
     return f"The reads begin between {older}{boundary.newer}, by {boundary.decided}.{tried}"
 

@@ -85,13 +85,17 @@ def verdict_table(comparisons: Sequence[CostComparison]) -> str:
     """One line per fix compared, the bound it was held to below."""
     rows = [
         [
-            c.scenario, c.ranks, f"{c.before} -> {c.after}",
-            *(f"{old:g} -> {new:g}" for old, new in (c.judgement.reads, c.judgement.stalls,
-                                                     c.judgement.kernels)),
+            c.scenario,
+            c.ranks,
+            f"{c.before} -> {c.after}",
+            *(
+                f"{old:g} -> {new:g}"
+                for old, new in (c.judgement.reads, c.judgement.stalls, c.judgement.kernels)
+            ),
             f"{c.judgement.verdict}: {c.judgement.reason}",
         ]
         for c in comparisons
-    ]  # fmt: skip
+    ]
     return f"{table.text(COLUMNS, rows)}\nper step, every rank's together; verdict bound: {BOUND}"
 
 

@@ -76,9 +76,15 @@ from hostsync.records import Cost, DeviceWork, SiteCost
 from hostsync.sites import COMPILED, AllowRule, Site, require_reason
 
 __all__ = [
-    "COMPILED", "AllowRule", "CompiledInScope", "Site", "SyncEvent", "SyncScope",
-    "SyncScopeError", "package_path",
-]  # fmt: skip
+    "COMPILED",
+    "AllowRule",
+    "CompiledInScope",
+    "Site",
+    "SyncEvent",
+    "SyncScope",
+    "SyncScopeError",
+    "package_path",
+]
 
 _TORCH_DIR = str(Path(torch.__file__).parent) + os.sep
 _CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
@@ -188,12 +194,16 @@ class SyncScope:
             by_site.setdefault(event.site, []).append(event)
         sites = [
             SiteCost(
-                site.file, site.line, site.function, site.code, len(events),
+                site.file,
+                site.line,
+                site.function,
+                site.code,
+                len(events),
                 sum(event.stall for event in events),
                 sum((event.waited_for for event in events if event.stall), DeviceWork()),
             )
             for site, events in by_site.items()
-        ]  # fmt: skip
+        ]
         sites.sort(key=lambda site: (-site.reads, site.file, site.line))
         stalls = sum(event.stall for event in self.events)
         return Cost(steps, len(self.events), stalls, self.work, tuple(sites))

@@ -115,8 +115,15 @@ def reflow(text: str) -> str:
             item = _LIST_ITEM.match(block[0])
             indent = " " * (item.end() if item else 0)
             words = " ".join(line.strip() for line in block)
-            out.extend(textwrap.wrap(words, MAX_PROSE, subsequent_indent=indent,
-                                     break_long_words=False, break_on_hyphens=False))  # fmt: skip
+            out.extend(
+                textwrap.wrap(
+                    words,
+                    MAX_PROSE,
+                    subsequent_indent=indent,
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                )
+            )
             block.clear()
 
     for n, line in enumerate(own.splitlines()):

@@ -34,8 +34,15 @@ def snippet_of(layout: Layout, case: cases.Case | None) -> Path | None:
     return layout.repro / case.card.repro.snippet if case and case.card.repro.snippet else None
 
 
-def release(layout: Layout, project: Project, version: str, sdist: Sdist, finding: Finding,
-            snippet: Path | None, timeout: float) -> Judgement:  # fmt: skip
+def release(
+    layout: Layout,
+    project: Project,
+    version: str,
+    sdist: Sdist,
+    finding: Finding,
+    snippet: Path | None,
+    timeout: float,
+) -> Judgement:
     """The site's lines (as `finding` places them) run under the detector on `version`, in an
     environment built for it: a release older than the pinned one beside the other pinned
     projects of its day (`envs.companions_of_its_day`)."""
@@ -43,20 +50,31 @@ def release(layout: Layout, project: Project, version: str, sdist: Sdist, findin
     try:
         companions = envs.companions_of_its_day(layout, project, version)
         beside = tuple(f"{name} {at}" for name, at in sorted(companions.items()))
-        python = envs.python_for(layout, project, cases.Release(version, f"v{version}", sdist),
-                                 companions=companions)  # fmt: skip
+        python = envs.python_for(
+            layout, project, cases.Release(version, f"v{version}", sdist), companions=companions
+        )
     except WorkspaceError as error:
         what = " then ".join(words for _, words in _probes(finding, snippet)) or "no probe"
-        return Judgement(version, ProbeVerdict.NOT_RUN, what, f"does not install here: {error}",
-                         beside)  # fmt: skip
-    root = probe.unpacked(fetch_sdist(layout, sdist),
-                          layout.work / "probes" / f"{project.name}-{version}")  # fmt: skip
+        return Judgement(
+            version, ProbeVerdict.NOT_RUN, what, f"does not install here: {error}", beside
+        )
+    root = probe.unpacked(
+        fetch_sdist(layout, sdist), layout.work / "probes" / f"{project.name}-{version}"
+    )
     judged = tree(layout, project, version, root, python, finding, snippet, timeout)
     return dataclasses.replace(judged, beside=beside)
 
 
-def revision(layout: Layout, project: Project, repo: Path, commit: str, python: str,
-             finding: Finding, snippet: Path | None, timeout: float) -> Judgement:  # fmt: skip
+def revision(
+    layout: Layout,
+    project: Project,
+    repo: Path,
+    commit: str,
+    python: str,
+    finding: Finding,
+    snippet: Path | None,
+    timeout: float,
+) -> Judgement:
     """The site's lines run under the detector at `commit` of the git repository `repo`, with
     the interpreter `python` (the environment of the release after it)."""
     root = layout.work / "probes" / f"{project.name}-{commit[:12]}"
@@ -90,8 +108,16 @@ def _probes(finding: Finding, snippet: Path | None) -> list[tuple[list[str], str
     return probes
 
 
-def tree(layout: Layout, project: Project, label: str, root: Path, python: str,
-         finding: Finding, snippet: Path | None, timeout: float) -> Judgement:  # fmt: skip
+def tree(
+    layout: Layout,
+    project: Project,
+    label: str,
+    root: Path,
+    python: str,
+    finding: Finding,
+    snippet: Path | None,
+    timeout: float,
+) -> Judgement:
     """The site's lines run under the detector in the source tree `root` (`label`: its
     release or commit), by the interpreter `python`, each probe as a process group of its
     own until one runs: a generated call may fail where the snippet runs."""
@@ -107,8 +133,18 @@ def tree(layout: Layout, project: Project, label: str, root: Path, python: str,
     for options, what in probes:
         run = Run(layout.new_run_dir(f"probe-{project.name}-{label}"), source, layout)
         out = run.run_dir / "probe.json"
-        command = [python, "-m", "hostsync.probe", "--file", file, "--out", str(out), *options,
-                   "--lines", *map(str, lines)]  # fmt: skip
+        command = [
+            python,
+            "-m",
+            "hostsync.probe",
+            "--file",
+            file,
+            "--out",
+            str(out),
+            *options,
+            "--lines",
+            *map(str, lines),
+        ]
         try:
             status = run_group(run, command, timeout=timeout, env=_EAGER)
         except RunFailed as error:
@@ -116,13 +152,17 @@ def tree(layout: Layout, project: Project, label: str, root: Path, python: str,
         else:
             failed = f"the probe exited with status {status}: see {run.log_file}"
             seen = ProbeRun.from_json(json.loads(out.read_text())) if out.exists() else None
-            judged = (verdict_of(label, what, seen, lines) if status == 0 and seen
-                      else Judgement(label, ProbeVerdict.NOT_RUN, what, failed))  # fmt: skip
+            judged = (
+                verdict_of(label, what, seen, lines)
+                if status == 0 and seen
+                else Judgement(label, ProbeVerdict.NOT_RUN, what, failed)
+            )
         if judged.verdict != ProbeVerdict.NOT_RUN:
             return judged
         tried.append(judged)
-    reasons = "; ".join(f"{run.probe}: {run.reason}" if len(tried) > 1 else run.reason
-                        for run in tried)  # fmt: skip
+    reasons = "; ".join(
+        f"{run.probe}: {run.reason}" if len(tried) > 1 else run.reason for run in tried
+    )
     return Judgement(label, ProbeVerdict.NOT_RUN, " then ".join(w for _, w in probes), reasons)
 
 
@@ -132,8 +172,12 @@ def verdict_of(version: str, what: str, seen: ProbeRun, lines: list[int]) -> Jud
     if seen.error:
         return Judgement(version, ProbeVerdict.NOT_RUN, what, seen.error)
     if not seen.reached:
-        return Judgement(version, ProbeVerdict.NOT_RUN, what,
-                         f"the probe did not reach line {', '.join(map(str, lines))}")  # fmt: skip
+        return Judgement(
+            version,
+            ProbeVerdict.NOT_RUN,
+            what,
+            f"the probe did not reach line {', '.join(map(str, lines))}",
+        )
     read = [r for r in seen.reads if int(r.rpartition(":")[2]) in seen.reached]
     verdict = ProbeVerdict.READ if read else ProbeVerdict.NO_READ
     return Judgement(version, verdict, what, "; ".join(read) or "ran, read nothing")

@@ -305,18 +305,22 @@ def _python(run: Run, world: World, what: Start) -> list[str]:
     return [run.tree.python, str(what.script), *world.args]
 
 
-def torchrun_command(python: str, script: Path, nprocs: int, args: Sequence[str],
-                     layout: NodeLayout = SINGLE) -> list[str]:  # fmt: skip
+def torchrun_command(
+    python: str, script: Path, nprocs: int, args: Sequence[str], layout: NodeLayout = SINGLE
+) -> list[str]:
     """torchrun for one machine (`--standalone`), or this node's agent on the c10d rendezvous."""
     if not layout.spans_nodes:
         where = ["--standalone", f"--nproc-per-node={nprocs}"]
     else:
         where = [
-            f"--nnodes={layout.count}", f"--node-rank={layout.rank}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={layout.endpoint}", f"--rdzv-id={layout.run_id}",
+            f"--nnodes={layout.count}",
+            f"--node-rank={layout.rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={layout.endpoint}",
+            f"--rdzv-id={layout.run_id}",
             f"--nproc-per-node={layout.per_node(nprocs, script.name)}",
             *(f"--rdzv-conf={conf}" for conf in _store_host(layout)),
-        ]  # fmt: skip
+        ]
     return [python, "-m", "torch.distributed.run", *where, "--max-restarts=0", str(script), *args]
 
 
@@ -334,11 +338,20 @@ def _accelerate_nodes(layout: NodeLayout, ranks: int) -> list[str]:
     host, port = layout.endpoint_parts()
     layout.per_node(ranks, "accelerate launch")
     return [
-        "--num_machines", str(layout.count), "--machine_rank", str(layout.rank),
-        "--main_process_ip", host, "--main_process_port", str(port),
-        "--rdzv_backend", "c10d", "--deepspeed_multinode_launcher", "standard",
+        "--num_machines",
+        str(layout.count),
+        "--machine_rank",
+        str(layout.rank),
+        "--main_process_ip",
+        host,
+        "--main_process_port",
+        str(port),
+        "--rdzv_backend",
+        "c10d",
+        "--deepspeed_multinode_launcher",
+        "standard",
         *(word for conf in _store_host(layout) for word in ("--rdzv_conf", conf)),
-    ]  # fmt: skip
+    ]
 
 
 def _torchrun(run: Run, world: World, what: Start) -> list[str]:
@@ -353,11 +366,21 @@ def _accelerate(run: Run, world: World, what: Start) -> list[str]:
     accelerate_file.write_text(json.dumps(config, indent=2))
     backend = "nccl" if what.device == Device.CUDA else "gloo"
     return [
-        run.tree.python, "-m", "accelerate.commands.launch",
-        "--config_file", str(accelerate_file), *_accelerate_nodes(what.nodes, world.ranks),
-        str(what.script), "--output-dir", str(run.run_dir / "output"), "--backend", backend,
-        "--precision", what.deepspeed.precision, *world.args,
-    ]  # fmt: skip
+        run.tree.python,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(accelerate_file),
+        *_accelerate_nodes(what.nodes, world.ranks),
+        str(what.script),
+        "--output-dir",
+        str(run.run_dir / "output"),
+        "--backend",
+        backend,
+        "--precision",
+        what.deepspeed.precision,
+        *world.args,
+    ]
 
 
 def _fork(run: Run, what: Start) -> list[RankResults]:
@@ -379,8 +402,12 @@ def _raised(found: RankResults | RunFailed) -> RankResults:
     return found
 
 
-def fork_each(run: Run, what: Start, *, keep_going: bool = True,
-              ) -> list[RankResults | RunFailed]:  # fmt: skip
+def fork_each(
+    run: Run,
+    what: Start,
+    *,
+    keep_going: bool = True,
+) -> list[RankResults | RunFailed]:
     """Each world's rank results, or why it failed, from one interpreter that imported the script
     once (`hostsync.rank.prefork`); with `keep_going` a failed world does not stop the next ones
     (one import for many independent runs). `timeout` is per world; one machine only."""
@@ -435,8 +462,9 @@ def fork_trees(jobs: Sequence[tuple[Run, Start]]) -> list[tuple[list[RankResults
     try:
         returncode = run_group(shared, command, timeout=timeout, env=base)
     except RunHung as error:
-        raise _which_hung(error, [(f, start) for f, (_, start) in zip(folders, jobs, strict=True)]
-                          ) from None  # fmt: skip
+        raise _which_hung(
+            error, [(f, start) for f, (_, start) in zip(folders, jobs, strict=True)]
+        ) from None
     found = []
     for (run, start), its_folders in zip(jobs, folders, strict=True):
         ended = _tree_ended(run)
@@ -493,8 +521,12 @@ def _which_hung(error: RunHung, runs: Sequence[tuple[list[Path], Start]]) -> Run
     return error
 
 
-def _fork_results(run: Run, what: Start, folders: list[Path], returncode: int,
-                  ) -> list[RankResults | RunFailed]:  # fmt: skip
+def _fork_results(
+    run: Run,
+    what: Start,
+    folders: list[Path],
+    returncode: int,
+) -> list[RankResults | RunFailed]:
     found: list[RankResults | RunFailed] = []
     for folder, world in zip(folders, what.worlds, strict=True):
         try:
@@ -590,8 +622,13 @@ def check_launches(case: Case) -> None:
 # --- running a process group ---------------------------------------------------------------------
 
 
-def launch(run: Run, command: Sequence[str], nprocs: int, timeout: float,
-           env: Mapping[str, str] | None = None) -> RankResults:  # fmt: skip
+def launch(
+    run: Run,
+    command: Sequence[str],
+    nprocs: int,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+) -> RankResults:
     """Run `command` as one process group and return the result each rank wrote, by rank."""
     try:
         returncode = run_group(run, command, timeout=timeout, env=env)
@@ -618,8 +655,14 @@ def _still_running(ranks: list[int], nprocs: int) -> str:
     return f"rank {', '.join(map(str, ranks))} of {nprocs} had not finished"
 
 
-def run_group(run: Run, command: Sequence[str], *, timeout: float, cwd: Path | None = None,
-              env: Mapping[str, str] | None = None) -> int:  # fmt: skip
+def run_group(
+    run: Run,
+    command: Sequence[str],
+    *,
+    timeout: float,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
     """Run `command` as one process group, output in the run's log, and return its exit status.
 
     For commands whose exit status is an answer (pytest's 1: tests failed). Raises RunFailed on
@@ -629,8 +672,12 @@ def run_group(run: Run, command: Sequence[str], *, timeout: float, cwd: Path | N
     return status
 
 
-def run_groups(commands: Sequence[tuple[Run, Sequence[str], Mapping[str, str] | None]], *,
-               timeout: float, cwd: Path | None = None) -> list[int]:  # fmt: skip
+def run_groups(
+    commands: Sequence[tuple[Run, Sequence[str], Mapping[str, str] | None]],
+    *,
+    timeout: float,
+    cwd: Path | None = None,
+) -> list[int]:
     """Run each (run, command, variables) as a process group of its own, all at once, output in
     its run's log; their exit statuses once every one has exited, or as soon as one fails (the
     others, which would wait for it for ever, are ended). Raises RunHung on the timeout; either
@@ -644,10 +691,17 @@ def run_groups(commands: Sequence[tuple[Run, Sequence[str], Mapping[str, str] | 
                 run.run_dir.mkdir(parents=True, exist_ok=True)
                 log.info("running %s (log: %s)", " ".join(command[:6]), run.log_file)
                 with run.log_file.open("w") as output:
-                    processes.append(subprocess.Popen(
-                        command, cwd=cwd, env=environment, stdout=output,
-                        stderr=subprocess.STDOUT, start_new_session=True, pass_fds=builders,
-                    ))  # fmt: skip
+                    processes.append(
+                        subprocess.Popen(
+                            command,
+                            cwd=cwd,
+                            env=environment,
+                            stdout=output,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                            pass_fds=builders,
+                        )
+                    )
             _wait_for_groups(processes, timeout, [run for run, _, _ in commands])
         finally:
             with _uninterrupted():
@@ -685,8 +739,9 @@ def side_by_side(calls: Sequence[Callable[[], T]], at_once: int) -> list[T]:
             _stopping.clear()
 
 
-def _wait_for_groups(processes: Sequence[subprocess.Popen], timeout: float,
-                     runs: Sequence[Run]) -> None:  # fmt: skip
+def _wait_for_groups(
+    processes: Sequence[subprocess.Popen], timeout: float, runs: Sequence[Run]
+) -> None:
     """Until every process has exited, or one has failed; RunHung past the timeout, RunStopped
     when the runs beside it are stopped."""
     deadline = time.monotonic() + timeout

@@ -40,8 +40,9 @@ class Step:
         return re.sub(r"[^\w.-]+", "-", self.name).strip("-")
 
 
-def steps(layout: Layout, tree: Tree, settings: Mapping[str, LintTool],
-          workdir: Path) -> list[Step]:  # fmt: skip
+def steps(
+    layout: Layout, tree: Tree, settings: Mapping[str, LintTool], workdir: Path
+) -> list[Step]:
     """The lint steps of the tree's project, as its record says. `settings` is the case card's
     `[lint]`, for a tree that lacks the project's own lint configuration (a PyPI sdist may);
     config files it holds are written to `workdir`."""
@@ -51,8 +52,9 @@ def steps(layout: Layout, tree: Tree, settings: Mapping[str, LintTool],
     return _pre_commit(layout, tree, lint, settings, workdir)
 
 
-def _ruff(layout: Layout, tree: Tree, lint: RuffLint,
-          settings: Mapping[str, LintTool]) -> list[Step]:  # fmt: skip
+def _ruff(
+    layout: Layout, tree: Tree, lint: RuffLint, settings: Mapping[str, LintTool]
+) -> list[Step]:
     """ruff check and ruff format --check, at the version the tree pins for its style job, or
     the case card's `[lint] ruff` for a tree without the file that pins it (an sdist)."""
     if not (tree.root / lint.file).exists() and "ruff" in settings:
@@ -68,8 +70,9 @@ def _ruff(layout: Layout, tree: Tree, lint: RuffLint,
     ]
 
 
-def _pre_commit(layout: Layout, tree: Tree, lint: PreCommitLint,
-                settings: Mapping[str, LintTool], workdir: Path) -> list[Step]:  # fmt: skip
+def _pre_commit(
+    layout: Layout, tree: Tree, lint: PreCommitLint, settings: Mapping[str, LintTool], workdir: Path
+) -> list[Step]:
     """The formatters of the tree's .pre-commit-config.yaml that check Python files: from the
     tree when it has it (a git clone), else as the case card records them."""
     tools = _pre_commit_versions(tree, lint) or {
@@ -134,10 +137,20 @@ def installed(layout: Layout, requirement: str) -> tuple[str, dict[str, str]]:
         shutil.rmtree(partial, ignore_errors=True)
         log.info("installing %s into %s", requirement, target)
         done = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(partial),
-             requirement],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--target",
+                str(partial),
+                requirement,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if done.returncode != 0:
             shutil.rmtree(partial, ignore_errors=True)
             raise WorkspaceError(

@@ -113,16 +113,22 @@ def expand_nodelist(text: str) -> list[str]:
 def first_host(nodelist: str) -> str:
     """The first host of a SLURM node list: node 0, where the rendezvous listens."""
     if shutil.which("scontrol"):
-        done = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60
+        )
         if done.returncode == 0 and done.stdout.split():
             return done.stdout.split()[0]
     return expand_nodelist(nodelist)[0]
 
 
-def from_options(nnodes: int | None, node_rank: int | None, endpoint: str | None,
-                 shares: Path | None, default_shares: Path,
-                 env: Mapping[str, str] = os.environ) -> NodeLayout:  # fmt: skip
+def from_options(
+    nnodes: int | None,
+    node_rank: int | None,
+    endpoint: str | None,
+    shares: Path | None,
+    default_shares: Path,
+    env: Mapping[str, str] = os.environ,
+) -> NodeLayout:
     """The node layout: the options where given, else SLURM's variables, else one node."""
     slurm = int(env.get("SLURM_NNODES", "1") or "1") > 1
     count = nnodes if nnodes is not None else int(env["SLURM_NNODES"]) if slurm else 1

@@ -105,20 +105,32 @@ def add_nodes(parser: argparse.ArgumentParser) -> None:
         "across nodes (torchrun's c10d rendezvous; default: SLURM_NNODES, SLURM_NODEID and the"
         " first host of SLURM_JOB_NODELIST when set)"
     )
-    group.add_argument("--nnodes", type=int, metavar="N",
-                       help="nodes the ranks span; without --rdzv-endpoint every node's agent"
-                       " starts on this machine")  # fmt: skip
+    group.add_argument(
+        "--nnodes",
+        type=int,
+        metavar="N",
+        help="nodes the ranks span; without --rdzv-endpoint every node's agent"
+        " starts on this machine",
+    )
     group.add_argument("--node-rank", type=int, metavar="R", help="this node (0 writes the result)")
-    group.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
-                       help=f"node 0's rendezvous (under SLURM: its first host, port MASTER_PORT"
-                       f" or {nodes.DEFAULT_PORT})")  # fmt: skip
-    group.add_argument("--node-results", type=Path, metavar="DIR",
-                       help="a folder every node reads, where they pool their ranks' results"
-                       " (default: the workspace's work/nodes/)")  # fmt: skip
+    group.add_argument(
+        "--rdzv-endpoint",
+        metavar="HOST:PORT",
+        help=f"node 0's rendezvous (under SLURM: its first host, port MASTER_PORT"
+        f" or {nodes.DEFAULT_PORT})",
+    )
+    group.add_argument(
+        "--node-results",
+        type=Path,
+        metavar="DIR",
+        help="a folder every node reads, where they pool their ranks' results"
+        " (default: the workspace's work/nodes/)",
+    )
 
 
 def node_layout(args: argparse.Namespace, layout: Layout | None = None) -> nodes.NodeLayout:
     """The node layout `add_nodes`' options (or SLURM) give, read once per command."""
     layout = layout or Layout()
-    return nodes.from_options(args.nnodes, args.node_rank, args.rdzv_endpoint, args.node_results,
-                              layout.work / "nodes")  # fmt: skip
+    return nodes.from_options(
+        args.nnodes, args.node_rank, args.rdzv_endpoint, args.node_results, layout.work / "nodes"
+    )

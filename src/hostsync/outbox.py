@@ -76,8 +76,11 @@ def remake_patches(case: Case, identity: tuple[str, str], target: Path) -> None:
     if said:
         print(f"{layout.case}: {said}")
     name, email = identity
-    as_contributor = {f"GIT_{role}_{key}": value for role in ("AUTHOR", "COMMITTER")
-                      for key, value in (("NAME", name), ("EMAIL", email))}  # fmt: skip
+    as_contributor = {
+        f"GIT_{role}_{key}": value
+        for role in ("AUTHOR", "COMMITTER")
+        for key, value in (("NAME", name), ("EMAIL", email))
+    }
     sign_off = ["--signoff"] if case.project.sign_off else []
     with tempfile.TemporaryDirectory(dir=layout.work) as scratch:
         tree = Path(scratch) / "tree"
@@ -85,10 +88,24 @@ def remake_patches(case: Case, identity: tuple[str, str], target: Path) -> None:
         try:
             for patch in upstream_patches(layout, case):
                 git(tree, "am", "--quiet", "-3", str(patch), env=as_contributor)
-                git(tree, "commit", "--quiet", "--amend", "--no-edit", "--reset-author",
-                    *sign_off, env=as_contributor)  # fmt: skip
-            git(tree, "format-patch", "--quiet", "--output-directory", str(target),
-                f"{case.pin.tag}..HEAD")  # fmt: skip
+                git(
+                    tree,
+                    "commit",
+                    "--quiet",
+                    "--amend",
+                    "--no-edit",
+                    "--reset-author",
+                    *sign_off,
+                    env=as_contributor,
+                )
+            git(
+                tree,
+                "format-patch",
+                "--quiet",
+                "--output-directory",
+                str(target),
+                f"{case.pin.tag}..HEAD",
+            )
         finally:
             git(layout.clone, "worktree", "remove", "--force", str(tree))
 

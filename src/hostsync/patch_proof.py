@@ -145,8 +145,11 @@ def read_junit(path: Path) -> list[TestOutcome]:
     return found
 
 
-def judge(expect: Expectation, tests: Sequence[TestOutcome], returncode: int,
-          ) -> tuple[Verdict, str]:  # fmt: skip
+def judge(
+    expect: Expectation,
+    tests: Sequence[TestOutcome],
+    returncode: int,
+) -> tuple[Verdict, str]:
     """The verdict on one pytest run, and why."""
     if not tests:
         # pytest's 5; upstream's conftest.py turns it into 0, so the report is what counts.
@@ -191,8 +194,14 @@ def pytest_in_tree(
     """Run pytest on `paths` at the tree root: its exit code and the junit report's results."""
     report = run.run_dir / "junit.xml"
     command = [
-        tree.python, "-m", "pytest", *paths, f"--junitxml={report}", "-p", "no:cacheprovider",
-    ]  # fmt: skip
+        tree.python,
+        "-m",
+        "pytest",
+        *paths,
+        f"--junitxml={report}",
+        "-p",
+        "no:cacheprovider",
+    ]
     env = dict(tree.project.test_env)
     returncode = run_group(run, command, timeout=timeout, cwd=tree.root, env=env)
     if not report.exists():
@@ -249,8 +258,9 @@ def check_tests(
     return check
 
 
-def check_neighbours(layout: Layout, case: cases.Case, workdir: Path, tree: Tree,
-                     timeout: float) -> Check:  # fmt: skip
+def check_neighbours(
+    layout: Layout, case: cases.Case, workdir: Path, tree: Tree, timeout: float
+) -> Check:
     """Upstream's tests near the change on the patched tree: run, skipped (why) or absent."""
     check = Check("upstream tests", tree.label, PASS_OR_SKIP.label, tree)
     with measured(check):
@@ -277,8 +287,9 @@ def check_lint(case: cases.Case, workdir: Path, tree: Tree) -> Check:
         failures = []
         for step in steps:
             run = Run(workdir / "lint" / step.slug, tree, layout)
-            status = run_group(run, [*step.command, *files], timeout=300, cwd=tree.root,
-                               env=step.env)  # fmt: skip
+            status = run_group(
+                run, [*step.command, *files], timeout=300, cwd=tree.root, env=step.env
+            )
             message = "" if status == 0 else last_line(run.log_file.read_text())
             check.tests.append(TestOutcome(step.name, PASSED if status == 0 else FAILED, message))
             if status != 0:
@@ -288,9 +299,12 @@ def check_lint(case: cases.Case, workdir: Path, tree: Tree) -> Check:
     return check
 
 
-def release_expectation(layout: Layout, case: cases.Case, version: str,
-                        timeout: float | None = None,
-                        ) -> tuple[Expectation | None, str]:  # fmt: skip
+def release_expectation(
+    layout: Layout,
+    case: cases.Case,
+    version: str,
+    timeout: float | None = None,
+) -> tuple[Expectation | None, str]:
     """What the series' tests must show on another release, read from its source: red where it
     carries the case's sites, green where the code they lie in is there without them; and where
     a site lives when not where the card names it. None, and why, where the tests cannot judge
@@ -306,15 +320,23 @@ def release_expectation(layout: Layout, case: cases.Case, version: str,
         for path, text in patchqueue.added_files(patch).items()
         if path.endswith(".py")
     ]
-    lacking = [f"the series' tests import {name}, which {where} lacks"
-               for name in presence.undefined_imports(texts, sources, case.project)]  # fmt: skip
+    lacking = [
+        f"the series' tests import {name}, which {where} lacks"
+        for name in presence.undefined_imports(texts, sources, case.project)
+    ]
     own = [rule for rule in case.carries if presence.project_of(rule, case.project) == case.project]
     findings = [presence.locate(rule, sources, case.project) for rule in own]
-    lacking += [f"{where} has no {presence.described(rule)}, nor the code it lies in"
-                for rule, finding in zip(own, findings, strict=True)
-                if finding.presence == Presence.MISSING]  # fmt: skip
-    elsewhere = [str(at) for finding in findings if finding.presence == Presence.ELSEWHERE
-                 for at in finding.found]  # fmt: skip
+    lacking += [
+        f"{where} has no {presence.described(rule)}, nor the code it lies in"
+        for rule, finding in zip(own, findings, strict=True)
+        if finding.presence == Presence.MISSING
+    ]
+    elsewhere = [
+        str(at)
+        for finding in findings
+        if finding.presence == Presence.ELSEWHERE
+        for at in finding.found
+    ]
     moved = [f"in {where} the case's sites live in {', '.join(dict.fromkeys(elsewhere))}"]
     said = "; ".join(lacking + (moved if elsewhere else []))
     if lacking:
@@ -323,8 +345,10 @@ def release_expectation(layout: Layout, case: cases.Case, version: str,
     if timeout is None or not carried:
         return (red(case) if carried else GREEN), said
     snippet = judged_run.snippet_of(layout, case)
-    runs = [judged_run.release(layout, case.project, version, release.sdist, finding, snippet,
-                               timeout) for finding in carried]  # fmt: skip
+    runs = [
+        judged_run.release(layout, case.project, version, release.sdist, finding, snippet, timeout)
+        for finding in carried
+    ]
     judged = [f"judged by running {run.probe}: {run.verdict} ({run.reason})" for run in runs]
     said = "; ".join(part for part in (said, *judged) if part)
     no_read = all(run.verdict == ProbeVerdict.NO_READ for run in runs)
@@ -339,10 +363,15 @@ def other_release_checks(
     expect, said = release_expectation(layout, case, version, timeout)
     if expect is None:
         return [
-            Check("series tests", f"{version}{extra}", "comparable", verdict=NOT_COMPARABLE,
-                  reason=said)
+            Check(
+                "series tests",
+                f"{version}{extra}",
+                "comparable",
+                verdict=NOT_COMPARABLE,
+                reason=said,
+            )
             for extra in ("+series", "+tests")
-        ]  # fmt: skip
+        ]
     checks = [
         check_tests(case, workdir, f"{version}+series", GREEN, timeout, optional=True),
         check_tests(case, workdir, f"{version}+tests", expect, timeout, optional=True),

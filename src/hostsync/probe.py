@@ -37,8 +37,10 @@ def generated_call(module: str, function: str) -> str | None:
         for p in inspect.signature(target).parameters.values()
         if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
-    values = ["[torch.full((4,), 4.0)]" if name.endswith("s") else "torch.tensor(4.0)"
-              for name in required]  # fmt: skip
+    values = [
+        "[torch.full((4,), 4.0)]" if name.endswith("s") else "torch.tensor(4.0)"
+        for name in required
+    ]
     return f"{function}({', '.join(values)})"
 
 
@@ -74,8 +76,11 @@ def _run(args: argparse.Namespace) -> ProbeRun:
         line = traceback.format_exception_only(error)[-1].strip()
         return ProbeRun(tuple(sorted(reached)), (), f"{what}: {line}")
     sys.settrace(None)
-    reads = [f"{site.file}:{site.line}" for site in scope.counts()
-             if suffix_matches(site.file, args.file)]  # fmt: skip
+    reads = [
+        f"{site.file}:{site.line}"
+        for site in scope.counts()
+        if suffix_matches(site.file, args.file)
+    ]
     return ProbeRun(tuple(sorted(reached)), tuple(reads), "")
 
 

@@ -89,11 +89,15 @@ PROJECTS = {
     project.name: project
     for project in (
         Project(
-            "transformers", "https://github.com/huggingface/transformers", "src",
-            "src/transformers/__init__.py", _DUNDER_VERSION,
+            "transformers",
+            "https://github.com/huggingface/transformers",
+            "src",
+            "src/transformers/__init__.py",
+            _DUNDER_VERSION,
             # `make style`: the ruff of its dependency table.
-            lint=RuffLint("src/transformers/dependency_versions_table.py",
-                          r'"ruff": "ruff==([^"]+)"'),
+            lint=RuffLint(
+                "src/transformers/dependency_versions_table.py", r'"ruff": "ruff==([^"]+)"'
+            ),
             reports=("tokenizers", "huggingface_hub"),
             trainer=True,
             before_sending=(
@@ -107,21 +111,29 @@ PROJECTS = {
             system_info="transformers env",
         ),
         Project(
-            "accelerate", "https://github.com/huggingface/accelerate", "src",
-            "src/accelerate/__init__.py", _DUNDER_VERSION,
+            "accelerate",
+            "https://github.com/huggingface/accelerate",
+            "src",
+            "src/accelerate/__init__.py",
+            _DUNDER_VERSION,
             # `make quality`: the ruff of setup.py's quality extra.
             lint=RuffLint("setup.py", r"ruff\s*==\s*([\w.]+)"),
             before_sending=("Run `make style` and `make quality` in your clone of accelerate",),
             system_info="accelerate env",
         ),
         Project(
-            "deepspeed", "https://github.com/deepspeedai/DeepSpeed", ".",
-            "version.txt", r"^(\S+)\s*$",
-            lint=PreCommitLint((
-                Formatter("yapf", "google/yapf", "yapf", ("--diff",), "--style"),
-                Formatter("flake8", "flake8", "flake8", (), "--config"),
-                Formatter("codespell", "codespell", "codespell_lib"),
-            )),
+            "deepspeed",
+            "https://github.com/deepspeedai/DeepSpeed",
+            ".",
+            "version.txt",
+            r"^(\S+)\s*$",
+            lint=PreCommitLint(
+                (
+                    Formatter("yapf", "google/yapf", "yapf", ("--diff",), "--style"),
+                    Formatter("flake8", "flake8", "flake8", (), "--config"),
+                    Formatter("codespell", "codespell", "codespell_lib"),
+                )
+            ),
             # Its cpu-torch-latest workflow: `cd tests; DS_ACCELERATOR=cpu pytest unit/...`.
             test_env=(("DS_ACCELERATOR", "cpu"),),
             extensions_per_tree=True,
@@ -133,11 +145,16 @@ PROJECTS = {
             system_info="ds_report",
         ),
         Project(
-            "trl", "https://github.com/huggingface/trl", ".", "VERSION", r"^(\S+)\s*$",
+            "trl",
+            "https://github.com/huggingface/trl",
+            ".",
+            "VERSION",
+            r"^(\S+)\s*$",
             # `make precommit`: the ruff of its pre-commit config; a PyPI sdist lacks that file,
             # so the case card's [lint] gives the version.
-            lint=RuffLint(".pre-commit-config.yaml",
-                          r"astral-sh/ruff-pre-commit\s+rev:\s*v([\w.]+)"),
+            lint=RuffLint(
+                ".pre-commit-config.yaml", r"astral-sh/ruff-pre-commit\s+rev:\s*v([\w.]+)"
+            ),
             reports=("datasets",),
             before_sending=(
                 "Fill in the PR template's 'Before submitting' box yourself",
@@ -148,14 +165,17 @@ PROJECTS = {
             system_info="trl env",
         ),
         Project(
-            "peft", "https://github.com/huggingface/peft", "src",
-            "src/peft/__init__.py", _DUNDER_VERSION,
+            "peft",
+            "https://github.com/huggingface/peft",
+            "src",
+            "src/peft/__init__.py",
+            _DUNDER_VERSION,
             # `make quality`: the ruff of setup.py's quality extra.
             lint=RuffLint("setup.py", r'"ruff==([^"]+)"'),
             before_sending=("Run `make style` and `make quality` in your clone of peft",),
         ),
     )
-}  # fmt: skip
+}
 
 # What the hunt attributes a site to, in the order it ranks them: the projects, then torch.
 PACKAGES = (*PROJECTS, "torch")

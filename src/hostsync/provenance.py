@@ -74,8 +74,10 @@ def stale_reasons(layout: Layout, result: Result) -> list[str]:
     if then.case_sha256 != now.case_sha256:
         reasons.append(f"cases/{layout.case}.toml changed")
     if result.DETECTED and then.detector_sha256 != now.detector_sha256:
-        reasons.append("it was measured by another detector (src/hostsync/detector.py,"
-                       " sync_ops.py, accounting.py)")  # fmt: skip
+        reasons.append(
+            "it was measured by another detector (src/hostsync/detector.py,"
+            " sync_ops.py, accounting.py)"
+        )
     for folder, old, new in (
         ("patches", then.patches, now.patches),
         ("repro", then.scripts, now.scripts),

@@ -507,9 +507,11 @@ class RunRow(Record):
 
     def to_json(self) -> dict[str, Json]:
         out: dict[str, Json] = {
-            "tree": self.tree, "launch": self.launch, "ranks": self.ranks,
+            "tree": self.tree,
+            "launch": self.launch,
+            "ranks": self.ranks,
             "scenario": self.scenario,
-        }  # fmt: skip
+        }
         figures = self.figures
         if self.host_syncs is not None:
             figures = {"host_syncs": self.host_syncs} | figures
@@ -1406,7 +1408,15 @@ class SurveyResult(Result):
 KINDS: dict[str, type[Result]] = {
     kind.KIND: kind
     for kind in (
-        ReproResult, TestPatchResult, ProfileResult, HuntResult, CensusResult, BenchResult,
-        BisectResult, WatchResult, GpuResult, SurveyResult,
+        ReproResult,
+        TestPatchResult,
+        ProfileResult,
+        HuntResult,
+        CensusResult,
+        BenchResult,
+        BisectResult,
+        WatchResult,
+        GpuResult,
+        SurveyResult,
     )
-}  # fmt: skip
+}

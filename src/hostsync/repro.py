@@ -133,8 +133,10 @@ def run_launch(
         if len(jobs) > 1 and launchers.LAUNCHERS[spec.launcher].forks_here(nodes):
             launched = launchers.fork_trees(jobs)
         else:
-            launched = [_timed(lambda run=run, what=what: launchers.start(spec.launcher, run, what))
-                        for run, what in jobs]  # fmt: skip
+            launched = [
+                _timed(lambda run=run, what=what: launchers.start(spec.launcher, run, what))
+                for run, what in jobs
+            ]
         for index, ((run, _), (found, took)) in enumerate(zip(jobs, launched, strict=True)):
             for rank_results in found:
                 check_contract(rank_results, scenarios, run.run_dir)
@@ -357,8 +359,9 @@ class ReproSettings:
     nodes: NodeLayout = SINGLE
 
 
-def planned(case: Case, scenarios: Sequence[str], only_ranks: Sequence[int] = ()
-            ) -> list[tuple[Launch, list[str], list[int]]]:  # fmt: skip
+def planned(
+    case: Case, scenarios: Sequence[str], only_ranks: Sequence[int] = ()
+) -> list[tuple[Launch, list[str], list[int]]]:
     """Each launch to run: its scenarios asked for and its rank counts kept by `only_ranks`."""
     found = []
     for spec in case.launches:
@@ -382,11 +385,20 @@ class Measured:
 
 
 def measure(
-    layout: Layout, case: Case, trees: list[Tree], scenarios: Sequence[str], *,
-    device: str, timeout: float, only_ranks: Sequence[int] = (), nodes: NodeLayout = SINGLE,
-    snippets: bool = False, snippets_apart: bool = False, trees_at_once: int | None = None,
+    layout: Layout,
+    case: Case,
+    trees: list[Tree],
+    scenarios: Sequence[str],
+    *,
+    device: str,
+    timeout: float,
+    only_ranks: Sequence[int] = (),
+    nodes: NodeLayout = SINGLE,
+    snippets: bool = False,
+    snippets_apart: bool = False,
+    trees_at_once: int | None = None,
     share: bool = True,
-) -> Measured:  # fmt: skip
+) -> Measured:
     """Every (tree, launch, rank count) as one run, and with `snippets` the case's snippet on
     each tree: in the interpreter a fork launch on its device imported (the same calls, without
     importing torch and the tree again), else, or with `snippets_apart`, in one of its own.
@@ -413,11 +425,21 @@ def measure(
             carries = {
                 label: snippet
                 for label, snippet in issued.items()
-                if not snippets_apart and not snippet.snippet.ended()
+                if not snippets_apart
+                and not snippet.snippet.ended()
                 and launchers.LAUNCHERS[spec.launcher].forks_here(nodes)
-            }  # fmt: skip
-            done = run_launch(layout, group, spec, counts, wanted, device=device, timeout=timeout,
-                              nodes=nodes, snippets=carries)  # fmt: skip
+            }
+            done = run_launch(
+                layout,
+                group,
+                spec,
+                counts,
+                wanted,
+                device=device,
+                timeout=timeout,
+                nodes=nodes,
+                snippets=carries,
+            )
             for tree, launched in zip(group, done, strict=True):
                 seconds[tree.label] += launched.seconds
                 for ranks, device_used, rank_results in launched.runs:
@@ -447,8 +469,9 @@ def measure(
 
     groups = launchers.sharing_groups(trees, layout) if shared else [[tree] for tree in trees]
     found = Measured()
-    for one in launchers.side_by_side([functools.partial(some_trees, group) for group in groups],
-                                      at_once):  # fmt: skip
+    for one in launchers.side_by_side(
+        [functools.partial(some_trees, group) for group in groups], at_once
+    ):
         found.runs.extend(one.runs)
         found.used.update(one.used)
         found.nodes.extend(one.nodes)
@@ -457,8 +480,9 @@ def measure(
     return found
 
 
-def check_nodes(case: Case, settings: ReproSettings, scenarios: Sequence[str],
-                only_ranks: Sequence[int]) -> None:  # fmt: skip
+def check_nodes(
+    case: Case, settings: ReproSettings, scenarios: Sequence[str], only_ranks: Sequence[int]
+) -> None:
     """Refuse, before anything runs, what the nodes cannot share."""
     if not settings.nodes.spans_nodes:
         return
@@ -526,13 +550,24 @@ def repro_case(case: Case, settings: ReproSettings) -> ReproResult:
     check_nodes(case, settings, scenarios, only_ranks)
     measured_against = provenance.inputs(layout)
     names = list(settings.trees or case.trees)
-    trees = node_0_first(settings.nodes, f"trees of {case.name}", settings.timeout,
-                         lambda: prepare_trees(case, names))  # fmt: skip
+    trees = node_0_first(
+        settings.nodes,
+        f"trees of {case.name}",
+        settings.timeout,
+        lambda: prepare_trees(case, names),
+    )
     # The snippet is one process, as a user runs it: once, on the node that writes the result.
     measured = measure(
-        layout, case, trees, scenarios, device=settings.device, timeout=settings.timeout,
-        only_ranks=only_ranks, nodes=settings.nodes, snippets=settings.nodes.writes_results,
-    )  # fmt: skip
+        layout,
+        case,
+        trees,
+        scenarios,
+        device=settings.device,
+        timeout=settings.timeout,
+        only_ranks=only_ranks,
+        nodes=settings.nodes,
+        snippets=settings.nodes.writes_results,
+    )
     runs, used = measured.runs, measured.used
     trainer = tuple(
         trainer_launch.compare_losses(

@@ -33,8 +33,9 @@ def write(folder: Path, result: Result, keep_elsewhere: Path) -> Path:
     try:
         return _write_new(folder, stem, text)
     except OSError as error:
-        kept = _write_new(Path(tempfile.mkdtemp(prefix="result-", dir=_existing(keep_elsewhere))),
-                          stem, text)  # fmt: skip
+        kept = _write_new(
+            Path(tempfile.mkdtemp(prefix="result-", dir=_existing(keep_elsewhere))), stem, text
+        )
         raise WorkspaceError(
             f"cannot write the {result.KIND} result into {folder} ({error.strerror or error}):"
             f" it is kept at {kept}; make the folder writable and move the file there"
@@ -53,8 +54,9 @@ def _write_new(folder: Path, stem: str, text: str) -> Path:
     """A new file holding `text`: written under a temporary name, then linked to its final
     name, which fails rather than replace a file that is already there."""
     folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=folder, prefix=".", suffix=".part",
-                                     delete=False) as partial:  # fmt: skip
+    with tempfile.NamedTemporaryFile(
+        "w", dir=folder, prefix=".", suffix=".part", delete=False
+    ) as partial:
         partial.write(text)
         partial.flush()
         os.fsync(partial.fileno())

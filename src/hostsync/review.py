@@ -146,8 +146,11 @@ def refuse_unusable(layout: Layout, source: Source) -> None:
     if isinstance(result, ReproResult) and not result.runs:
         raise WorkspaceError(f"{where} holds no runs: rerun `nox -s repro -- --case {layout.case}`")
     if isinstance(result, TestPatchResult):
-        wrong = [f"{c.check} on {c.label}: {c.reason}" for c in result.checks
-                 if c.verdict == Verdict.WRONG]  # fmt: skip
+        wrong = [
+            f"{c.check} on {c.label}: {c.reason}"
+            for c in result.checks
+            if c.verdict == Verdict.WRONG
+        ]
         if not result.checks or wrong or not result.ok:
             said = "; ".join(wrong) or "no check passed"
             raise WorkspaceError(
@@ -284,10 +287,13 @@ def made_by(source: str, case: str) -> str:
 
 def refuse_unmeasured(template: Path, text: str, found: dict[str, Any], case: str) -> None:
     """Refuse a template citing a figure no result holds, naming what would produce it."""
-    lacking = sorted({
-        match["source"] for match in PLACEHOLDER.finditer(text)
-        if figure(match, found) == drafts.NOT_MEASURED
-    })  # fmt: skip
+    lacking = sorted(
+        {
+            match["source"]
+            for match in PLACEHOLDER.finditer(text)
+            if figure(match, found) == drafts.NOT_MEASURED
+        }
+    )
     if lacking:
         raise WorkspaceError(
             f"{template.name} cites {', '.join(lacking)} figures no result holds: run"
@@ -359,8 +365,12 @@ def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]
     sources = fresh_sources(layout, case, rerun)
     if results_folder(layout) != layout.profiles:
         where = f"profiles/{layout.case}/"
-        log.info("%s holds no result of its own: citing the committed reference set, %s%s/",
-                 where, where, REFERENCE)  # fmt: skip
+        log.info(
+            "%s holds no result of its own: citing the committed reference set, %s%s/",
+            where,
+            where,
+            REFERENCE,
+        )
     elif refresh:
         for change in refresh_reference(layout, sources):
             log.info("profiles/%s/%s: %s", layout.case, REFERENCE, change)

@@ -53,8 +53,9 @@ class AllowRule:
         )
 
 
-def first_match(rules: tuple[AllowRule, ...] | list[AllowRule], site: Site,
-                caller: str = "") -> AllowRule | None:  # fmt: skip
+def first_match(
+    rules: tuple[AllowRule, ...] | list[AllowRule], site: Site, caller: str = ""
+) -> AllowRule | None:
     """The first rule accepting `site` when called from `caller`, or None."""
     return next((rule for rule in rules if rule.matches(site, caller)), None)
 

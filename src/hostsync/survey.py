@@ -131,10 +131,15 @@ def main(argv: list[str]) -> int:
     project = projects.get(args.project)
     root = unpacked(layout, args.project, spec)
     tree = Tree(
-        label=f"{project.name}-{spec.version}", role=TreeRole.RELEASE, root=root,
-        version=spec.version, commit="", origin=origin(spec.sdist), project=project,
+        label=f"{project.name}-{spec.version}",
+        role=TreeRole.RELEASE,
+        root=root,
+        version=spec.version,
+        commit="",
+        origin=origin(spec.sdist),
+        project=project,
         python=sys.executable,
-    )  # fmt: skip
+    )
     tests = tuple(shlex.split(args.tests)) if args.tests else spec.tests
     result = survey(layout, tree, spec, tests, args.timeout, args.rounds)
     json_path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
@@ -142,8 +147,11 @@ def main(argv: list[str]) -> int:
         print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
     print(summary(result))
     if result.differences:
-        print(f"error: the plugin changed {len(result.differences)} outcome(s):"
-              f" {'; '.join(result.differences[:5])}", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: the plugin changed {len(result.differences)} outcome(s):"
+            f" {'; '.join(result.differences[:5])}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -178,9 +186,17 @@ def test_requirements(layout: Layout, spec: SurveySpec) -> Path | None:
     partial = dest.with_name(dest.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     install = [
-        sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-        "--no-deps", "--target", str(partial), *spec.requires,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--target",
+        str(partial),
+        *spec.requires,
+    ]
     done = subprocess.run(install, capture_output=True, text=True, timeout=900, check=False)
     if done.returncode != 0:
         raise WorkspaceError(
@@ -191,8 +207,14 @@ def test_requirements(layout: Layout, spec: SurveySpec) -> Path | None:
     return dest
 
 
-def survey(layout: Layout, tree: Tree, spec: SurveySpec, tests: Sequence[str],
-           timeout: float, rounds: int = ROUNDS) -> SurveyResult:  # fmt: skip
+def survey(
+    layout: Layout,
+    tree: Tree,
+    spec: SurveySpec,
+    tests: Sequence[str],
+    timeout: float,
+    rounds: int = ROUNDS,
+) -> SurveyResult:
     run_dir = layout.new_run_dir(f"survey-{tree.label}")
     requirements = test_requirements(layout, spec)
     env = dict(tree.project.test_env)
@@ -216,9 +238,18 @@ def survey(layout: Layout, tree: Tree, spec: SurveySpec, tests: Sequence[str],
         run = launchers.Run(run_dir / folder, tree, layout)
         report = run.run_dir / "junit.xml"
         command = [
-            tree.python, "-m", "pytest", *tests, *spec.options, *extra, f"--junitxml={report}",
-            f"--rootdir={tree.root}", "-p", "no:cacheprovider", "-q",
-        ]  # fmt: skip
+            tree.python,
+            "-m",
+            "pytest",
+            *tests,
+            *spec.options,
+            *extra,
+            f"--junitxml={report}",
+            f"--rootdir={tree.root}",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+        ]
         return run, command, report
 
     # One unmeasured run first takes the cold start (imports, inductor's kernel cache), so that
@@ -239,8 +270,16 @@ def survey(layout: Layout, tree: Tree, spec: SurveySpec, tests: Sequence[str],
                 )
             outcomes[mode, index] = read_junit(report)
             counted = Counter(test.outcome.value for test in outcomes[mode, index])
-            runs.append(SurveyRun(mode, round(wall_s, 2), round(cpu_s, 2), returncode,
-                                  dict(sorted(counted.items())), index))  # fmt: skip
+            runs.append(
+                SurveyRun(
+                    mode,
+                    round(wall_s, 2),
+                    round(cpu_s, 2),
+                    returncode,
+                    dict(sorted(counted.items())),
+                    index,
+                )
+            )
     written = Baseline.read(baseline) if baseline.exists() else Baseline.of({})
     return SurveyResult(
         stamp=Stamp.now(

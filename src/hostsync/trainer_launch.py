@@ -33,10 +33,19 @@ SP_SIZE = 2
 WORKER = Path(__file__).parent / "rank" / "workers" / "trainer.py"
 
 
-def run_trainer(layout: Layout, tree: Tree, *, sp: bool, steps: int, logging_steps: int = 1,
-                worker_args: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT_S,
-                device: str = "auto", setup: DeepSpeedSetup = DEFAULT_SETUP,
-                nodes: NodeLayout = SINGLE) -> RankResults:  # fmt: skip
+def run_trainer(
+    layout: Layout,
+    tree: Tree,
+    *,
+    sp: bool,
+    steps: int,
+    logging_steps: int = 1,
+    worker_args: Sequence[str] = (),
+    timeout: float = DEFAULT_TIMEOUT_S,
+    device: str = "auto",
+    setup: DeepSpeedSetup = DEFAULT_SETUP,
+    nodes: NodeLayout = SINGLE,
+) -> RankResults:
     """One `accelerate launch` of the engine's Trainer worker; each rank's result, by rank.
 
     With SP: two ranks forming one SP group of two (across `nodes`, one share each). Without:
@@ -77,9 +86,13 @@ def logged_losses(result: TrainerRank, steps: int) -> list[float]:
     return [logged[str(step)].loss for step in range(1, steps + 1)]
 
 
-def compare_losses(layout: Layout, tree: Tree, steps: int = 2,
-                   timeout: float = DEFAULT_TIMEOUT_S,
-                   device: str = "auto") -> TrainerComparison:  # fmt: skip
+def compare_losses(
+    layout: Layout,
+    tree: Tree,
+    steps: int = 2,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    device: str = "auto",
+) -> TrainerComparison:
     """Per-step Trainer loss with Ulysses SP (2 ranks) against the same training without SP.
 
     The reference is a single-process DeepSpeed run, not a 2-rank data-parallel one: with SP the

@@ -83,8 +83,15 @@ def watch_case(case: cases.Case, reader: Reader, settings: WatchSettings) -> Cas
         finding = reader.finding(target.project, newest, target.site)
         run = None
         if settings.tests and finding.presence.carried:
-            run = judge.release(layout, target.project, newest.version, newest.sdist, finding,
-                                judge.snippet_of(layout, case), settings.timeout)  # fmt: skip
+            run = judge.release(
+                layout,
+                target.project,
+                newest.version,
+                newest.sdist,
+                finding,
+                judge.snippet_of(layout, case),
+                settings.timeout,
+            )
         sites.append(SiteWatch(target.project.name, newest.version, target.site, finding, run))
     newest = reader.releases(case.project)[-1].version
     with locks.case(layout):
@@ -92,8 +99,9 @@ def watch_case(case: cases.Case, reader: Reader, settings: WatchSettings) -> Cas
         checks = []
         if settings.tests:
             workdir = layout.new_run_dir(f"watch-{layout.case}")
-            checks = patch_proof.other_release_checks(layout, case, workdir, newest,
-                                                      settings.timeout)  # fmt: skip
+            checks = patch_proof.other_release_checks(
+                layout, case, workdir, newest, settings.timeout
+            )
     return CaseWatch(
         case=case.name,
         project=case.project.name,
@@ -114,8 +122,9 @@ def watch_project(project: Project, pinned: str, reader: Reader) -> ProjectWatch
     return ProjectWatch(project.name, pinned, releases[-1].version, releases[-1].uploaded, newer)
 
 
-def hunt_new_sites(home: cases.Case, watched: ProjectWatch, settings: WatchSettings,
-                   carried: tuple[AllowRule, ...]) -> tuple[str, tuple[HuntSite, ...]]:  # fmt: skip
+def hunt_new_sites(
+    home: cases.Case, watched: ProjectWatch, settings: WatchSettings, carried: tuple[AllowRule, ...]
+) -> tuple[str, tuple[HuntSite, ...]]:
     """The sites the hunt finds in the project's newest release and not in its pinned one, in
     each setup, and what was hunted; `home` is a case of the project (its trees' home) and
     `carried` every case's carried sites."""
@@ -135,16 +144,21 @@ def hunt_new_sites(home: cases.Case, watched: ProjectWatch, settings: WatchSetti
             if failed:
                 return f"{failed[0].label} could not be hunted: {failed[0].error}", ()
             before = {site.identity for site in pinned.sites}
-            found |= {site.identity: site for site in newest.sites
-                      if site.identity not in before and site.allowed is None}  # fmt: skip
+            found |= {
+                site.identity: site
+                for site in newest.sites
+                if site.identity not in before and site.allowed is None
+            }
     setups = ", ".join(setup.label for setup in settings.setups)
     said = f"hunted {watched.pinned} and {watched.newest} through the training step ({setups})"
     return said, tuple(found.values())
 
 
 def watch(layout: Layout, settings: WatchSettings) -> WatchResult:
-    pins = {requirement.name: requirement.install for requirement in pin.load(layout.pin_file)
-            .requirements}  # fmt: skip
+    pins = {
+        requirement.name: requirement.install
+        for requirement in pin.load(layout.pin_file).requirements
+    }
     known = cases.every(layout.root)
     carried = carried_rules(known)
     targets = [target for case in known for target in case_targets(case, None)]
@@ -178,16 +192,24 @@ def parser() -> argparse.ArgumentParser:
         " each case's sites there, whether its series applies, and (asked) its tests and the"
         " hunt's new sites. Writes a short Markdown digest.",
     )
-    parser.add_argument("--tests", action="store_true",
-                        help="also run each case's tests on its project's newest release, and its"
-                        " sites there under the detector, as test-patch --release does (a tree"
-                        " and an environment each)")  # fmt: skip
-    parser.add_argument("--hunt", action="store_true",
-                        help="also hunt each project's pinned and newest release through the"
-                        " training step and list the sites new in the newest (expensive)",
-                        )  # fmt: skip
-    parser.add_argument("--setups", default=",".join(DEFAULT_HUNT_SETUPS),
-                        help="the DeepSpeed setups --hunt runs (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--tests",
+        action="store_true",
+        help="also run each case's tests on its project's newest release, and its"
+        " sites there under the detector, as test-patch --release does (a tree"
+        " and an environment each)",
+    )
+    parser.add_argument(
+        "--hunt",
+        action="store_true",
+        help="also hunt each project's pinned and newest release through the"
+        " training step and list the sites new in the newest (expensive)",
+    )
+    parser.add_argument(
+        "--setups",
+        default=",".join(DEFAULT_HUNT_SETUPS),
+        help="the DeepSpeed setups --hunt runs (default: %(default)s)",
+    )
     add_timeout(parser, "one pytest or training run")
     return parser
 
@@ -242,13 +264,17 @@ def _project(watched: ProjectWatch) -> Iterator[str]:
         yield f"- {released}: as pinned."
     else:
         behind = ", ".join(watched.newer)
-        yield (f"- {released}: pin.toml installs {watched.pinned or 'no release of it'};"
-               f" {len(watched.newer)} newer: {behind}.")  # fmt: skip
+        yield (
+            f"- {released}: pin.toml installs {watched.pinned or 'no release of it'};"
+            f" {len(watched.newer)} newer: {behind}."
+        )
     if watched.hunt:
         yield f"  - hunt: {watched.hunt}."
     for site in watched.new_sites:
-        yield (f"  - new per-step read at {site.file}:{site.line} ({site.function}):"
-               f" `{site.code}`, {site.per_step} per step ({site.when}).")  # fmt: skip
+        yield (
+            f"  - new per-step read at {site.file}:{site.line} ({site.function}):"
+            f" `{site.code}`, {site.per_step} per step ({site.when})."
+        )
 
 
 def _case(watched: CaseWatch) -> Iterator[str]:

@@ -50,13 +50,20 @@ def parser() -> argparse.ArgumentParser:
         description="Record every host sync of the training steps users run (census.toml), on"
         " the newest releases the cases pin, as published and with every carried fix.",
     )
-    parser.add_argument("--setups", help="comma-separated setups of census.toml (default: every"
-                        " one not marked extra)")  # fmt: skip
-    parser.add_argument("--steps", type=int, help="optimizer steps per setup, the first being"
-                        " the warm-up (default: census.toml's)")  # fmt: skip
-    parser.add_argument("--columns", default=f"{TODAY},{FIXED}",
-                        help="today (as published), fixed (every carried fix) or both"
-                        " (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--setups",
+        help="comma-separated setups of census.toml (default: every one not marked extra)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="optimizer steps per setup, the first being the warm-up (default: census.toml's)",
+    )
+    parser.add_argument(
+        "--columns",
+        default=f"{TODAY},{FIXED}",
+        help="today (as published), fixed (every carried fix) or both (default: %(default)s)",
+    )
     add_timeout(parser, "one setup")
     return parser
 
@@ -77,8 +84,9 @@ def main(argv: list[str]) -> int:
     stacked = census_cases(everyone)
     started = time.monotonic()
     with locks.case(layout):
-        result = run_census(layout, Matrix(steps, chosen), columns, stacked, everyone, args.timeout,
-                            started)  # fmt: skip
+        result = run_census(
+            layout, Matrix(steps, chosen), columns, stacked, everyone, args.timeout, started
+        )
     json_path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
     print(report.console_summary(result))
     for path in [json_path, *report.write_reports(layout, json_path)]:
@@ -86,8 +94,10 @@ def main(argv: list[str]) -> int:
     failed = [run.label for run in result.runs if run.error]
     for run in result.runs:
         if not run.measured:
-            print(f"{'error' if run.error else 'note'}: {run.label}: {run.error or run.not_judged}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"{'error' if run.error else 'note'}: {run.label}: {run.error or run.not_judged}",
+                file=sys.stderr,
+            )
     print(f"census wall time: {result.wall_s:.0f} s ({len(result.runs)} runs)", file=sys.stderr)
     return 1 if failed else 0
 
@@ -122,9 +132,15 @@ def column_tree(layout: Layout, stacked: list[Case], column: str) -> tuple[Tree,
     return tree, described
 
 
-def run_census(layout: Layout, matrix: Matrix, columns: list[str], stacked: list[Case],
-               everyone: Sequence[Case], timeout: float,
-               started: float) -> CensusResult:  # fmt: skip
+def run_census(
+    layout: Layout,
+    matrix: Matrix,
+    columns: list[str],
+    stacked: list[Case],
+    everyone: Sequence[Case],
+    timeout: float,
+    started: float,
+) -> CensusResult:
     rules = load_allowlist(layout.allowlist)
     carried = carried_rules(everyone)
     measured_against = inputs(layout, stacked)
@@ -132,8 +148,9 @@ def run_census(layout: Layout, matrix: Matrix, columns: list[str], stacked: list
     for column in columns:
         tree, described[column] = column_tree(layout, stacked, column)
         python = tree.python
-        device = devices.resolve_device("auto", max(s.ranks for s in matrix.setups.values()),
-                                        tree.python)  # fmt: skip
+        device = devices.resolve_device(
+            "auto", max(s.ranks for s in matrix.setups.values()), tree.python
+        )
         runs += run_column(layout, tree, column, matrix, device, timeout, rules, carried)
     return CensusResult(
         stamp=Stamp.now(
@@ -149,9 +166,16 @@ def run_census(layout: Layout, matrix: Matrix, columns: list[str], stacked: list
     )
 
 
-def run_column(layout: Layout, tree: Tree, column: str, matrix: Matrix, device: Device,
-               timeout: float, rules: tuple[AllowRule, ...],
-               carried: tuple[AllowRule, ...]) -> list[HuntTree]:  # fmt: skip
+def run_column(
+    layout: Layout,
+    tree: Tree,
+    column: str,
+    matrix: Matrix,
+    device: Device,
+    timeout: float,
+    rules: tuple[AllowRule, ...],
+    carried: tuple[AllowRule, ...],
+) -> list[HuntTree]:
     """Every setup on `tree`: the forked ones from one import of the worker, the SP ones each
     through the launcher that sets SP up; a setup that fails is kept with its error."""
     run = launchers.Run(layout.new_run_dir(f"census-{column}"), tree, layout)
@@ -161,31 +185,46 @@ def run_column(layout: Layout, tree: Tree, column: str, matrix: Matrix, device: 
     }
     worlds = tuple(setups.world(s, matrix.steps, run.run_dir) for s in forked.values())
     what = Start(worker, worlds, device, timeout)
-    outcomes = dict(zip(forked, launchers.start_each(setups.FORKED, run, what) if worlds else [],
-                        strict=True))  # fmt: skip
+    outcomes = dict(
+        zip(forked, launchers.start_each(setups.FORKED, run, what) if worlds else [], strict=True)
+    )
     for name, setup in matrix.setups.items():
         if name in forked:
             continue
         alone = dataclasses.replace(run, run_dir=run.run_dir / name)
-        what = Start(worker, (setups.world(setup, matrix.steps, alone.run_dir),), device,
-                     timeout, deepspeed=setups.deepspeed(setup))  # fmt: skip
+        what = Start(
+            worker,
+            (setups.world(setup, matrix.steps, alone.run_dir),),
+            device,
+            timeout,
+            deepspeed=setups.deepspeed(setup),
+        )
         (outcomes[name],) = launchers.start_each(setups.launcher(setup), alone, what)
     return [
         hunted(layout, tree, column, name, outcomes[name], rules, carried) for name in matrix.setups
     ]
 
 
-def hunted(layout: Layout, tree: Tree, column: str, name: str,
-           outcome: RankResults | RunFailed, rules: tuple[AllowRule, ...],
-           carried: tuple[AllowRule, ...]) -> HuntTree:  # fmt: skip
+def hunted(
+    layout: Layout,
+    tree: Tree,
+    column: str,
+    name: str,
+    outcome: RankResults | RunFailed,
+    rules: tuple[AllowRule, ...],
+    carried: tuple[AllowRule, ...],
+) -> HuntTree:
     """One setup's run in one column as the hunt records a tree: its sites, or its error. The
     ranks' raw step events stay out: the report and the heat map need only the per-site rates and
     the steady cost, and every setup's events would make the result megabytes."""
     record = HuntTree(
-        label=f"{name} {column}", tree=column, setup=name, info=tree.info(layout.root),
+        label=f"{name} {column}",
+        tree=column,
+        setup=name,
+        info=tree.info(layout.root),
         stacked=tuple(str(path.relative_to(layout.root.resolve())) for path in tree.stacked),
         seconds=0.0,
-    )  # fmt: skip
+    )
     if isinstance(outcome, RunFailed):
         return dataclasses.replace(record, error=str(outcome))
     trained = read_ranks(outcome, TrainerRank)

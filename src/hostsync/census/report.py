@@ -28,9 +28,11 @@ TOP = 25
 TOP_IN_TABLE = 10
 # A site's kind of verdict, and its label's colour in the heat map.
 KIND_COLOURS = {
-    "carried": "tab:green", "accepted": "tab:gray", "not carried": "tab:blue",
+    "carried": "tab:green",
+    "accepted": "tab:gray",
+    "not carried": "tab:blue",
     "candidate": "tab:red",
-}  # fmt: skip
+}
 # The verdict of a candidate no case carries, no allow rule accepts and no reason leaves.
 UNDECIDED = (
     "candidate without a disposition: carry it in a case, or give it an [[allow]] or a"
@@ -83,8 +85,9 @@ class CensusSite:
         return "not carried" if self.not_carried else "candidate"
 
 
-def census_sites(runs: Sequence[HuntTree],
-                 rules: Dispositions = Dispositions()) -> list[CensusSite]:  # fmt: skip
+def census_sites(
+    runs: Sequence[HuntTree], rules: Dispositions = Dispositions()
+) -> list[CensusSite]:
     """Every site of any run, ranked by its reads per step summed over the setups today (then
     with every fix), candidates first among equals; each site the census left a candidate with
     the reason of the first of `rules` matching it, if any."""
@@ -150,8 +153,9 @@ def undecided(sites: Sequence[CensusSite]) -> list[CensusSite]:
     return [site for site in sites if site.kind == "candidate"]
 
 
-def render(result: CensusResult, source: str, png: str | None,
-           rules: Dispositions = Dispositions()) -> str:  # fmt: skip
+def render(
+    result: CensusResult, source: str, png: str | None, rules: Dispositions = Dispositions()
+) -> str:
     setups = list(result.setups)
     sites = census_sites(result.runs, rules)
     columns = list(result.columns)
@@ -186,19 +190,35 @@ def render(result: CensusResult, source: str, png: str | None,
         "## Setups",
         "",
         table.markdown(
-            ("setup", "what", *[f"reads/step {c}" for c in columns],
-             "stalls/step " + " -> ".join(columns),
-             *[f"not accepted {c}" for c in columns], *[f"run s {c}" for c in columns],
-             "verdict"),
+            (
+                "setup",
+                "what",
+                *[f"reads/step {c}" for c in columns],
+                "stalls/step " + " -> ".join(columns),
+                *[f"not accepted {c}" for c in columns],
+                *[f"run s {c}" for c in columns],
+                "verdict",
+            ),
             [
-                (name, result.setups[name].about,
-                 *[_rate(totals[c].get(name)) if name in totals[c]
-                   else unmeasured.get((name, c), "failed") for c in columns],
-                 " -> ".join(_stalls(stalls[c].get(name)) for c in columns),
-                 *[_rate(open_reads[c].get(name)) if name in totals[c]
-                   else unmeasured.get((name, c), "failed") for c in columns],
-                 *[seconds.get((name, c)) for c in columns],
-                 verdicts.get(name, "-"))
+                (
+                    name,
+                    result.setups[name].about,
+                    *[
+                        _rate(totals[c].get(name))
+                        if name in totals[c]
+                        else unmeasured.get((name, c), "failed")
+                        for c in columns
+                    ],
+                    " -> ".join(_stalls(stalls[c].get(name)) for c in columns),
+                    *[
+                        _rate(open_reads[c].get(name))
+                        if name in totals[c]
+                        else unmeasured.get((name, c), "failed")
+                        for c in columns
+                    ],
+                    *[seconds.get((name, c)) for c in columns],
+                    verdicts.get(name, "-"),
+                )
                 for name in setups
             ],
         ),
@@ -208,7 +228,7 @@ def render(result: CensusResult, source: str, png: str | None,
         " *stalls/step*: the reads that waited for device work queued since the host last"
         f" waited. *verdict*: the carried fixes together, {TODAY} against {FIXED} ({BOUND}).",
         "",
-    ]  # fmt: skip
+    ]
     top = sites[:TOP_IN_TABLE]
     if top:
         out += [
@@ -295,8 +315,9 @@ def heat_map(result: CensusResult, path: Path, rules: Dispositions = Disposition
     # A square-root scale: a one-off burst (ZeRO 3's trace check) must not wash out the rest.
     image = axes.imshow(values, cmap="Reds", aspect="auto", norm=PowerNorm(0.5, vmin=0))
     axes.set_yticks(range(len(setups)), setups, fontsize=8)
-    labels = [f"#{n} {s.site.file.rsplit('/', 1)[-1]}:{s.site.line}" for n, s in
-              enumerate(sites, start=1)]  # fmt: skip
+    labels = [
+        f"#{n} {s.site.file.rsplit('/', 1)[-1]}:{s.site.line}" for n, s in enumerate(sites, start=1)
+    ]
     axes.set_xticks(range(len(sites)), labels, rotation=70, ha="right", fontsize=7)
     for tick, site in zip(axes.get_xticklabels(), sites, strict=True):
         tick.set_color(KIND_COLOURS[site.kind])
@@ -331,8 +352,12 @@ def write_reports(layout: Layout, json_path: Path) -> list[Path]:
 def render_file(layout: Layout, json_path: Path) -> str:
     result = results.read(json_path, CensusResult)
     png = json_path.with_suffix(".png")
-    return render(result, str(json_path.relative_to(layout.root)),
-                  png.name if png.exists() else None, dispositions(layout))  # fmt: skip
+    return render(
+        result,
+        str(json_path.relative_to(layout.root)),
+        png.name if png.exists() else None,
+        dispositions(layout),
+    )
 
 
 def console_summary(result: CensusResult) -> str:
@@ -341,12 +366,20 @@ def console_summary(result: CensusResult) -> str:
     stalls = {column: stalls_per_setup(result, column) for column in columns}
     verdicts = fix_verdicts(result)
     rows = [
-        (name, *[_rate(totals[c][name]) if name in totals[c] else "failed" for c in columns],
-         " -> ".join(_stalls(stalls[c].get(name)) for c in columns), verdicts.get(name, "-"))
+        (
+            name,
+            *[_rate(totals[c][name]) if name in totals[c] else "failed" for c in columns],
+            " -> ".join(_stalls(stalls[c].get(name)) for c in columns),
+            verdicts.get(name, "-"),
+        )
         for name in result.setups
-    ]  # fmt: skip
-    headers = ("setup", *[f"reads/step {c}" for c in columns],
-               "stalls/step " + " -> ".join(columns), "verdict")  # fmt: skip
+    ]
+    headers = (
+        "setup",
+        *[f"reads/step {c}" for c in columns],
+        "stalls/step " + " -> ".join(columns),
+        "verdict",
+    )
     return f"{table.text(headers, rows)}\nverdict bound: {BOUND}"
 
 

@@ -107,15 +107,30 @@ def world(setup: CensusSetup, steps: int, run_dir: Path) -> World:
     is written into `run_dir` and passed as `accelerate launch` passes it (`deepspeed_env`);
     a launcher that sets DeepSpeed up itself writes its own."""
     args = [
-        "--trainer", setup.trainer.value, "--steps", str(steps), "--detect-steps", str(steps),
-        "--logging-steps", str(setup.logging_steps), "--batch-size", str(setup.batch_size),
-        "--gradient-accumulation-steps", str(setup.gradient_accumulation_steps),
-        "--eval-steps", str(setup.eval_steps),
-    ]  # fmt: skip
+        "--trainer",
+        setup.trainer.value,
+        "--steps",
+        str(steps),
+        "--detect-steps",
+        str(steps),
+        "--logging-steps",
+        str(setup.logging_steps),
+        "--batch-size",
+        str(setup.batch_size),
+        "--gradient-accumulation-steps",
+        str(setup.gradient_accumulation_steps),
+        "--eval-steps",
+        str(setup.eval_steps),
+    ]
     flags = (
-        "gradient_checkpointing", "packing", "padding_free", "lora", "num_input_tokens_seen",
-        "fsdp", "torch_compile",
-    )  # fmt: skip
+        "gradient_checkpointing",
+        "packing",
+        "padding_free",
+        "lora",
+        "num_input_tokens_seen",
+        "fsdp",
+        "torch_compile",
+    )
     args += [f"--{flag.replace('_', '-')}" for flag in flags if getattr(setup, flag)]
     ds, env = deepspeed(setup), {}
     if not LAUNCHERS[launcher(setup)].sets_up_sp:

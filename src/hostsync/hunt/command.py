@@ -47,25 +47,42 @@ def parser() -> argparse.ArgumentParser:
         " training step on 2 ranks, per tree, and compare the trees.",
     )
     add_case(parser)
-    parser.add_argument("--trees", default=",".join(DEFAULT_TREES),
-                        help="pinned, patched, a release like 5.14.0, NAME+tests, NAME+series"
-                        " (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--release", dest="releases", action="append",
-                        default=[], metavar="VERSION",
-                        help="also hunt this release of the case's project as published on PyPI"
-                        " (repeatable), e.g. the newest")  # fmt: skip
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
-                        help="steps under the detector, the first being the warm-up"
-                        " (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--setups", default=",".join(DEFAULT_SETUPS),
-                        help="DeepSpeed setups, PRECISION-zeroSTAGE each, one run per tree"
-                        " and setup (default: %(default)s; fp32-zero1: the labelled variant)",
-                        )  # fmt: skip
-    parser.add_argument("--stack", action="append", default=[], metavar="CASE",
-                        help="also apply this case's series: on the patched tree when it is of"
-                        " the same project and release, else on a tree of its own imported"
-                        " beside every tree; a hunt with every carried fix (repeatable)",
-                        )  # fmt: skip
+    parser.add_argument(
+        "--trees",
+        default=",".join(DEFAULT_TREES),
+        help="pinned, patched, a release like 5.14.0, NAME+tests, NAME+series"
+        " (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--release",
+        dest="releases",
+        action="append",
+        default=[],
+        metavar="VERSION",
+        help="also hunt this release of the case's project as published on PyPI"
+        " (repeatable), e.g. the newest",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help="steps under the detector, the first being the warm-up (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--setups",
+        default=",".join(DEFAULT_SETUPS),
+        help="DeepSpeed setups, PRECISION-zeroSTAGE each, one run per tree"
+        " and setup (default: %(default)s; fp32-zero1: the labelled variant)",
+    )
+    parser.add_argument(
+        "--stack",
+        action="append",
+        default=[],
+        metavar="CASE",
+        help="also apply this case's series: on the patched tree when it is of"
+        " the same project and release, else on a tree of its own imported"
+        " beside every tree; a hunt with every carried fix (repeatable)",
+    )
     add_timeout(parser, "one training run")
     add_nodes(parser)
     return parser
@@ -125,8 +142,9 @@ def check_stack(case: Case, stack: Sequence[Case], settings: HuntSettings) -> No
         )
 
 
-def hunt_case(case: Case, stack: Sequence[Case], carried: tuple[AllowRule, ...],
-              settings: HuntSettings) -> int:  # fmt: skip
+def hunt_case(
+    case: Case, stack: Sequence[Case], carried: tuple[AllowRule, ...], settings: HuntSettings
+) -> int:
     check_stack(case, stack, settings)
     with contextlib.ExitStack() as held:
         for each in (case, *stack):
@@ -134,8 +152,9 @@ def hunt_case(case: Case, stack: Sequence[Case], carried: tuple[AllowRule, ...],
         return _hunt(case, stack, carried, settings)
 
 
-def _hunt(case: Case, stack: Sequence[Case], carried: tuple[AllowRule, ...],
-          settings: HuntSettings) -> int:  # fmt: skip
+def _hunt(
+    case: Case, stack: Sequence[Case], carried: tuple[AllowRule, ...], settings: HuntSettings
+) -> int:
     layout = case.layout
     rules = load_allowlist(layout.allowlist)
     measured_against = provenance.inputs(layout)

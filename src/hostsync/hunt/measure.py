@@ -71,19 +71,31 @@ class HuntRun:
     nodes: tuple[NodeShare, ...]
 
 
-def hunt_run(layout: Layout, tree: Tree, steps: int, logging_steps: int = LOGGING_STEPS,
-             timeout: float = DEFAULT_TIMEOUT_S, setup: DeepSpeedSetup = DEFAULT_SETUP,
-             nodes: NodeLayout = SINGLE) -> HuntRun:  # fmt: skip
+def hunt_run(
+    layout: Layout,
+    tree: Tree,
+    steps: int,
+    logging_steps: int = LOGGING_STEPS,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    setup: DeepSpeedSetup = DEFAULT_SETUP,
+    nodes: NodeLayout = SINGLE,
+) -> HuntRun:
     """The SP Trainer run under the sync detector and the profiler.
 
     Logging every 3 steps while SP refills data every 2: a site tied to either cycle shows as such.
     """
     plan = hunt_plan(steps, logging_steps)
     results = trainer_launch.run_trainer(
-        layout, tree, sp=True, steps=plan.profile, logging_steps=logging_steps,
+        layout,
+        tree,
+        sp=True,
+        steps=plan.profile,
+        logging_steps=logging_steps,
         worker_args=["--detect-steps", str(steps), "--profile-step", str(plan.profile)],
-        timeout=timeout, setup=setup, nodes=nodes,
-    )  # fmt: skip
+        timeout=timeout,
+        setup=setup,
+        nodes=nodes,
+    )
     ranks = rank_records(read_ranks(results, TrainerRank))
     return HuntRun(plan, ranks, shares_of(f"{tree.label} {setup.label}", results))
 
@@ -106,8 +118,9 @@ def package(file: str) -> str:
     return top if top in PACKAGES else "other"
 
 
-def summarize(ranks: Sequence[HuntRank], rules: tuple[AllowRule, ...],
-              carried: tuple[AllowRule, ...] = ()) -> list[HuntSite]:  # fmt: skip
+def summarize(
+    ranks: Sequence[HuntRank], rules: tuple[AllowRule, ...], carried: tuple[AllowRule, ...] = ()
+) -> list[HuntSite]:
     """One entry per sync site over all ranks and steps, ranked: candidates by syncs per step.
     `carried` names the case whose fix removes a site (`carried`), before any allow rule.
 
@@ -137,16 +150,24 @@ def summarize(ranks: Sequence[HuntRank], rules: tuple[AllowRule, ...],
         in_steady = [n for (_, step), n in by_rank_step.items() if step in steady]
         where = Site(file, line, function, code)
         carried_by = reason(carried, where, caller)
-        sites.append(HuntSite(
-            package=package(file), file=file, line=line, function=function, code=code,
-            caller=caller, kinds=tuple(sorted(kinds[key])), steps=tuple(steps),
-            when=when(steps, steady, logging_steps),
-            per_step=max(in_steady or by_rank_step.values()),
-            rate=sum(in_steady) / (len(ranks) * len(steady)) if steady else 0.0,
-            carried=carried_by,
-            allowed=None if carried_by else reason(rules, where, caller),
-            stall_rate=stalls[key] / (len(ranks) * len(steady)) if steady else 0.0,
-        ))  # fmt: skip
+        sites.append(
+            HuntSite(
+                package=package(file),
+                file=file,
+                line=line,
+                function=function,
+                code=code,
+                caller=caller,
+                kinds=tuple(sorted(kinds[key])),
+                steps=tuple(steps),
+                when=when(steps, steady, logging_steps),
+                per_step=max(in_steady or by_rank_step.values()),
+                rate=sum(in_steady) / (len(ranks) * len(steady)) if steady else 0.0,
+                carried=carried_by,
+                allowed=None if carried_by else reason(rules, where, caller),
+                stall_rate=stalls[key] / (len(ranks) * len(steady)) if steady else 0.0,
+            )
+        )
     return sorted(sites, key=rank_key)
 
 
@@ -201,10 +222,17 @@ def profiler_only(ranks: Sequence[HuntRank], twin: int) -> list[ProfilerOnly]:
             if surplus <= 0:
                 continue
             vias = sorted(via for via in by_via if via) or ["(Python level, missed)"]
-            entry = found.setdefault((file, function), {
-                "package": package(file), "file": file, "function": function,
-                "via": ", ".join(vias), "count": 0, "ranks": (),
-            })  # fmt: skip
+            entry = found.setdefault(
+                (file, function),
+                {
+                    "package": package(file),
+                    "file": file,
+                    "function": function,
+                    "via": ", ".join(vias),
+                    "count": 0,
+                    "ranks": (),
+                },
+            )
             entry["count"] = max(entry["count"], surplus)
             entry["ranks"] += (rank.rank,)
     return sorted(
@@ -233,10 +261,16 @@ def cross_check(ranks: Sequence[HuntRank], twin: int) -> list[CrossCheck]:
     ]
 
 
-def hunt_tree(layout: Layout, tree: Tree, steps: int, rules: tuple[AllowRule, ...],
-              timeout: float, setup: DeepSpeedSetup = DEFAULT_SETUP,
-              carried: tuple[AllowRule, ...] = (), nodes: NodeLayout = SINGLE,
-              ) -> HuntTree:  # fmt: skip
+def hunt_tree(
+    layout: Layout,
+    tree: Tree,
+    steps: int,
+    rules: tuple[AllowRule, ...],
+    timeout: float,
+    setup: DeepSpeedSetup = DEFAULT_SETUP,
+    carried: tuple[AllowRule, ...] = (),
+    nodes: NodeLayout = SINGLE,
+) -> HuntTree:
     """One tree's hunt in one DeepSpeed setup: its sites, the profiler-only reads, and every
     rank's raw record, labelled `<tree> <setup>`.
 
@@ -253,8 +287,9 @@ def hunt_tree(layout: Layout, tree: Tree, steps: int, rules: tuple[AllowRule, ..
         seconds=0.0,
     )
     try:
-        run = hunt_run(layout, tree, steps, LOGGING_STEPS, timeout=timeout, setup=setup,
-                       nodes=nodes)  # fmt: skip
+        run = hunt_run(
+            layout, tree, steps, LOGGING_STEPS, timeout=timeout, setup=setup, nodes=nodes
+        )
     except RunFailed as error:
         seconds = round(time.monotonic() - started, 1)
         return dataclasses.replace(hunted, seconds=seconds, error=str(error))

@@ -38,10 +38,18 @@ def compare(trees: Sequence[HuntTree]) -> list[SiteAcross]:
     rows: dict[tuple, SiteAcross] = {}
     for tree in trees:
         for site in tree.sites:
-            row = rows.setdefault(site.identity, SiteAcross(
-                site.package, site.file, site.function, site.caller, site.code, site.allowed,
-                site.carried,
-            ))  # fmt: skip
+            row = rows.setdefault(
+                site.identity,
+                SiteAcross(
+                    site.package,
+                    site.file,
+                    site.function,
+                    site.caller,
+                    site.code,
+                    site.allowed,
+                    site.carried,
+                ),
+            )
             row.trees[tree.label] = site
     for row in rows.values():
         present = [label for label in labels if label in row.trees]
@@ -50,9 +58,16 @@ def compare(trees: Sequence[HuntTree]) -> list[SiteAcross]:
             row.change = f"gone in {', '.join(gone)}" if gone else ""
         else:
             row.change = f"new in {', '.join(present)}"
-    return sorted(rows.values(), key=lambda r: (r.change == "", r.allowed is not None,
-                                                 -max(s.rate for s in r.trees.values()),
-                                                 r.file, r.function))  # fmt: skip
+    return sorted(
+        rows.values(),
+        key=lambda r: (
+            r.change == "",
+            r.allowed is not None,
+            -max(s.rate for s in r.trees.values()),
+            r.file,
+            r.function,
+        ),
+    )
 
 
 # --- one-line readings ---------------------------------------------------------------------------
@@ -115,8 +130,15 @@ def render(result: HuntResult, source: str) -> str:
         table.markdown(
             ("tree", "release", "origin", "commit", "stacked", "hunt run (s)", "result"),
             [
-                (tree.label, tree.info.version, tree.info.origin, tree.info.commit[:12],
-                 ", ".join(tree.stacked) or "-", tree.seconds, tree.error or "measured")
+                (
+                    tree.label,
+                    tree.info.version,
+                    tree.info.origin,
+                    tree.info.commit[:12],
+                    ", ".join(tree.stacked) or "-",
+                    tree.seconds,
+                    tree.error or "measured",
+                )
                 for tree in result.trees
             ],
         ),
@@ -129,8 +151,15 @@ def render(result: HuntResult, source: str) -> str:
         table.markdown(
             ("package", "file", "function", *labels, "change", "verdict", "code"),
             [
-                (row.package, row.file, _function(row), *_cells(row, labels),
-                 _change(row), _verdict(row), f"`{row.code}`")
+                (
+                    row.package,
+                    row.file,
+                    _function(row),
+                    *_cells(row, labels),
+                    _change(row),
+                    _verdict(row),
+                    f"`{row.code}`",
+                )
                 for row in compare(trees)
             ],
         ),
@@ -140,7 +169,7 @@ def render(result: HuntResult, source: str) -> str:
         f"Per rank and step after the warm-up; *verdict* against the first tree ({BOUND}).",
         "",
         table.markdown(COST_COLUMNS, cost_rows(trees)),
-    ]  # fmt: skip
+    ]
     for tree in result.trees:
         out += _tree_section(tree) if tree.measured else _failed_section(tree)
     return "\n".join(out) + "\n"
@@ -249,8 +278,15 @@ def _tree_section(tree: HuntTree) -> list[str]:
         table.markdown(
             ("#", "package", "site", "when", "per step", "code", "reading"),
             [
-                (number, site.package, _site(site), site.when, site.per_step,
-                 f"`{site.code}`", reading(site))
+                (
+                    number,
+                    site.package,
+                    _site(site),
+                    site.when,
+                    site.per_step,
+                    f"`{site.code}`",
+                    reading(site),
+                )
                 for number, site in enumerate(candidates, start=1)
             ],
         ),
@@ -273,14 +309,20 @@ def _tree_section(tree: HuntTree) -> list[str]:
         table.markdown(
             ("package", "file", "function", "via", "reads", "ranks"),
             [
-                (entry.package, entry.file, f"`{entry.function}`", entry.via,
-                 entry.count, ", ".join(map(str, entry.ranks)))
+                (
+                    entry.package,
+                    entry.file,
+                    f"`{entry.function}`",
+                    entry.via,
+                    entry.count,
+                    ", ".join(map(str, entry.ranks)),
+                )
                 for entry in tree.profiler_only
             ],
         ),
         "",
         f"Cross-check of the reads, profiled step vs the detector's twin: {checks}.",
-    ]  # fmt: skip
+    ]
 
 
 def write_reports(layout: Layout, json_path: Path) -> list[Path]:
@@ -316,6 +358,7 @@ def cost_rows(trees: Sequence[HuntTree]) -> list[tuple]:
         base = first.setdefault(tree.setup, tree)
         judgement = judge(base.cost, tree.cost)
         verdict = "-" if base is tree else f"{judgement.verdict}: {judgement.reason}"
-        rows.append((tree.label, judgement.reads[1], judgement.stalls[1], judgement.kernels[1],
-                     verdict))  # fmt: skip
+        rows.append(
+            (tree.label, judgement.reads[1], judgement.stalls[1], judgement.kernels[1], verdict)
+        )
     return rows

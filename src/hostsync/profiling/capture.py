@@ -64,8 +64,12 @@ def capture_name(tree: str, backend: str, world_size: int) -> str:
     return f"{tree.replace('+', '-')}-{backend}-ws{world_size}"
 
 
-def shown(layout: Layout, command: Sequence[str], run: Run | None = None,
-          env: dict[str, str] | None = None) -> str:  # fmt: skip
+def shown(
+    layout: Layout,
+    command: Sequence[str],
+    run: Run | None = None,
+    env: dict[str, str] | None = None,
+) -> str:
     """The command as a user reruns it by hand from the workspace root, with the variables the
     ranks read (no paths of this machine: it goes into result files)."""
     root = str(layout.root) + os.sep
@@ -80,29 +84,48 @@ def shown(layout: Layout, command: Sequence[str], run: Run | None = None,
     env = env or {}
     variables = {name: run.environment(env)[name] for name in (*RERUN_ENV, *env)}
     # Paths once each (PYTHONPATH may name the engine's src/ twice).
-    parts = {name: dict.fromkeys(relative(value).split(os.pathsep))
-             for name, value in variables.items()}  # fmt: skip
+    parts = {
+        name: dict.fromkeys(relative(value).split(os.pathsep)) for name, value in variables.items()
+    }
     assignments = [f"{name}={os.pathsep.join(found)}" for name, found in parts.items()]
     mkdir = shlex.join(["mkdir", "-p", relative(str(run.run_dir))])
     return f"{mkdir} && {shlex.join(assignments + words)}"
 
 
-def capture(layout: Layout, tree: Tree, run_dir: Path, artifacts: Path,
-            settings: ProfileSettings, profiler: str) -> Capture:  # fmt: skip
+def capture(
+    layout: Layout,
+    tree: Tree,
+    run_dir: Path,
+    artifacts: Path,
+    settings: ProfileSettings,
+    profiler: str,
+) -> Capture:
     """One launch of the profile script on `tree`; its per-step figures and where its files
     went (moved into `artifacts`)."""
     spec = settings.case.profile
     args = (
-        "--device", str(settings.device), "--profiler", profiler,
-        "--scenario", settings.scenario, "--warmup", str(settings.warmup),
-        "--steps", str(settings.steps), *settings.case.launch_of(settings.scenario).args,
-    )  # fmt: skip
+        "--device",
+        str(settings.device),
+        "--profiler",
+        profiler,
+        "--scenario",
+        settings.scenario,
+        "--warmup",
+        str(settings.warmup),
+        "--steps",
+        str(settings.steps),
+        *settings.case.launch_of(settings.scenario).args,
+    )
     session = nsys.new_session()
     what = Start(
-        layout.repro / spec.script, (World(settings.ranks, args),), Device(settings.device),
-        settings.timeout, env=nsys.ENV if profiler == NSYS else {},
-        wrap=nsys.profile_command(session) if profiler == NSYS else (), nodes=settings.nodes,
-    )  # fmt: skip
+        layout.repro / spec.script,
+        (World(settings.ranks, args),),
+        Device(settings.device),
+        settings.timeout,
+        env=nsys.ENV if profiler == NSYS else {},
+        wrap=nsys.profile_command(session) if profiler == NSYS else (),
+        nodes=settings.nodes,
+    )
     run = Run(run_dir, tree, layout)
     by_hand = rerun_command(layout, run, what, spec.launcher)
     print(f"{tree.label}: {by_hand}")
@@ -117,11 +140,18 @@ def capture(layout: Layout, tree: Tree, run_dir: Path, artifacts: Path,
     first = ranks[0]
     name = capture_name(tree.label, first.backend, first.world_size)
     made = Capture(
-        tree=tree.label, version=tree.version, commit=tree.commit, backend=first.backend,
-        world_size=first.world_size, device=first.device, profiler=profiler,
-        command=by_hand, wall_s=seconds, artifacts=(),
+        tree=tree.label,
+        version=tree.version,
+        commit=tree.commit,
+        backend=first.backend,
+        world_size=first.world_size,
+        device=first.device,
+        profiler=profiler,
+        command=by_hand,
+        wall_s=seconds,
+        artifacts=(),
         nodes=shares_of(f"{tree.label} {spec.script} x{settings.ranks}", reports),
-    )  # fmt: skip
+    )
     folder = world_dir(run_dir, 0, what.worlds[0])
     if profiler == NSYS:
         return _nsys_capture(layout, made, folder, artifacts, name)
@@ -144,12 +174,14 @@ def rerun_command(layout: Layout, run: Run, what: Start, launcher: Launcher) -> 
     world = what.worlds[0]
     inner = replace(run, run_dir=world_dir(run.run_dir, 0, world))
     inner.run_dir.mkdir(parents=True, exist_ok=True)
-    return shown(layout, what.wrapped(inner, command(inner, world, what)), inner,
-                 what.environment())  # fmt: skip
+    return shown(
+        layout, what.wrapped(inner, command(inner, world, what)), inner, what.environment()
+    )
 
 
-def _nsys_capture(layout: Layout, made: Capture, folder: Path, artifacts: Path,
-                  name: str) -> Capture:  # fmt: skip
+def _nsys_capture(
+    layout: Layout, made: Capture, folder: Path, artifacts: Path, name: str
+) -> Capture:
     """Every node's report of the world through `nsys stats`, then its figures; the reports are
     the capture's attachments."""
     reports = nsys.reports_in(folder)
@@ -171,14 +203,14 @@ def _nsys_capture(layout: Layout, made: Capture, folder: Path, artifacts: Path,
     return replace(made, artifacts=tuple(kept), nsys=figures, nsys_version=nsys.version())
 
 
-def capture_with_fallback(layout: Layout, tree: Tree, staging: Path, settings: ProfileSettings,
-                          notes: list[str]) -> Capture:  # fmt: skip
+def capture_with_fallback(
+    layout: Layout, tree: Tree, staging: Path, settings: ProfileSettings, notes: list[str]
+) -> Capture:
     """nsys when chosen; when it cannot make a report, say so and use the PyTorch profiler."""
     artifacts = staging / "artifacts"
     if settings.profiler == NSYS:
         try:
-            return capture(layout, tree, staging / f"{tree.label}-nsys", artifacts, settings,
-                           NSYS)  # fmt: skip
+            return capture(layout, tree, staging / f"{tree.label}-nsys", artifacts, settings, NSYS)
         except (NsysFailed, RunFailed) as error:
             notes.append(
                 f"{tree.label}: nsys is on the PATH but {error}; the figures come from"

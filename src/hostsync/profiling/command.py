@@ -55,8 +55,9 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def settings_for(case: Case, args: argparse.Namespace,
-                 nodes: NodeLayout = SINGLE) -> ProfileSettings | None:  # fmt: skip
+def settings_for(
+    case: Case, args: argparse.Namespace, nodes: NodeLayout = SINGLE
+) -> ProfileSettings | None:
     """The case's settings, checked before anything runs; None for a case without a profile
     under `--case all`."""
     if case.profile is None:
@@ -69,16 +70,29 @@ def settings_for(case: Case, args: argparse.Namespace,
         raise WorkspaceError(f"--scenario {scenario}: choose one of {', '.join(case.scenarios)}")
     names = tuple(comma_list(args.trees, "--trees") if args.trees else case.trees)
     nodes.per_node(case.profile.ranks, f"{case.name}'s profile")
-    return ProfileSettings(case, names, scenario, args.warmup, args.steps, args.device,
-                           args.profiler, args.timeout, nodes)  # fmt: skip
+    return ProfileSettings(
+        case,
+        names,
+        scenario,
+        args.warmup,
+        args.steps,
+        args.device,
+        args.profiler,
+        args.timeout,
+        nodes,
+    )
 
 
 def profile_case(settings: ProfileSettings) -> None:
     case = settings.case
     layout = case.layout
     measured_against = provenance.inputs(layout)
-    trees = node_0_first(settings.nodes, f"trees of {case.name}", settings.timeout,
-                         lambda: prepare_trees(case, list(settings.trees)))  # fmt: skip
+    trees = node_0_first(
+        settings.nodes,
+        f"trees of {case.name}",
+        settings.timeout,
+        lambda: prepare_trees(case, list(settings.trees)),
+    )
     device = devices.resolve_device(
         settings.device, settings.nodes.ranks_here(settings.ranks), trees[0].python
     )

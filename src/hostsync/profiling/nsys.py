@@ -77,8 +77,9 @@ def version() -> str:
 
 def tables() -> Tables:
     """The report names this nsys knows: the newer generation's, or the older one's."""
-    done = subprocess.run(["nsys", "stats", "--help-reports"], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run(
+        ["nsys", "stats", "--help-reports"], capture_output=True, text=True, timeout=60
+    )
     for generation in (NAMES_NEWER, NAMES_2022):
         if all(re.search(rf"^\s*{name}\b", done.stdout, re.MULTILINE) for name in generation.names):
             return generation
@@ -93,11 +94,19 @@ def new_session() -> str:
 def profile_command(session: str) -> tuple[str, ...]:
     """`nsys profile` around one node's launcher, its report in the node's own folder."""
     return (
-        "nsys", "profile", "--trace=cuda,nvtx,osrt", "--sample=none", "--cpuctxsw=none",
-        "--capture-range=nvtx", f"--nvtx-capture={PROFILED_RANGE}", "--capture-range-end=stop",
-        f"--session-new={session}-node{NODE_FIELD}", "--force-overwrite=true",
-        "-o", f"{RUN_DIR_FIELD}/{REPORT}-node{NODE_FIELD}",
-    )  # fmt: skip
+        "nsys",
+        "profile",
+        "--trace=cuda,nvtx,osrt",
+        "--sample=none",
+        "--cpuctxsw=none",
+        "--capture-range=nvtx",
+        f"--nvtx-capture={PROFILED_RANGE}",
+        "--capture-range-end=stop",
+        f"--session-new={session}-node{NODE_FIELD}",
+        "--force-overwrite=true",
+        "-o",
+        f"{RUN_DIR_FIELD}/{REPORT}-node{NODE_FIELD}",
+    )
 
 
 def end_agents(session: str) -> list[int]:
@@ -109,8 +118,9 @@ def end_agents(session: str) -> list[int]:
             words = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if "--start-agent" in words and any(w.startswith(f"--session-name={session}-")
-                                            for w in words):  # fmt: skip
+        if "--start-agent" in words and any(
+            w.startswith(f"--session-name={session}-") for w in words
+        ):
             try:
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed.append(int(entry.name))
@@ -131,16 +141,26 @@ def stats_prefix(report: Path) -> Path:
 
 def stats_command(report: Path, names: Tables) -> list[str]:
     reports = [word for name in names.names for word in ("--report", name)]
-    return ["nsys", "stats", *reports, "--format", "csv", "--force-export=true",
-            "--output", str(stats_prefix(report)), str(report)]  # fmt: skip
+    return [
+        "nsys",
+        "stats",
+        *reports,
+        "--format",
+        "csv",
+        "--force-export=true",
+        "--output",
+        str(stats_prefix(report)),
+        str(report),
+    ]
 
 
 def run_stats(report: Path, names: Tables) -> Path:
     """`nsys stats` on one report; the prefix of its tables."""
     if shutil.which("nsys") is None:
         raise NsysFailed("no nsys on the PATH to read the report")
-    done = subprocess.run(stats_command(report, names), capture_output=True, text=True,
-                          timeout=_STATS_TIMEOUT_S)  # fmt: skip
+    done = subprocess.run(
+        stats_command(report, names), capture_output=True, text=True, timeout=_STATS_TIMEOUT_S
+    )
     if done.returncode != 0:
         raise NsysFailed(f"`nsys stats` failed on {report.name} ({last_line(done.stderr)})")
     return stats_prefix(report)
@@ -190,19 +210,42 @@ def events(prefix: Path, names: Tables) -> list[TraceEvent]:
     found = []
     for row in table(prefix, names.nvtx):
         start, end = _int(row, "Start (ns)"), _int(row, "End (ns)")
-        found.append(TraceEvent(row["Name"], "user_annotation",
-                                _int(row, "PID", "Pid"), _int(row, "TID", "Tid"), start / 1000,
-                                (end - start) / 1000))  # fmt: skip
+        found.append(
+            TraceEvent(
+                row["Name"],
+                "user_annotation",
+                _int(row, "PID", "Pid"),
+                _int(row, "TID", "Tid"),
+                start / 1000,
+                (end - start) / 1000,
+            )
+        )
     for row in table(prefix, names.cuda_api):
-        found.append(TraceEvent(row["Name"], "cuda_runtime", _int(row, "Pid", "PID"),
-                                _int(row, "Tid", "TID"), _int(row, "Start (ns)") / 1000,
-                                _int(row, "Duration (ns)") / 1000,
-                                _int(row, "CorrID", "CorrId")))  # fmt: skip
+        found.append(
+            TraceEvent(
+                row["Name"],
+                "cuda_runtime",
+                _int(row, "Pid", "PID"),
+                _int(row, "Tid", "TID"),
+                _int(row, "Start (ns)") / 1000,
+                _int(row, "Duration (ns)") / 1000,
+                _int(row, "CorrID", "CorrId"),
+            )
+        )
     for row in table(prefix, names.gpu):
         category, name = gpu_category(row["Name"])
-        found.append(TraceEvent(name, category, _int(row, "Pid", "PID"), 0,
-                                _int(row, "Start (ns)") / 1000, _int(row, "Duration (ns)") / 1000,
-                                _int(row, "CorrId", "CorrID"), _bytes(row)))  # fmt: skip
+        found.append(
+            TraceEvent(
+                name,
+                category,
+                _int(row, "Pid", "PID"),
+                0,
+                _int(row, "Start (ns)") / 1000,
+                _int(row, "Duration (ns)") / 1000,
+                _int(row, "CorrId", "CorrID"),
+                _bytes(row),
+            )
+        )
     return found
 
 
@@ -215,8 +258,11 @@ def figures(prefixes: Sequence[Path], names: Tables) -> NsysFigures:
         ranges = [e for e in found if e.cat == "user_annotation"]
         for pid in sorted({e.pid for e in ranges if e.name == MEASURED_RANGE}):
             # A GPU table without pids (2022's): its copies are matched by correlation id.
-            own = [e for e in found if e.pid == pid or (e.cat not in ("user_annotation",
-                   "cuda_runtime") and not e.pid)]  # fmt: skip
+            own = [
+                e
+                for e in found
+                if e.pid == pid or (e.cat not in ("user_annotation", "cuda_runtime") and not e.pid)
+            ]
             per_rank.append(analyse_events(own, cuda=True))
     if not per_rank:
         raise NsysFailed(f"the report holds no {MEASURED_RANGE!r} range: did the steps run?")

@@ -24,8 +24,16 @@ def cuda_columns(result: ProfileResult) -> bool:
 def headers(result: ProfileResult) -> list[str]:
     """The summary's columns; times only from a GPU, where they mean something."""
     labels = result.labels
-    found = ["tree", "release", "profiler", f"host reads ({SYNC_OP})", f"in {labels.measured}",
-             f"in {labels.excluded}", "aten::item", "aten::is_nonzero"]  # fmt: skip
+    found = [
+        "tree",
+        "release",
+        "profiler",
+        f"host reads ({SYNC_OP})",
+        f"in {labels.measured}",
+        f"in {labels.excluded}",
+        "aten::item",
+        "aten::is_nonzero",
+    ]
     if cuda_columns(result):
         found += ["range ms (median)", "DtoH copies", "DtoH bytes", *CUDA_CALLS]
         found += ["GPU idle ms (median)"]
@@ -44,16 +52,38 @@ def summary_row(c: Capture, cuda: bool, times: bool) -> list[object]:
         nsys = c.nsys
         range_ms = nsys.range_ms if times else unknown
         calls = [nsys.cuda_calls[call] for call in CUDA_CALLS]
-        return [c.tree, c.version, "nsys", *[unknown] * 5, range_ms, nsys.dtoh_copies,
-                nsys.dtoh_bytes, *calls, unknown]  # fmt: skip
+        return [
+            c.tree,
+            c.version,
+            "nsys",
+            *[unknown] * 5,
+            range_ms,
+            nsys.dtoh_copies,
+            nsys.dtoh_bytes,
+            *calls,
+            unknown,
+        ]
     step = c.per_step
     ops, in_forward = step.ops, step.ops_in_forward[SYNC_OP]
-    row = [c.tree, c.version, c.profiler, ops[SYNC_OP], tidy(ops[SYNC_OP] - in_forward),
-           in_forward, ops["aten::item"], ops["aten::is_nonzero"]]  # fmt: skip
+    row = [
+        c.tree,
+        c.version,
+        c.profiler,
+        ops[SYNC_OP],
+        tidy(ops[SYNC_OP] - in_forward),
+        in_forward,
+        ops["aten::item"],
+        ops["aten::is_nonzero"],
+    ]
     if cuda:
         calls = step.cuda_calls or {}
-        row += [step.range_ms if times else unknown, step.dtoh_copies, step.dtoh_bytes,
-                *(calls.get(k) for k in CUDA_CALLS), step.gpu_idle_ms]  # fmt: skip
+        row += [
+            step.range_ms if times else unknown,
+            step.dtoh_copies,
+            step.dtoh_bytes,
+            *(calls.get(k) for k in CUDA_CALLS),
+            step.gpu_idle_ms,
+        ]
     return row
 
 
@@ -121,8 +151,9 @@ def plot_timelines(result: ProfileResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     captures = [c for c in result.captures if c.per_step is not None]
-    figure, axes = plt.subplots(len(captures), 1, figsize=(10, 0.8 + 1.6 * len(captures)),
-                                sharex=True, squeeze=False)  # fmt: skip
+    figure, axes = plt.subplots(
+        len(captures), 1, figsize=(10, 0.8 + 1.6 * len(captures)), sharex=True, squeeze=False
+    )
     gpu = result.on_gpu
     labels = result.labels
     for axis, c in zip(axes[:, 0], captures, strict=True):
@@ -170,8 +201,13 @@ def draw_step(axis, capture: Capture, labels: RegionLabels, scale: float | None)
     for x in aggregation:
         axis.axvline(x / unit, color="#c44e52", linewidth=0.8, alpha=0.4)
     if aggregation:
-        axis.annotate(f"x{len(aggregation)}", (aggregation[-1] / unit, y["host reads"]),
-                      xytext=(6, 6), textcoords="offset points", color="#c44e52")  # fmt: skip
+        axis.annotate(
+            f"x{len(aggregation)}",
+            (aggregation[-1] / unit, y["host reads"]),
+            xytext=(6, 6),
+            textcoords="offset points",
+            color="#c44e52",
+        )
     if gpu:
         bars("GPU", line.gpu_busy_ms, "#55a868")
         marks("GPU", line.dtoh_ms, "#c44e52")
@@ -181,8 +217,9 @@ def draw_step(axis, capture: Capture, labels: RegionLabels, scale: float | None)
     axis.set_title(
         f"{capture.tree} ({capture.version}): {tidy(reads - in_model)} host reads per"
         f" step in the {measured}, {in_model} in the {excluded}",
-        loc="left", fontsize=9,
-    )  # fmt: skip
+        loc="left",
+        fontsize=9,
+    )
 
 
 def timeline_name(result: ProfileResult) -> str:

@@ -40,8 +40,9 @@ MODEL_SUMMARY = (
 )
 
 
-def tiny_llama(hidden: int = HIDDEN, intermediate: int = 2 * HIDDEN, head: str = "CausalLM",
-               **config: object):  # fmt: skip
+def tiny_llama(
+    hidden: int = HIDDEN, intermediate: int = 2 * HIDDEN, head: str = "CausalLM", **config: object
+):
     """A tiny `LlamaFor<head>` (CausalLM, or SequenceClassification for a reward model) built
     from a config (nothing to download), the same weights on every rank (seeded); `config` sets
     further LlamaConfig fields."""
@@ -49,10 +50,15 @@ def tiny_llama(hidden: int = HIDDEN, intermediate: int = 2 * HIDDEN, head: str =
 
     torch.manual_seed(0)
     settings = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=intermediate,
-        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
-        attn_implementation="sdpa", **config,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        attn_implementation="sdpa",
+        **config,
+    )
     return getattr(transformers, f"LlamaFor{head}")(settings)
 
 
@@ -127,8 +133,9 @@ def tiny_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", eos_token="<eos>")
 
 
-def add_launch_arguments(parser: argparse.ArgumentParser,
-                         precisions: tuple[str, ...] = ("bf16", "fp32")) -> None:  # fmt: skip
+def add_launch_arguments(
+    parser: argparse.ArgumentParser, precisions: tuple[str, ...] = ("bf16", "fp32")
+) -> None:
     """What the `accelerate` launcher passes a script: where the Trainer writes, the process
     group's backend, the precision."""
     run_dir = os.environ.get(RUN_DIR_ENV)
@@ -139,8 +146,9 @@ def add_launch_arguments(parser: argparse.ArgumentParser,
     parser.add_argument("--precision", choices=precisions, default="fp32")
 
 
-def training_arguments(output_dir: str | Path, *, precision: str = "fp32", kind: type | None = None,
-                       **settings: object):  # fmt: skip
+def training_arguments(
+    output_dir: str | Path, *, precision: str = "fp32", kind: type | None = None, **settings: object
+):
     """`TrainingArguments` (or `kind`, e.g. TRL's SFTConfig) for a short deterministic run: one
     sample per device and step, a constant learning rate, sequential sampling, nothing saved or
     reported; `settings` add to or override them.
@@ -164,11 +172,18 @@ def training_arguments(output_dir: str | Path, *, precision: str = "fp32", kind:
     own_group = launched and not deepspeed and not torch.cuda.is_available()
     short_run = {
         **({"use_cpu": True} if own_group else {}),
-        "per_device_train_batch_size": 1, "learning_rate": 1e-3, "lr_scheduler_type": "constant",
-        "train_sampling_strategy": "sequential", "remove_unused_columns": False,
-        "save_strategy": "no", "report_to": "none", "disable_tqdm": True, "seed": 0,
-        "bf16": bf16 and torch.cuda.is_available(), "fp16": precision == "fp16",
-    }  # fmt: skip
+        "per_device_train_batch_size": 1,
+        "learning_rate": 1e-3,
+        "lr_scheduler_type": "constant",
+        "train_sampling_strategy": "sequential",
+        "remove_unused_columns": False,
+        "save_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+        "seed": 0,
+        "bf16": bf16 and torch.cuda.is_available(),
+        "fp16": precision == "fp16",
+    }
     arguments = kind(output_dir=str(output_dir), **(short_run | settings))
     if bf16:
         arguments.bf16 = True
@@ -240,8 +255,13 @@ def recording(profiler: str, cuda: bool, trace: Path | None) -> Iterator[None]:
     profiler_.export_chrome_trace(str(trace))
 
 
-def profiled_rank(args: argparse.Namespace, device: object, seconds: list[float],
-                  trace: Path | None, **more: object) -> ProfiledRank:  # fmt: skip
+def profiled_rank(
+    args: argparse.Namespace,
+    device: object,
+    seconds: list[float],
+    trace: Path | None,
+    **more: object,
+) -> ProfiledRank:
     """What a profile rank script returns, as `hostsync.profiling` reads it: where the rank ran,
     the steps recorded (`args.scenario`, `args.warmup`, `args.steps`), each measured range's
     seconds and the trace file; `more`, the script's own figures."""

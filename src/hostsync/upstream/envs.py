@@ -59,8 +59,12 @@ def prepared() -> bool:
 # --- what a release needs ------------------------------------------------------------------------
 
 
-def declared(layout: Layout, project: Project, release: Release, root: Path | None = None,
-             ) -> list[str]:  # fmt: skip
+def declared(
+    layout: Layout,
+    project: Project,
+    release: Release,
+    root: Path | None = None,
+) -> list[str]:
     """The requirements a release declares: its PKG-INFO's Requires-Dist, or for a release
     built before sdists carried them, its egg-info's requires.txt; from the tree (a tree made
     from the sdist has both), else from the verified sdist. Extras are left out."""
@@ -110,9 +114,14 @@ def installed_in(site_packages: list[str] | None = None) -> dict[str, str]:
 
 
 def problems(
-    installed: dict[str, str], pin: pinning.Pin, project: Project, requires: list[str], *,
-    exact: bool, companions: dict[str, str] | None = None,
-) -> list[str]:  # fmt: skip
+    installed: dict[str, str],
+    pin: pinning.Pin,
+    project: Project,
+    requires: list[str],
+    *,
+    exact: bool,
+    companions: dict[str, str] | None = None,
+) -> list[str]:
     """Why an environment holding `installed` cannot run the tree (empty when it can).
 
     `exact`: pin.toml's `install` versions (a managed environment; `companions` in place of
@@ -171,8 +180,13 @@ def companions_of_its_day(layout: Layout, project: Project, version: str) -> dic
     return companions
 
 
-def python_for(layout: Layout, project: Project, release: Release, root: Path | None = None,
-               companions: dict[str, str] | None = None) -> str:  # fmt: skip
+def python_for(
+    layout: Layout,
+    project: Project,
+    release: Release,
+    root: Path | None = None,
+    companions: dict[str, str] | None = None,
+) -> str:
     """The interpreter that runs a tree of `project` at `release`: an environment that fits,
     built first if none does; `companions`: other versions of pinned projects than the pins."""
     pin = pinning.load(layout.pin_file)
@@ -193,8 +207,9 @@ def python_for(layout: Layout, project: Project, release: Release, root: Path | 
             raise WorkspaceError(
                 f"{error}: remove {record_file.parent} and rerun, it is rebuilt"
             ) from None
-        if not problems(record.installed, pin, project, requires, exact=True,
-                        companions=companions):  # fmt: skip
+        if not problems(
+            record.installed, pin, project, requires, exact=True, companions=companions
+        ):
             return usable_python(record_file.parent, record)
     return build(layout, pin, project, version, requires, companions or {})
 
@@ -213,9 +228,13 @@ def usable_python(env: Path, record: EnvRecord) -> str:
 
 
 def build(
-    layout: Layout, pin: pinning.Pin, project: Project, version: str, requires: list[str],
+    layout: Layout,
+    pin: pinning.Pin,
+    project: Project,
+    version: str,
+    requires: list[str],
     companions: dict[str, str],
-) -> str:  # fmt: skip
+) -> str:
     """A new environment: pin.toml's pins (`companions` in place of some) with `project` at
     `version`, checked after install.
 

@@ -16,9 +16,14 @@ from hostsync.records import GitState
 IDENTITY = {"name": "hostsync", "email": "hostsync@localhost"}
 
 
-def git(repo: Path, *args: str, check: bool = True, timeout: float | None = None,
-        isolated: bool = True, env: dict[str, str] | None = None,
-        ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def git(
+    repo: Path,
+    *args: str,
+    check: bool = True,
+    timeout: float | None = None,
+    isolated: bool = True,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run git in `repo`.
 
     `isolated` ignores user and system config, and commits get a fixed committer: the commits

@@ -173,8 +173,9 @@ def _apply_queue(layout: Layout, repo: Path, tag: str, where: str) -> str:
     try:
         apply_patches(repo, patches, tag, where)
     except PatchDoesNotApply as error:
-        write_state(repo, head=rev(repo, "HEAD"), series={}, applying=False,
-                    failed=error.patch.name)  # fmt: skip
+        write_state(
+            repo, head=rev(repo, "HEAD"), series={}, applying=False, failed=error.patch.name
+        )
         clone = shown(layout, repo)
         raise PatchDoesNotApply(
             error.patch,
@@ -185,8 +186,9 @@ def _apply_queue(layout: Layout, repo: Path, tag: str, where: str) -> str:
             f" `nox -s export_patches -- --case {layout.case} --force`; or drop the patch from"
             " the series",
         ) from None
-    write_state(repo, head=rev(repo, "HEAD"), series=_series_state(layout), applying=False,
-                failed=None)  # fmt: skip
+    write_state(
+        repo, head=rev(repo, "HEAD"), series=_series_state(layout), applying=False, failed=None
+    )
     return f"applied {len(patches)} patch(es) from patches/{layout.case}/series on {PATCHED}"
 
 
@@ -202,10 +204,20 @@ def _format_patches(repo: Path, base: str) -> dict[str, bytes]:
     """The commits of `patched` as patch files, byte-stable across machines and git configs."""
     with tempfile.TemporaryDirectory() as out:
         git(
-            repo, "format-patch", f"{base}..{PATCHED}", "--quiet", "--output-directory", out,
-            "--no-signature", "--zero-commit", "--full-index", "--no-numbered",
-            "--diff-algorithm=myers", "--stat=72", "--summary",
-        )  # fmt: skip
+            repo,
+            "format-patch",
+            f"{base}..{PATCHED}",
+            "--quiet",
+            "--output-directory",
+            out,
+            "--no-signature",
+            "--zero-commit",
+            "--full-index",
+            "--no-numbered",
+            "--diff-algorithm=myers",
+            "--stat=72",
+            "--summary",
+        )
         return {p.name: p.read_bytes() for p in sorted(Path(out).iterdir())}
 
 

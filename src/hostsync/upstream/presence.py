@@ -81,8 +81,16 @@ def git_sources(repo: Path, revision: str, project: Project) -> Sources:
     if git(repo, "cat-file", "-e", f"{revision}:{folder}", check=False).returncode != 0:
         return {}
     with tempfile.NamedTemporaryFile(suffix=".tar") as archive:
-        git(repo, "archive", "--format=tar", "--prefix=tree/", f"--output={archive.name}",
-            revision, "--", folder)  # fmt: skip
+        git(
+            repo,
+            "archive",
+            "--format=tar",
+            "--prefix=tree/",
+            f"--output={archive.name}",
+            revision,
+            "--",
+            folder,
+        )
         with tarfile.open(archive.name) as tar:
             return read_package(tar, project)
 
@@ -125,8 +133,9 @@ class _Parsed:
 
     def location(self, line: int) -> SiteLocation:
         scope = self.scope_at(line)
-        return SiteLocation(self.path, line, scope.qualname if scope else "",
-                            self.lines[line - 1].strip())  # fmt: skip
+        return SiteLocation(
+            self.path, line, scope.qualname if scope else "", self.lines[line - 1].strip()
+        )
 
 
 def _import_path(path: str, project: Project) -> str:
@@ -157,8 +166,9 @@ def _parse(path: str, text: str, project: Project) -> _Parsed:
 
     visit(tree, "")
     module_names = frozenset(_defined_names(tree.body) - {"__getattr__"})
-    return _Parsed(path, _import_path(path, project), text.splitlines(), scopes, calls,
-                   module_names, parses)  # fmt: skip
+    return _Parsed(
+        path, _import_path(path, project), text.splitlines(), scopes, calls, module_names, parses
+    )
 
 
 # --- code as a syntax tree, local names abstracted -----------------------------------------------
@@ -204,8 +214,11 @@ def _pattern(code: str | None) -> ast.AST | _OpenCall | None:
 def _local_names(function: ast.AST) -> set[str]:
     """A function's parameters and the names it binds."""
     names = {arg.arg for arg in ast.walk(function) if isinstance(arg, ast.arg)}
-    names |= {node.id for node in ast.walk(function)
-              if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)}  # fmt: skip
+    names |= {
+        node.id
+        for node in ast.walk(function)
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)
+    }
     return names
 
 
@@ -218,8 +231,9 @@ class _Abstract(ast.NodeTransformer):
         return ast.Name(_LOCAL, ast.Load()) if abstract else ast.Name(node.id, ast.Load())
 
 
-def normalised(node: ast.AST, local: set[str] | None = None,
-               keep: frozenset[str] = frozenset()) -> str:  # fmt: skip
+def normalised(
+    node: ast.AST, local: set[str] | None = None, keep: frozenset[str] = frozenset()
+) -> str:
     """`node` without positions, its local names (`local`; for a fragment with no function
     around it, every name not in `keep` nor a builtin) replaced by one placeholder."""
     keep = keep | frozenset(dir(builtins))
@@ -252,10 +266,13 @@ def _structural_lines(pattern: ast.AST | _OpenCall, parsed: _Parsed) -> Iterator
 def _assigned_before(function: ast.AST, call: ast.Call, local: set[str]) -> Iterator[int]:
     """The line of the last assignment before `call` to each local name it is passed."""
     for name in {arg.id for arg in call.args if isinstance(arg, ast.Name) and arg.id in local}:
-        lines = [node.lineno for node in ast.walk(function)
-                 if isinstance(node, ast.Assign) and node.lineno < call.lineno
-                 and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
-                 ]  # fmt: skip
+        lines = [
+            node.lineno
+            for node in ast.walk(function)
+            if isinstance(node, ast.Assign)
+            and node.lineno < call.lineno
+            and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+        ]
         if lines:
             yield max(lines)
 
@@ -286,8 +303,11 @@ def _sites(rule: AllowRule, files: list[_Parsed], anywhere: bool) -> list[tuple[
             literal = bool(rule.code) and any(rule.code in line for line in parsed.lines)
             function = None if literal else rule.function
             own = dataclasses.replace(own, file=parsed.file, function=function)
-        found += [(parsed, site) for site in map(parsed.site, _candidates(rule, parsed, literal))
-                  if own.matches(site)]  # fmt: skip
+        found += [
+            (parsed, site)
+            for site in map(parsed.site, _candidates(rule, parsed, literal))
+            if own.matches(site)
+        ]
     return found
 
 
@@ -300,17 +320,21 @@ class _Tree:
 
     def files(self, holding: str = "", suffix: str = "") -> list[_Parsed]:
         """The files whose text holds `holding` and whose import path ends with `suffix`."""
-        paths = [path for path, text in sorted(self.sources.items()) if holding in text
-                 and (not suffix or suffix_matches(_import_path(path, self.project), suffix))
-                 ]  # fmt: skip
+        paths = [
+            path
+            for path, text in sorted(self.sources.items())
+            if holding in text
+            and (not suffix or suffix_matches(_import_path(path, self.project), suffix))
+        ]
         for path in paths:
             if path not in self._parsed:
                 self._parsed[path] = _parse(path, self.sources[path], self.project)
         return [self._parsed[path] for path in paths]
 
 
-def _calls_from_caller(rule: AllowRule, sites: list[tuple[_Parsed, Site]],
-                       tree: _Tree) -> list[SiteLocation]:  # fmt: skip
+def _calls_from_caller(
+    rule: AllowRule, sites: list[tuple[_Parsed, Site]], tree: _Tree
+) -> list[SiteLocation]:
     """Where the rule's caller calls the functions `sites` lie in: a read inside a shared helper
     counts where that caller calls it."""
     helpers = {site.function: site for _, site in sites if site.function}
@@ -329,9 +353,11 @@ def _code_under_test(rule: AllowRule, place: list[_Parsed], tree: _Tree) -> bool
     the caller's function for a read inside a helper, else the rule's function in its file."""
     if rule.caller:
         file, _, function = rule.caller.rpartition(":")
-        return any(scope.name == function
-                   for parsed in tree.files(holding=f"def {function}(", suffix=file)
-                   for scope in parsed.scopes)  # fmt: skip
+        return any(
+            scope.name == function
+            for parsed in tree.files(holding=f"def {function}(", suffix=file)
+            for scope in parsed.scopes
+        )
     return bool(place) and (rule.function is None or _defines(place, rule.function))
 
 
@@ -339,8 +365,9 @@ def _defines(files: list[_Parsed], function: str | None) -> bool:
     return function is not None and any(s.name == function for p in files for s in p.scopes)
 
 
-def locate(rule: AllowRule, sources: Sources, project: Project,
-           reference: Body | None = None) -> Finding:  # fmt: skip
+def locate(
+    rule: AllowRule, sources: Sources, project: Project, reference: Body | None = None
+) -> Finding:
     """Whether `sources` (one tree of `project`) carry the site `rule` names, and where; with
     `reference`, the body of the rule's function where the site is known, a function renamed,
     moved or inlined is followed."""
@@ -392,8 +419,12 @@ def _reading(node: ast.AST) -> bool:
     func = node.func
     if isinstance(func, ast.Attribute):
         return func.attr in _READS
-    return (isinstance(func, ast.Name) and func.id in _READING_BUILTINS and len(node.args) == 1
-            and not isinstance(node.args[0], ast.Constant))  # fmt: skip
+    return (
+        isinstance(func, ast.Name)
+        and func.id in _READING_BUILTINS
+        and len(node.args) == 1
+        and not isinstance(node.args[0], ast.Constant)
+    )
 
 
 def _reads(function: ast.AST) -> Iterator[tuple[ast.stmt, str]]:
@@ -431,8 +462,9 @@ def body_of(rule: AllowRule, sources: Sources, project: Project) -> Body | None:
         return None
     tree = _Tree(sources, project)
     for files in (tree.files(suffix=rule.file), tree.files(holding=f"def {rule.function}(")):
-        scopes = [scope for parsed in files for scope in parsed.scopes
-                  if scope.name == rule.function]  # fmt: skip
+        scopes = [
+            scope for parsed in files for scope in parsed.scopes if scope.name == rule.function
+        ]
         if scopes:
             return _body(scopes[0])
     return None
@@ -455,13 +487,16 @@ def _followed(rule: AllowRule, reference: Body, tree: _Tree, place: list[_Parsed
         renamed = dataclasses.replace(rule, file=parsed.file, function=scope.name)
         found = [parsed.location(site.line) for _, site in _sites(renamed, [parsed], False)]
         return Finding(Presence.ELSEWHERE if found else Presence.ABSENT, tuple(found))
-    inlined = sorted({
-        parsed.location(node.lineno)
-        for parsed in place
-        for scope in parsed.scopes
-        for node, dump in _reads(scope.node)
-        if dump in reference.reads
-    }, key=lambda at: (at.file, at.line))  # fmt: skip
+    inlined = sorted(
+        {
+            parsed.location(node.lineno)
+            for parsed in place
+            for scope in parsed.scopes
+            for node, dump in _reads(scope.node)
+            if dump in reference.reads
+        },
+        key=lambda at: (at.file, at.line),
+    )
     return Finding(Presence.ELSEWHERE, tuple(inlined)) if inlined else Finding(Presence.MISSING)
 
 
@@ -494,8 +529,11 @@ def undefined_imports(texts: list[str], sources: Sources, project: Project) -> l
             defined = _top_level_names(text_of_module) if text_of_module is not None else set()
             if defined is None:
                 continue
-            lacking += [f"{alias.name} from {node.module}" for alias in node.names
-                        if alias.name != "*" and alias.name not in defined]  # fmt: skip
+            lacking += [
+                f"{alias.name} from {node.module}"
+                for alias in node.names
+                if alias.name != "*" and alias.name not in defined
+            ]
     return list(dict.fromkeys(lacking))
 
 
@@ -528,8 +566,9 @@ def _defined_names(body: list[ast.stmt]) -> set[str]:
 def described(rule: AllowRule) -> str:
     """A site in words, as a report names it: `code` in function() (file), called from X()."""
     words = " in ".join(
-        part for part in (rule.code and f"`{rule.code}`", rule.function and f"{rule.function}()")
+        part
+        for part in (rule.code and f"`{rule.code}`", rule.function and f"{rule.function}()")
         if part
-    )  # fmt: skip
+    )
     called = f", called from {rule.caller}()" if rule.caller else ""
     return f"{words} ({rule.file}){called}"

@@ -39,8 +39,9 @@ def tag_format(release: Release) -> str:
     return release.tag.replace(release.version, "{version}")
 
 
-def materialise(layout: Layout, project: Project, release: Release, dest: Path,
-                remote: str | None = None) -> None:  # fmt: skip
+def materialise(
+    layout: Layout, project: Project, release: Release, dest: Path, remote: str | None = None
+) -> None:
     """Create `dest` as a git repository whose tag `release.tag` is the release as published.
 
     Built in a sibling folder and renamed at the end, so a failure leaves nothing half-made.

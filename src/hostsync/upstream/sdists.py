@@ -44,8 +44,9 @@ def fetch_sdist(layout: Layout, sdist: Sdist) -> Path:
             return cached
         if problem != _DAMAGED:
             raise WorkspaceError(problem)
-        log.info("%s no longer matches the digest it was verified with: fetching it again",
-                 cached.name)  # fmt: skip
+        log.info(
+            "%s no longer matches the digest it was verified with: fetching it again", cached.name
+        )
         cached.unlink()
         record.unlink(missing_ok=True)
     _download(sdist, cached)

@@ -143,8 +143,9 @@ def prepare_trees(case: Case, names: list[str]) -> list[Tree]:
     return [prepare_tree(case, name) for name in names]
 
 
-def prepare_stack(layout: Layout, loaded: Sequence[Case], *, fixes: bool = True,
-                  runs: bool = True) -> Tree:  # fmt: skip
+def prepare_stack(
+    layout: Layout, loaded: Sequence[Case], *, fixes: bool = True, runs: bool = True
+) -> Tree:
     """One release with the series of every case `loaded` applied in turn (all of them pin
     one project at one release): every carried fix of that project on one tree. Without
     `fixes`, the release as published. Series that conflict are refused in one line. A tree
@@ -214,8 +215,9 @@ def infos(layout: Layout, trees: list[Tree]) -> dict[str, TreeInfo]:
     return {tree.label: tree.info(layout.root) for tree in trees}
 
 
-def _worktree(layout: Layout, repo: Path, base: str, patches: list[Path], path: Path,
-              where: str) -> Path:  # fmt: skip
+def _worktree(
+    layout: Layout, repo: Path, base: str, patches: list[Path], path: Path, where: str
+) -> Path:
     wanted = {
         "base": rev(repo, base),
         "patches": {p.name: sha256(p) for p in patches},

@@ -73,9 +73,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-grad-norm", type=float, default=1.0, help="the Trainer's default")
     parser.add_argument("--detect-steps", type=int, default=0, help="steps 1..N under the detector")
     parser.add_argument("--profile-step", type=int, default=0, help="one step under the profiler")
-    parser.add_argument("--trainer", default="Trainer", choices=(
-        "Trainer", "SFTTrainer", "DPOTrainer", "RewardTrainer", "GRPOTrainer", "accelerate-loop",
-    ))  # fmt: skip
+    parser.add_argument(
+        "--trainer",
+        default="Trainer",
+        choices=(
+            "Trainer",
+            "SFTTrainer",
+            "DPOTrainer",
+            "RewardTrainer",
+            "GRPOTrainer",
+            "accelerate-loop",
+        ),
+    )
     parser.add_argument("--batch-size", type=int, default=1, help="per device")
     parser.add_argument("--gradient-accumulation-steps", type=int, default=1)
     parser.add_argument("--gradient-checkpointing", action="store_true")
@@ -85,8 +94,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fsdp", action="store_true", help="shard with FSDP2 (fully_shard)")
     parser.add_argument("--torch-compile", action="store_true", help="the Trainer compiles")
     parser.add_argument("--eval-steps", type=int, default=0, help="evaluate every N steps")
-    parser.add_argument("--num-input-tokens-seen", action="store_true",
-                        help="the Trainer counts the tokens it trained on")  # fmt: skip
+    parser.add_argument(
+        "--num-input-tokens-seen",
+        action="store_true",
+        help="the Trainer counts the tokens it trained on",
+    )
     return parser.parse_args()
 
 
@@ -173,10 +185,18 @@ class SyncHunt:
             (event.kind, event.site, event.caller) for event in scope.events if event.stall
         )
         sites = tuple(
-            StepSite(kind, site.file, site.line, site.function, site.code, caller, count,
-                     stalled[kind, site, caller])
+            StepSite(
+                kind,
+                site.file,
+                site.line,
+                site.function,
+                site.code,
+                caller,
+                count,
+                stalled[kind, site, caller],
+            )
             for (kind, site, caller), count in sorted(found.items(), key=_site_order)
-        )  # fmt: skip
+        )
         self.steps.append(
             HuntStep(step, step == 1, self._logged, sites, scope.cost(), scope.host_reads)
         )
@@ -251,8 +271,11 @@ def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | No
     count = per_step * args.steps
     eval_count = 2 * args.batch_size * world_size if args.eval_steps else 0
     settings = {
-        "precision": args.precision, "max_steps": args.steps, "max_grad_norm": args.max_grad_norm,
-        "logging_steps": args.logging_steps, "per_device_train_batch_size": args.batch_size,
+        "precision": args.precision,
+        "max_steps": args.steps,
+        "max_grad_norm": args.max_grad_norm,
+        "logging_steps": args.logging_steps,
+        "per_device_train_batch_size": args.batch_size,
         "per_device_eval_batch_size": args.batch_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "eval_strategy": "steps" if args.eval_steps else "no",
@@ -262,7 +285,7 @@ def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | No
         **({"gradient_checkpointing": True} if args.gradient_checkpointing else {}),
         **({"torch_compile": True} if args.torch_compile else {}),
         "ddp_backend": args.backend,
-    }  # fmt: skip
+    }
     reward = args.trainer == "RewardTrainer"
     model = trainer_llama("SequenceClassification" if reward else "CausalLM")
     peft_config = lora_config() if args.lora else None
@@ -284,18 +307,25 @@ def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | No
         extra = {"processing_class": tiny_tokenizer(), "peft_config": peft_config}
         if args.trainer == "SFTTrainer":
             training_args = training_arguments(
-                args.output_dir, kind=config, packing=args.packing,
-                padding_free=args.padding_free, dataset_num_proc=None, **settings,
+                args.output_dir,
+                kind=config,
+                packing=args.packing,
+                padding_free=args.padding_free,
+                dataset_num_proc=None,
+                **settings,
                 # Padding-free batches without packing leave truncation to the data (SFTConfig).
                 **({"max_length": None} if args.padding_free and not args.packing else {}),
-            )  # fmt: skip
+            )
             train, evaluation = sft_samples(count), sft_samples(eval_count, seed=1) or None
         elif args.trainer == "GRPOTrainer":
             # Two completions per prompt, generated by the tiny model itself, scored by a rule.
             training_args = training_arguments(
-                args.output_dir, kind=config, num_generations=GENERATIONS,
-                max_completion_length=SEQ_LEN // 2, **settings,
-            )  # fmt: skip
+                args.output_dir,
+                kind=config,
+                num_generations=GENERATIONS,
+                max_completion_length=SEQ_LEN // 2,
+                **settings,
+            )
             train = preference_samples(count).select_columns(["prompt"])
             evaluation = None
             extra["reward_funcs"] = even_words
@@ -308,9 +338,13 @@ def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | No
             extra["ref_model"] = trainer_llama()
     trainer_class = hunting_trainer(hunt, base) if hunt else base
     return trainer_class(
-        model=model, args=training_args, train_dataset=train, eval_dataset=evaluation,
-        callbacks=callbacks, **extra,
-    )  # fmt: skip
+        model=model,
+        args=training_args,
+        train_dataset=train,
+        eval_dataset=evaluation,
+        callbacks=callbacks,
+        **extra,
+    )
 
 
 def shard_fsdp2(model) -> None:
@@ -338,7 +372,7 @@ def accelerate_loop(
         mixed_precision={"fp32": "no"}.get(args.precision, args.precision),
         # Without it accelerate's state has no backend on CPU: each rank trains alone, silently.
         kwargs_handlers=[InitProcessGroupKwargs(backend=args.backend)],
-    )  # fmt: skip
+    )
     check_one_group(accelerator)
     model = trainer_llama()
     if args.fsdp:
