@@ -15,8 +15,10 @@ from hostsync.errors import WorkspaceError, last_line
 from hostsync.projects import probed_packages
 from hostsync.records import Device, Environment
 
+# Without a GPU driver (NVIDIA's, or ROCm's /dev/kfd) torch.cuda cannot be available: the probe
+# then skips importing torch, a second and more of each run on a machine without a GPU.
 _PROBE = """
-import json, platform, sys
+import json, os, platform, sys
 from importlib import metadata
 packages = {}
 for name in sys.argv[1:]:
@@ -24,8 +26,10 @@ for name in sys.argv[1:]:
         packages[name] = metadata.version(name)
     except metadata.PackageNotFoundError:
         packages[name] = "not installed"
-import torch
-cuda = torch.cuda.is_available()
+driver = os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/kfd")
+if driver:
+    import torch
+cuda = driver and torch.cuda.is_available()
 print(json.dumps({
     "python": platform.python_version(), "packages": packages, "platform": platform.platform(),
     "device": torch.cuda.get_device_name(0) if cuda else "cpu",
