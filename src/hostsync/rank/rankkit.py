@@ -167,11 +167,8 @@ def training_arguments(
 
     bf16 = precision == "bf16"
     kind = kind or TrainingArguments
-    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"  # how launchers pick it
-    own_group = launched and not deepspeed and not torch.cuda.is_available()
     short_run = {
-        **({"use_cpu": True} if own_group else {}),
+        **({"use_cpu": True} if cpu_group() else {}),
         "per_device_train_batch_size": 1,
         "learning_rate": 1e-3,
         "lr_scheduler_type": "constant",
@@ -188,6 +185,14 @@ def training_arguments(
     if bf16:
         arguments.bf16 = True
     return arguments
+
+
+def cpu_group() -> bool:
+    """Launched ranks without a GPU and without DeepSpeed (which sets its ranks up itself):
+    accelerate makes them one group only when told to run on CPU (`use_cpu`, `cpu=True`)."""
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"  # how launchers pick it
+    return launched and not deepspeed and not torch.cuda.is_available()
 
 
 def check_one_group(accelerator: object) -> None:

@@ -36,6 +36,7 @@ from hostsync.rank.rankkit import (
     SEQ_LEN,
     add_launch_arguments,
     check_one_group,
+    cpu_group,
     preference_samples,
     samples,
     sft_samples,
@@ -370,7 +371,7 @@ def accelerate_loop(
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision={"fp32": "no"}.get(args.precision, args.precision),
-        # Without it accelerate's state has no backend on CPU: each rank trains alone, silently.
+        cpu=cpu_group(),
         kwargs_handlers=[InitProcessGroupKwargs(backend=args.backend)],
     )
     check_one_group(accelerator)
