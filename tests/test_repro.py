@@ -448,7 +448,9 @@ def test_trees_of_one_environment_share_the_imports_before_the_project_and_nothi
 
     found = launchers.fork_trees(tree_jobs(tmp_path, script, [pinned, fixed]))
 
-    (([pinned_ranks], _), ([fixed_ranks], _)) = found
+    (([pinned_reports], _), ([fixed_reports], _)) = found
+    pinned_ranks = [report.payload for report in pinned_reports]
+    fixed_ranks = [report.payload for report in fixed_reports]
     ranks = pinned_ranks + fixed_ranks
     assert len({rank["shared_in"] for rank in ranks}) == 1  # one import, in the shared interpreter
     assert len({rank["imported_in"] for rank in pinned_ranks}) == 1  # the tree's own fork
