@@ -3,6 +3,7 @@ regression, and the real command on them."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import textwrap
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from local_index import make_sdist, serving
 
-from hostsync import bisect, cases
+from hostsync import bisect, cases, probe
 from hostsync.bisect import Reader, Target, bisect_run, pull_request
 from hostsync.files import sha256
 from hostsync.layout import Layout
@@ -761,3 +762,42 @@ def test_the_commit_that_made_the_read_is_found_by_running(tmp_path: Path) -> No
     # The text's own narrowing finds the commit that added the line.
     (added,) = [n for n in site["narrowed"] if n["change"] == "added"]
     assert added["pull_request"] == 5
+
+
+CALLS_A_HELPER = {
+    "clipping/__init__.py": "",
+    "clipping/helper.py": "def is_large(value):\n    return bool(value > 1)\n",
+    "clipping/caller.py": textwrap.dedent(
+        """
+        import torch
+
+        from clipping.helper import is_large
+
+
+        def clip(norms):
+            total = torch.stack(norms).sum()
+            if is_large(total):
+                return 1
+            return 0
+        """
+    ),
+}
+
+
+def test_a_read_inside_a_helper_is_the_callers_read_at_the_line_that_called_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A site with a `caller` (ds-clip-norm's `is_invalid_grad_norm` called from
+    `unscale_and_clip_grads`) is found in the caller's file: the probe watches that file's
+    line, and the read made inside the helper while it runs is that line's."""
+    for name, text in CALLS_A_HELPER.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = CALLS_A_HELPER["clipping/caller.py"].splitlines().index("    if is_large(total):") + 1
+    args = argparse.Namespace(file="clipping/caller.py", lines=[line], function="clip")
+
+    seen = probe._run(args)
+
+    assert (seen.error, seen.reached) == ("", (line,))
+    assert seen.reads == (f"clipping/caller.py:{line}",)

@@ -51,11 +51,22 @@ def _run(args: argparse.Namespace) -> ProbeRun:
     from hostsync.sites import suffix_matches
 
     reached: set[int] = set()
+    # A read inside a helper the file calls (a site with a `caller`) is the file's read at the
+    # line that was running when it was made: each new event takes the file's current line.
+    running = {"line": 0}
+    at_line: list[int] = []
+    scope = SyncScope()
+
+    def attribute() -> None:
+        at_line.extend([running["line"]] * (len(scope.events) - len(at_line)))
 
     def trace(frame, event, arg):
+        attribute()
         if suffix_matches(frame.f_code.co_filename, args.file):
-            if event == "line" and frame.f_lineno in args.lines:
-                reached.add(frame.f_lineno)
+            if event == "line":
+                running["line"] = frame.f_lineno
+                if frame.f_lineno in args.lines:
+                    reached.add(frame.f_lineno)
             return trace
         return None
 
@@ -66,7 +77,7 @@ def _run(args: argparse.Namespace) -> ProbeRun:
         namespace = vars(importlib.import_module(module)) | {"torch": torch} if call else {}
         what = call or what
         sys.settrace(trace)
-        with SyncScope() as scope:
+        with scope:
             if call:
                 eval(call, namespace)
             else:
@@ -76,10 +87,17 @@ def _run(args: argparse.Namespace) -> ProbeRun:
         line = traceback.format_exception_only(error)[-1].strip()
         return ProbeRun(tuple(sorted(reached)), (), f"{what}: {line}")
     sys.settrace(None)
+    attribute()
     reads = [
-        f"{site.file}:{site.line}"
-        for site in scope.counts()
-        if suffix_matches(site.file, args.file)
+        f"{event.site.file}:{event.site.line}"
+        if suffix_matches(event.site.file, args.file)
+        else f"{args.file}:{line}"
+        for event, line in zip(scope.events, at_line, strict=True)
+        if event.allowed is None
+        and (
+            suffix_matches(event.site.file, args.file)
+            or suffix_matches(event.caller.partition(":")[0], args.file)
+        )
     ]
     return ProbeRun(tuple(sorted(reached)), tuple(reads), "")
 
