@@ -565,6 +565,17 @@ def test_a_read_of_an_inlined_function_is_found_in_its_caller(tmp_path: Path, mo
 # --- judged by running: a value that turns from a float into a tensor ---------------------------
 
 CLIP_UTILS = "deepspeed/runtime/utils.py"
+# The clip's check, as `bisect` is told of a site of no case.
+CLIP_SITE = (
+    "--project",
+    "deepspeed",
+    "--file",
+    CLIP_UTILS,
+    "--function",
+    "clip_tensors_by_global_norm",
+    "--code",
+    "clip_coef < 1",
+)
 # The global norm is a Python float until the release that keeps it on the device (as before
 # and after DeepSpeed #5125): the clip's `if clip_coef < 1` reads the device only after it.
 NORMS = """
@@ -626,14 +637,7 @@ def judged_history(tmp_path: Path, releases: dict[str, str | None]) -> dict:
         done = hostsync(
             layout,
             "bisect",
-            "--project",
-            "deepspeed",
-            "--file",
-            CLIP_UTILS,
-            "--function",
-            "clip_tensors_by_global_norm",
-            "--code",
-            "clip_coef < 1",
+            *CLIP_SITE,
             "--judge",
             env_extra={sdists.INDEX_ENV: url, "HOSTSYNC_PREPARED": "1"},
         )
@@ -732,14 +736,7 @@ def test_the_commit_that_made_the_read_is_found_by_running(tmp_path: Path) -> No
         done = hostsync(
             layout,
             "bisect",
-            "--project",
-            "deepspeed",
-            "--file",
-            CLIP_UTILS,
-            "--function",
-            "clip_tensors_by_global_norm",
-            "--code",
-            "clip_coef < 1",
+            *CLIP_SITE,
             "--judge",
             "--remote",
             str(repo),
