@@ -14,13 +14,14 @@ functions whose CUDA path reads the device, each with its source in PyTorch. Ker
 at a dispatch key no torch feature uses judge the aten calls of the table
 (`_local_scalar_dense`, which `bool(t)` and `.item()` become, nonzero, unique, masks, bincount,
 fills with a tensor value, linalg error checks, ...); every other operator falls through that
-key in C++, so code that cannot sync runs at its own speed. The key sits above autograd: it sees
-what Python code calls, also inside torch's own Python (printing a tensor), and not what an
-operator's kernel calls below autograd (CPU-only validations). Wrappers, in place while any scope
-is open, judge the Python-level calls that never reach a CPU kernel (`.tolist()`, `.cpu()`,
-`.to("cpu")`, `.numpy()`, `torch.tensor([t0, t1])`) and leave out CPU-only validations
-(`one_hot` reads its input on CPU only); `torch.save` and pickling count one copy per device
-storage. Event kinds are the table's.
+key in C++, and so do higher-order operators, which torch dispatches in Python (vmap's
+`custom_function_call`), so code that cannot sync runs at its own speed. The key sits above
+autograd: it sees what Python code calls, also inside torch's own Python (printing a tensor) and
+the bodies of higher-order operators, and not what an operator's kernel calls below autograd
+(CPU-only validations). Wrappers, in place while any scope is open, judge the Python-level
+calls that never reach a CPU kernel (`.tolist()`, `.cpu()`, `.to("cpu")`, `.numpy()`,
+`torch.tensor([t0, t1])`) and leave out CPU-only validations (`one_hot` reads its input on CPU
+only); `torch.save` and pickling count one copy per device storage. Event kinds are the table's.
 
 The model is "every tensor would be on the GPU", except host memory the code names as such
 (`device="cpu"` spelled in the statement, `pin_memory=True`, a Python number written with
