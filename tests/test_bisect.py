@@ -798,3 +798,20 @@ def test_a_read_inside_a_helper_is_the_callers_read_at_the_line_that_called_it(
 
     assert (seen.error, seen.reached) == ("", (line,))
     assert seen.reads == (f"clipping/caller.py:{line}",)
+
+
+def test_a_line_that_reads_in_a_loop_is_one_read_of_the_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verdict's reason names each reading line once, however often it read."""
+    (tmp_path / "counting").mkdir()
+    (tmp_path / "counting" / "__init__.py").write_text("")
+    (tmp_path / "counting" / "large.py").write_text(
+        "def count(norms):\n    return sum(1 for n in norms[0] if n > 1)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = argparse.Namespace(file="counting/large.py", lines=[2], function="count")
+
+    seen = probe._run(args)
+
+    assert (seen.error, seen.reached, seen.reads) == ("", (2,), ("counting/large.py:2",))

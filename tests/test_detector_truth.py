@@ -177,6 +177,56 @@ def test_a_read_in_a_custom_backward_is_recorded_at_its_line():
     assert event.site.code == "_ListsInBackward.read = grad.tolist()"
 
 
+class _Doubles(torch.autograd.Function):
+    """Under a torch.func transform an autograd.Function runs as the higher-order operator
+    `custom_function_call` (what transformers' masks meet under vmap)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return x * 2
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+class _ScalesByItsSum(_Doubles):
+    @staticmethod
+    def forward(x):
+        return x * x.sum().item()
+
+
+def test_a_vmapped_autograd_function_runs_inside_a_scope():
+    x = torch.arange(6.0).reshape(2, 3)
+    with SyncScope() as scope:
+        doubled = torch.func.vmap(_Doubles.apply)(x)
+
+    assert torch.equal(doubled, x * 2)
+    assert scope.events == []
+
+
+@pytest.mark.parametrize("account", [False, True], ids=["gate", "accounting"])
+def test_a_read_inside_a_higher_order_operator_is_recorded_at_its_line(account):
+    def subgraph(x):
+        return x * x.sum().item()
+
+    x = torch.arange(3.0)
+    with SyncScope(account=account) as scope:
+        torch.func.grad(lambda t: _ScalesByItsSum.apply(t).sum())(x)
+        torch.ops.higher_order.invoke_subgraph(subgraph, "subgraph", x)
+
+    assert [(e.kind, e.site.function, e.site.code) for e in scope.events] == [
+        ("scalar_read", "forward", "return x * x.sum().item()"),
+        ("scalar_read", "subgraph", "return x * x.sum().item()"),
+    ]
+
+
 def test_a_function_carried_to_another_thread_is_observed_there_as_autograd_threads_are():
     x = torch.ones(3, requires_grad=True)
     errors = []

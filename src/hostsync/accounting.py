@@ -51,7 +51,14 @@ class HostMemory(Protocol):
 
 
 class Accounting(TorchDispatchMode):
-    """Device work in total and since the host last waited, counted per aten call."""
+    """Device work in total and since the host last waited, counted per aten call.
+
+    A higher-order operator (vmap's `custom_function_call`, `invoke_subgraph`) launches no
+    kernel of its own: it runs as it would without the mode, which torch pops for the call, so
+    the work of its body is not counted (its reads still are: the detector's kernels judge them).
+    """
+
+    supports_higher_order_operators = True
 
     def __init__(self, host: HostMemory) -> None:
         super().__init__()
@@ -70,6 +77,8 @@ class Accounting(TorchDispatchMode):
     ) -> object:
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return result
         work = self.work_of(func, OpCall(args, kwargs), result)
         if work.queued:
             with self._lock:

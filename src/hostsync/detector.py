@@ -14,13 +14,14 @@ functions whose CUDA path reads the device, each with its source in PyTorch. Ker
 at a dispatch key no torch feature uses judge the aten calls of the table
 (`_local_scalar_dense`, which `bool(t)` and `.item()` become, nonzero, unique, masks, bincount,
 fills with a tensor value, linalg error checks, ...); every other operator falls through that
-key in C++, so code that cannot sync runs at its own speed. The key sits above autograd: it sees
-what Python code calls, also inside torch's own Python (printing a tensor), and not what an
-operator's kernel calls below autograd (CPU-only validations). Wrappers, in place while any scope
-is open, judge the Python-level calls that never reach a CPU kernel (`.tolist()`, `.cpu()`,
-`.to("cpu")`, `.numpy()`, `torch.tensor([t0, t1])`) and leave out CPU-only validations
-(`one_hot` reads its input on CPU only); `torch.save` and pickling count one copy per device
-storage. Event kinds are the table's.
+key in C++, and so do higher-order operators, which torch dispatches in Python (vmap's
+`custom_function_call`), so code that cannot sync runs at its own speed. The key sits above
+autograd: it sees what Python code calls, also inside torch's own Python (printing a tensor) and
+the bodies of higher-order operators, and not what an operator's kernel calls below autograd
+(CPU-only validations). Wrappers, in place while any scope is open, judge the Python-level
+calls that never reach a CPU kernel (`.tolist()`, `.cpu()`, `.to("cpu")`, `.numpy()`,
+`torch.tensor([t0, t1])`) and leave out CPU-only validations (`one_hot` reads its input on CPU
+only); `torch.save` and pickling count one copy per device storage. Event kinds are the table's.
 
 The model is "every tensor would be on the GPU", except host memory the code names as such
 (`device="cpu"` spelled in the statement, `pin_memory=True`, a Python number written with
@@ -692,7 +693,12 @@ def _made_on_host(name: str, call: sync_ops.OpCall, destination: torch.device | 
 
 
 class _HostPropagation(TorchDispatchMode):
-    """Results of aten calls whose tensor inputs all live in host memory live there too."""
+    """Results of aten calls whose tensor inputs all live in host memory live there too.
+
+    A higher-order operator is judged by the same rule on its inputs and results, its body
+    unobserved by the mode (torch pops it for the call)."""
+
+    supports_higher_order_operators = True
 
     def __init__(self, host: _HostMemory) -> None:
         super().__init__()
@@ -803,7 +809,22 @@ def _kernels() -> tuple[torch.library.Library, ...]:
     for op, rules in _KERNEL_RULES.items():
         if _seen_in_dispatch(op):
             library.impl(op, _judging_kernel(op, rules), _KEY_NAME, with_keyset=True)
+    _higher_order_operators_fall_through()
     return fallback, library
+
+
+def _higher_order_operators_fall_through() -> None:
+    """Every higher-order operator passes the key, as the fallback lets every other operator.
+
+    torch dispatches them in Python (`HigherOrderOperator.dispatch`): a key in the thread's state
+    with no kernel of theirs raises "could not find kernel" (vmap's `custom_function_call`,
+    which transformers' masks run, and `invoke_subgraph`). A fall-through key leaves the state
+    as it is, so the aten calls of their bodies still meet the judging kernels. Those made
+    later take it from torch's list of keys every new one falls through.
+    """
+    torch._ops._HIGHER_ORDER_OP_DEFAULT_FALLTHROUGH_DISPATCH_KEYS.append(_KEY)
+    for operator in torch._ops._higher_order_ops.values():
+        operator.fallthrough(_KEY)
 
 
 @functools.cache

@@ -88,7 +88,8 @@ def _run(args: argparse.Namespace) -> ProbeRun:
         return ProbeRun(tuple(sorted(reached)), (), f"{what}: {line}")
     sys.settrace(None)
     attribute()
-    reads = [
+    # Each line once, in the order it first read: a loop's reads are one line's.
+    reads = dict.fromkeys(
         f"{event.site.file}:{event.site.line}"
         if suffix_matches(event.site.file, args.file)
         else f"{args.file}:{line}"
@@ -98,7 +99,7 @@ def _run(args: argparse.Namespace) -> ProbeRun:
             suffix_matches(event.site.file, args.file)
             or suffix_matches(event.caller.partition(":")[0], args.file)
         )
-    ]
+    )
     return ProbeRun(tuple(sorted(reached)), tuple(reads), "")
 
 
