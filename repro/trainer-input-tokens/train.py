@@ -8,8 +8,9 @@ Started by `python -m hostsync repro` (ranks forked from one import of this scri
 works the same), gloo on CPU, NCCL with one GPU per rank, one Trainer per run: the card gives each
 scenario its micro-batches per optimizer step and what is counted. Every rank trains the tiny
 Llama built from its config for a few optimizer steps, logging every step, with the whole
-training under `SyncScope(account=True)`; the nan/inf loss filter (case trainer-nan-filter) is
-off, so the first read after each backward is this case's. Returned through `rank_entry`: per
+training under `SyncScope(account=True)`. The nan/inf loss filter (case trainer-nan-filter) is
+off unless a scenario turns it on, as the Trainer's default does: then it reads each loss just
+before this case's read, which waits only for what was queued since. Returned through `rank_entry`: per
 optimizer step the reads made in `_track_num_input_tokens` and in all, their cost, and what the
 user sees of the count, which the fix must leave unchanged: the state at each step's end (what
 callbacks read), each log, and the state each saved checkpoint holds.
@@ -54,6 +55,11 @@ def add_count_arguments(parser: argparse.ArgumentParser) -> None:
         default="all",
         help="include_num_input_tokens_seen; non_padding pads the samples",
     )
+    parser.add_argument(
+        "--nan-inf-filter",
+        action="store_true",
+        help="logging_nan_inf_filter on, the Trainer's default (it reads each loss first)",
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -93,7 +99,7 @@ def trainer_for(
         max_steps=steps,
         gradient_accumulation_steps=args.accumulation,
         include_num_input_tokens_seen=args.count,
-        logging_nan_inf_filter=False,
+        logging_nan_inf_filter=args.nan_inf_filter,
         ddp_backend=args.backend,
         **settings,
     )

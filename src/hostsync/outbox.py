@@ -4,9 +4,10 @@ Every outbox is made for one contributor: it is refused, for every case alike, u
 names a real one (`git config user.name` / `user.email`; no placeholder, no reserved domain).
 `review` runs first, so a stale or failed result is refused there. Then
 `issue_drafts/<case>/outbox/` holds either
-- `nothing-to-send.md` alone, when nothing should be sent: upstream fixed the bug in a release,
-  or an open PR takes it on and the series does not carry that PR's own change (figures of
-  another variant are no review of it); it says why, and what was checked; or
+- `nothing-to-send.md` alone, when nothing should be sent: upstream fixed the bug in a release;
+  an open PR takes it on and the series does not carry that PR's own change (figures of another
+  variant are no review of it); or the series saves a wait only once another open PR lands. It
+  says why, and what was checked; or
 - the drafts the upstream state asks for (an issue and a PR; a review comment on an open PR),
   without the note a template opens with for the contributor (an HTML comment), which moves to
   the checklist;
@@ -132,6 +133,12 @@ def why_nothing(case: Case) -> str | None:
             f"open PR #{upstream.pull_request} takes it on, and the series does not carry that"
             " PR's own change: figures of another variant are no review of it (carry its diff as"
             " a patch and set the card's `carries_pr_change` to measure it)"
+        )
+    if upstream.gains_after_pr:
+        return (
+            f"with the defaults of {case.project.name}, the read the series removes comes right"
+            f" after the one open PR #{upstream.gains_after_pr} removes, so it waits for almost"
+            " nothing until that PR lands: measure it again on that change, then send it"
         )
     return None
 
