@@ -172,16 +172,25 @@ def checklist(case: Case, kinds: set[str], notes: dict[str, str], sent: list[str
     """What only the contributor can do, for what is sent: a comment gets a comment's list."""
     project = case.project
     steps = [
-        "Rewrite each draft in your own words; the figures and the quoted output are the"
-        " measured ones, keep them as they are",
+        "Rewrite each draft in your own words; keep the figures, which are measured",
         f"Disclose any assistance the way {project.name} asks: {project.assistance}",
     ]
+    if "issue" in kinds and case.card.repro.snippet:
+        steps.append(
+            "Run the quoted reproducer yourself and paste your own output in place of the quoted"
+            " one (it names the versions it ran with)"
+        )
     if "issue" in kinds:
         steps.append(
             f"Give your own system info where the issue asks for it: the output of"
             f" `{project.system_info}` on your machine"
         )
     if "pr" in kinds:
+        signed = " and sign them off again" if project.sign_off else ""
+        steps.append(
+            f"The patches apply to the release {case.pin.version}: rebase them onto"
+            f" {project.name}'s default branch, rerun their tests there{signed}"
+        )
         steps += project.before_sending
     steps += case.upstream.to_do
     what = "posting" if kinds <= {"comment", "review-comment"} else "sending"
