@@ -10,10 +10,10 @@ scenario its micro-batches per optimizer step and what is counted. Every rank tr
 Llama built from its config for a few optimizer steps, logging every step, with the whole
 training under `SyncScope(account=True)`. The nan/inf loss filter (case trainer-nan-filter) is
 off unless a scenario turns it on, as the Trainer's default does: then it reads each loss just
-before this case's read, which waits only for what was queued since. Returned through `rank_entry`: per
-optimizer step the reads made in `_track_num_input_tokens` and in all, their cost, and what the
-user sees of the count, which the fix must leave unchanged: the state at each step's end (what
-callbacks read), each log, and the state each saved checkpoint holds.
+before this case's read, which waits only for what was queued since. Returned through
+`rank_entry`: per optimizer step the reads made in `_track_num_input_tokens` and in all, their
+cost, and what the user sees of the count, which the fix must leave unchanged: the state at each
+step's end (what callbacks read), each log, and the state each saved checkpoint holds.
 """
 
 from __future__ import annotations
