@@ -39,6 +39,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,10 +80,11 @@ def pack(layout: Layout, names: list[str], carry: Path) -> list[Path]:
     """Each tree's import root as `<label>.tar.gz` in `carry`, and what they are in trees.json."""
     from hostsync.upstream.trees import prepare_tree  # needs the workspace's tools: here only
 
+    case = cases.load(layout.root, layout.case)
     carry.mkdir(parents=True, exist_ok=True)
     infos, archives = {}, []
     for name in names:
-        tree = prepare_tree(layout, name)
+        tree = prepare_tree(case, name)
         archives.append(carry / f"{tree.label}.tar.gz")
         with tarfile.open(archives[-1], "w:gz") as archive:
             for path in sorted(p for p in tree.src.iterdir() if p.name != ".git"):
@@ -99,9 +101,32 @@ def _without_bytecode(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
 # --- there: each tree measured in a process of its own -------------------------------------------
 
 
-def measure(
-    layout: Layout, carry: Path, device: str, warmup: int, steps: int, argv: list[str]
-) -> GpuResult:
+@dataclass(frozen=True)
+class Steps:
+    """What each tree runs: the case's profile script (`script`, or its card's), on `device`,
+    `warmup` steps, then `steps` measured."""
+
+    case: str
+    script: str
+    device: str
+    warmup: int
+    steps: int
+
+    def argv(self) -> list[str]:
+        return [
+            "--case",
+            self.case,
+            *(["--script", self.script] if self.script else []),
+            "--device",
+            self.device,
+            "--warmup",
+            str(self.warmup),
+            "--steps",
+            str(self.steps),
+        ]
+
+
+def measure(layout: Layout, carry: Path, run: Steps, argv: list[str]) -> GpuResult:
     """Every carried tree's profiled steps; with nsys installed (and a GPU), Nsight Systems'."""
     import torch
 
@@ -114,7 +139,8 @@ def measure(
         label: TreeInfo.from_json(info)
         for label, info in json.loads(trees_file.read_text()).items()
     }
-    use_nsys = device == "cuda" and shutil.which("nsys") is not None
+    cuda = run.device == "cuda"
+    use_nsys = cuda and shutil.which("nsys") is not None
     found = []
     with tempfile.TemporaryDirectory(prefix="gpu-trees-") as scratch:
         for label in infos:
@@ -122,64 +148,32 @@ def measure(
             with tarfile.open(carry / f"{label}.tar.gz") as archive:
                 archive.extractall(src, filter="data")
             built = carry / f"{label}-extensions"  # the ops a tree builds, kept between runs
-            figures = run_tree(
-                layout, src, built, Path(scratch), label, device, warmup, steps, "torch"
-            )
+            figures = run_tree(run, src, built, Path(scratch), label, "torch")
             if use_nsys:
-                wrapped = nsys_steps(
-                    layout, src, built, Path(scratch), label, device, warmup, steps
-                )
+                wrapped = nsys_steps(run, src, built, Path(scratch), label)
                 figures = GpuTreeFigures.from_json(figures.to_json() | {"nsys": wrapped.to_json()})
             found.append(
                 GpuTreeFigures.from_json(figures.to_json() | {"version": infos[label].version})
             )
     command = shlex.join(["python", "gpu/case_on_gpu.py", *argv])
-    cuda = device == "cuda"
     return GpuResult(
         stamp=Stamp.now(command, layout.case, provenance.inputs(layout)),
         device=torch.cuda.get_device_name(0) if cuda else "cpu",
         torch=torch.__version__,
         dry_run=not cuda,
-        warmup_steps=warmup,
-        steps=steps,
+        warmup_steps=run.warmup,
+        steps=run.steps,
         trees=infos,
         figures=tuple(found),
     )
 
 
-def rank_command(
-    layout: Layout, src: Path, folder: Path, device: str, warmup: int, steps: int, profiler: str
-) -> list[str]:
-    return [
-        sys.executable,
-        __file__,
-        "rank",
-        "--case",
-        layout.case,
-        "--src",
-        str(src),
-        "--folder",
-        str(folder),
-        "--device",
-        device,
-        "--warmup",
-        str(warmup),
-        "--steps",
-        str(steps),
-        "--profiler",
-        profiler,
-    ]
-
-
 def run_tree(
-    layout: Layout,
+    run: Steps,
     src: Path,
     built: Path,
     scratch: Path,
     label: str,
-    device: str,
-    warmup: int,
-    steps: int,
     profiler: str,
     wrap: tuple[str, ...] = (),
 ) -> GpuTreeFigures:
@@ -195,7 +189,11 @@ def run_tree(
             "TORCH_EXTENSIONS_DIR": str(built),
         }
     )
-    command = [*wrap, *rank_command(layout, src, folder, device, warmup, steps, profiler)]
+    command = [
+        *wrap,
+        *(sys.executable, __file__, "rank", *run.argv()),
+        *("--src", str(src), "--folder", str(folder), "--profiler", profiler),
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=_TREE_TIMEOUT_S)
     if done.returncode != 0:
         raise WorkspaceError(f"{label}: the steps failed ({done.stderr.strip()[-2000:]})")
@@ -203,16 +201,7 @@ def run_tree(
     return GpuTreeFigures.from_json(figures.to_json() | {"tree": label})
 
 
-def nsys_steps(
-    layout: Layout,
-    src: Path,
-    built: Path,
-    scratch: Path,
-    label: str,
-    device: str,
-    warmup: int,
-    steps: int,
-):
+def nsys_steps(run: Steps, src: Path, built: Path, scratch: Path, label: str):
     """The same steps under Nsight Systems, and its figures of the measured ranges."""
     session = nsys.new_session()
     folder = scratch / f"{label}-nsys"
@@ -221,7 +210,7 @@ def nsys_steps(
         for word in nsys.profile_command(session)
     )
     try:
-        run_tree(layout, src, built, scratch, label, device, warmup, steps, "nsys", wrap)
+        run_tree(run, src, built, scratch, label, "nsys", wrap)
     finally:
         nsys.end_agents(session)
     tables = nsys.tables()
@@ -277,7 +266,8 @@ class StepClock:
 
 
 def rank_main(args: argparse.Namespace) -> None:
-    """The case's profile script as rank 0 of 1 on this tree; its figures into figures.json."""
+    """The case's profile script (`--script`, or its card's) as rank 0 of 1 on this tree; its
+    figures into figures.json."""
     from hostsync.profiling.traces import analyse_trace, combine_ranks, load_trace
     from hostsync.rank import rankkit
 
@@ -286,7 +276,7 @@ def rank_main(args: argparse.Namespace) -> None:
     if case.card.profile is None:
         raise WorkspaceError(f"case {args.case} has no [profile]: nothing to measure per step")
     spec = case.card.profile
-    script = layout.repro / spec.script
+    script = layout.repro / (args.script or spec.script)
     folder = Path(args.folder)
     os.environ.update(
         {
@@ -374,6 +364,12 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument("--case", required=True, help="a case with a [profile]")
     for command in (measuring, rank):
         command.add_argument(
+            "--script",
+            default="",
+            help="another profile script of the case's repro/ folder than its card's",
+        )
+    for command in (measuring, rank):
+        command.add_argument(
             "--device",
             choices=("cuda", "cpu"),
             default="cuda",
@@ -395,7 +391,8 @@ def main(argv: list[str]) -> int:
         for archive in pack(layout, args.trees.split(","), carry):
             print(f"wrote {archive} ({archive.stat().st_size >> 20} MiB)")
     else:
-        result = measure(layout, carry, args.device, args.warmup, args.steps, argv)
+        run = Steps(args.case, args.script, args.device, args.warmup, args.steps)
+        result = measure(layout, carry, run, argv)
         for tree in result.figures:
             print(json.dumps(tree.to_json()))
         path = results.write(args.out_dir, result, keep_elsewhere=args.out_dir)

@@ -1,6 +1,6 @@
-"""GPU evidence: the GPU scripts (the loss case's, and any case's profiled step), run dry on a
-CPU (what a lent GPU runs for real), and `review`'s optional source `gpu`: cited when fresh, left
-out when stale, "not measured" when absent."""
+"""GPU evidence: the GPU script (a case's profiled step, each carried tree in a process of its
+own), run dry on a CPU (what a lent GPU runs for real), and `review`'s optional source `gpu`:
+cited when fresh, left out when stale, "not measured" when absent."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from hostsync.upstream.trees import prepare_tree
 
 import made
 
-SCRIPT = ROOT / "gpu" / "loss_case_on_gpu.py"
 CASE_SCRIPT = ROOT / "gpu" / "case_on_gpu.py"
 GPU_FIGURE = "{{gpu:figures[tree=pinned].dtoh_copies}}"
 
@@ -91,17 +90,17 @@ def test_a_broken_gpu_result_names_the_script_that_remakes_it_not_a_session(
 
 @pytest.mark.heavy
 @pytest.mark.distributed
-def test_the_gpu_script_runs_dry_on_a_cpu_pinned_reading_twice_a_step_fixed_never(
+def test_the_loss_case_without_deepspeed_runs_dry_on_a_cpu_pinned_reading_twice_fixed_never(
     workspace: Layout, tmp_path: Path
 ) -> None:
-    """`pack` then `measure --device cpu`: the steps the GPU machine runs, without the GPU's
-    figures (None: a CPU has no copies to count)."""
+    """`pack` then `measure --script mesh_profile.py --device cpu`: what a GPU machine without
+    DeepSpeed runs, without the GPU's figures (None: a CPU has no copies to count)."""
     env = os.environ | {"HOSTSYNC_ROOT": str(workspace.root)}
 
     def script(*argv: str) -> str:
         # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
         done = subprocess.run(
-            [sys.executable, str(SCRIPT), *argv],
+            [sys.executable, str(CASE_SCRIPT), *argv, "--case", "sp-loss"],
             env=env,
             capture_output=True,
             text=True,
@@ -110,14 +109,16 @@ def test_the_gpu_script_runs_dry_on_a_cpu_pinned_reading_twice_a_step_fixed_neve
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    script("pack")
-    assert sorted(p.name for p in (workspace.root / "gpu" / "carry").iterdir()) == [
+    script("pack", "--trees", "pinned,fixed")
+    assert sorted(p.name for p in (workspace.root / "gpu" / "carry" / "sp-loss").iterdir()) == [
         "5.14.0.tar.gz",
         "pinned.tar.gz",
         "trees.json",
     ]
     script(
-        "measure", "--device", "cpu", "--warmup", "1", "--steps", "2", "--out-dir", str(tmp_path)
+        "measure",
+        *("--script", "mesh_profile.py", "--device", "cpu", "--warmup", "1", "--steps", "2"),
+        *("--out-dir", str(tmp_path)),
     )
 
     (path,) = tmp_path.glob("gpu-*.json")

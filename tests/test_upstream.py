@@ -439,10 +439,20 @@ def test_a_comment_is_sent_without_its_note_and_gets_a_comment_checklist(
 
 
 @pytest.mark.parametrize(
-    ("state", "why"),
+    ("state", "upstream", "why"),
     [
-        ("fixed", "Why: upstream has fixed it (PR #47073, released in transformers 5.14.0)."),
-        ("open-pr", "Why: open PR #47073 takes it on, and the series does not carry that PR's own"),
+        ("fixed", (), "Why: upstream has fixed it (PR #47073, released in transformers 5.14.0)."),
+        (
+            "open-pr",
+            (),
+            "Why: open PR #47073 takes it on, and the series does not carry that PR's own",
+        ),
+        (
+            "none",
+            ("gains_after_pr = 44123",),
+            "Why: with the defaults of transformers, the read the series removes comes right after"
+            " the one open PR #44123 removes",
+        ),
     ],
 )
 def test_nothing_to_send_is_an_answer_saying_why_and_what_was_checked(
@@ -451,10 +461,18 @@ def test_nothing_to_send_is_an_answer_saying_why_and_what_was_checked(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     state: str,
+    upstream: tuple[str, ...],
     why: str,
 ) -> None:
     outbox_ready(
-        workspace, remote, tmp_path, ADA, monkeypatch, {"comment.md": COMMENT_TEMPLATE}, state=state
+        workspace,
+        remote,
+        tmp_path,
+        ADA,
+        monkeypatch,
+        {"comment.md": COMMENT_TEMPLATE},
+        state=state,
+        upstream=upstream,
     )
 
     target = outbox.outbox(made.case_of(workspace))

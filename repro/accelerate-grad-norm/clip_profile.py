@@ -14,21 +14,17 @@ to the run folder; `--profiler nsys` opens the ranges as NVTX ranges too, for Ns
 from __future__ import annotations
 
 import argparse
-import os
 import time
-from pathlib import Path
 
 import clip_loop  # torchrun puts this script's folder first on sys.path
-import torch
 
 from hostsync.rank.protocol import (
     EXCLUDED_RANGE,
     MEASURED_RANGE,
-    RUN_DIR_ENV,
     profile_parser,
     rank_entry,
 )
-from hostsync.rank.rankkit import named_range, profiled_rank, recording
+from hostsync.rank.rankkit import named_range, profiled_rank, profiled_steps
 
 
 def parse_args() -> argparse.Namespace:
@@ -61,16 +57,8 @@ def optimizer_step(accelerator, model, optimizer, batches, accumulation: int, nv
 def main() -> dict:
     args = parse_args()
     accelerator, model, optimizer, batches = clip_loop.prepared(args, args.warmup + args.steps)
-    rank = torch.distributed.get_rank()
-    cuda = args.device == "cuda"
-    trace = Path(os.environ[RUN_DIR_ENV]) / f"trace-rank{rank}.json.gz"
-    trace = trace if args.profiler == "torch" else None
-    nvtx = args.profiler == "nsys"
-    step = (accelerator, model, optimizer, batches, args.accumulation, nvtx)
-    for _ in range(args.warmup):
-        optimizer_step(*step)
-    with recording(args.profiler, cuda, trace):
-        seconds = [optimizer_step(*step) for _ in range(args.steps)]
+    step = (accelerator, model, optimizer, batches, args.accumulation, args.profiler == "nsys")
+    seconds, trace = profiled_steps(args, lambda: optimizer_step(*step), args.device == "cuda")
     return profiled_rank(args, accelerator.device, seconds, trace)
 
 

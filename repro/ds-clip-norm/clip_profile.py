@@ -14,9 +14,7 @@ to the run folder; `--profiler nsys` opens the ranges as NVTX ranges too, for Ns
 from __future__ import annotations
 
 import argparse
-import os
 import time
-from pathlib import Path
 
 import clip_step  # torchrun puts this script's folder first on sys.path
 import torch
@@ -24,11 +22,10 @@ import torch
 from hostsync.rank.protocol import (
     EXCLUDED_RANGE,
     MEASURED_RANGE,
-    RUN_DIR_ENV,
     profile_parser,
     rank_entry,
 )
-from hostsync.rank.rankkit import named_range, profiled_rank, recording
+from hostsync.rank.rankkit import named_range, profiled_rank, profiled_steps
 
 
 def parse_args() -> argparse.Namespace:
@@ -53,16 +50,11 @@ def train_step(engine, inputs, target, nvtx: bool) -> float:
 def main() -> dict:
     args = parse_args()
     engine = clip_step.engine_for(args)
-    rank = torch.distributed.get_rank()
-    cuda = args.device == "cuda"
-    trace = Path(os.environ[RUN_DIR_ENV]) / f"trace-rank{rank}.json.gz"
-    trace = trace if args.profiler == "torch" else None
     nvtx = args.profiler == "nsys"
     batches = clip_step.batches(engine, args.dtype, args.warmup + args.steps)
-    for _ in range(args.warmup):
-        train_step(engine, *next(batches), nvtx)
-    with recording(args.profiler, cuda, trace):
-        seconds = [train_step(engine, *batch, nvtx) for batch in batches]
+    seconds, trace = profiled_steps(
+        args, lambda: train_step(engine, *next(batches), nvtx), cuda=args.device == "cuda"
+    )
     skipped = int(engine.skipped_steps)
     return profiled_rank(args, engine.device, seconds, trace, skipped_steps=skipped)
 

@@ -13,10 +13,8 @@ trace to the run folder; `--profiler nsys` opens the ranges as NVTX ranges too, 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 import deepspeed
 import deepspeed.comm as dist
@@ -28,11 +26,10 @@ from torch.utils.data import DataLoader
 from hostsync.rank.protocol import (
     EXCLUDED_RANGE,
     MEASURED_RANGE,
-    RUN_DIR_ENV,
     profile_parser,
     rank_entry,
 )
-from hostsync.rank.rankkit import named_range, profiled_rank, recording
+from hostsync.rank.rankkit import named_range, profiled_rank, profiled_steps
 
 
 def parse_args() -> argparse.Namespace:
@@ -86,12 +83,7 @@ def main() -> dict:
         sp_world_size=dist.get_world_size(),
         device=device,
     )
-    trace = Path(os.environ[RUN_DIR_ENV]) / f"trace-rank{rank}.json.gz"
-    trace = trace if args.profiler == "torch" else None
-    for _ in range(args.warmup):
-        refill(loader, nvtx)
-    with recording(args.profiler, cuda, trace):
-        seconds = [refill(loader, nvtx) for _ in range(args.steps)]
+    seconds, trace = profiled_steps(args, lambda: refill(loader, nvtx), cuda)
     return profiled_rank(args, device, seconds, trace)
 
 

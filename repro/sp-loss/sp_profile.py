@@ -14,9 +14,7 @@ are NVTX ranges too, and nsys records the profiled steps (`rankkit.recording`).
 from __future__ import annotations
 
 import argparse
-import os
 import time
-from pathlib import Path
 
 import sp_loss  # torchrun puts this script's folder first on sys.path
 import torch
@@ -24,11 +22,10 @@ import torch
 from hostsync.rank.protocol import (
     EXCLUDED_RANGE,
     MEASURED_RANGE,
-    RUN_DIR_ENV,
     profile_parser,
     rank_entry,
 )
-from hostsync.rank.rankkit import named_range, profiled_rank, recording
+from hostsync.rank.rankkit import named_range, profiled_rank, profiled_steps
 
 
 def parse_args() -> argparse.Namespace:
@@ -56,20 +53,15 @@ def main() -> dict:
 
     args = parse_args()
     device = sp_loss.setup_distributed(args.device)
-    rank, sp_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    sp_size = torch.distributed.get_world_size()
     cuda = device.type == "cuda"
     model = sp_loss.sp_llama(device)
     batch = sp_loss.full_batch(args.scenario, sp_size, device)
     engine = sp_loss.sp_engine(model, sp_size, seq_len=sp_loss.TOKENS_PER_RANK * sp_size)
     pc = ParallelismConfig(sp_size=sp_size, sp_backend="deepspeed")
-    run_dir = Path(os.environ[RUN_DIR_ENV])
-    trace = run_dir / f"trace-rank{rank}.json.gz" if args.profiler == "torch" else None
     nvtx = args.profiler == "nsys"
     with sp_loss.around_forward(engine, lambda: named_range(EXCLUDED_RANGE, nvtx)):
-        for _ in range(args.warmup):
-            train_step(engine, batch, pc, nvtx)
-        with recording(args.profiler, cuda, trace):
-            seconds = [train_step(engine, batch, pc, nvtx) for _ in range(args.steps)]
+        seconds, trace = profiled_steps(args, lambda: train_step(engine, batch, pc, nvtx), cuda)
     return profiled_rank(args, device, seconds, trace)
 
 

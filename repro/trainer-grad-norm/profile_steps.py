@@ -14,18 +14,17 @@ records the next `--steps`.
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 from train import SCENARIOS  # the launcher puts this script's folder first
 from transformers import Trainer
 
-from hostsync.rank.protocol import RUN_DIR_ENV, profile_parser, rank_entry
+from hostsync.rank.protocol import profile_parser, rank_entry
 from hostsync.rank.rankkit import (
     TrainerSteps,
     add_launch_arguments,
     profiled_rank,
     samples,
+    trace_file,
     trainer_llama,
     training_arguments,
 )
@@ -41,9 +40,7 @@ def parse_args() -> argparse.Namespace:
 @rank_entry
 def main() -> dict:
     args = parse_args()
-    rank = int(os.environ.get("RANK", "0"))
-    trace = Path(os.environ[RUN_DIR_ENV]) / f"trace-rank{rank}.json.gz"
-    trace = trace if args.profiler == "torch" else None
+    trace = trace_file(args.profiler)
     what, _, max_grad_norm = SCENARIOS[args.scenario]
     steps = args.warmup + args.steps
     ranges = TrainerSteps(args.warmup, args.profiler, cuda=args.device == "cuda", trace=trace)

@@ -12,14 +12,12 @@ the PyTorch profiler (each rank's trace) or Nsight Systems records the next `--s
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 from train import add_count_arguments, trainer_for  # torchrun puts this script's folder first
 from transformers import Trainer
 
-from hostsync.rank.protocol import RUN_DIR_ENV, profile_parser, rank_entry
-from hostsync.rank.rankkit import TrainerSteps, profiled_rank
+from hostsync.rank.protocol import profile_parser, rank_entry
+from hostsync.rank.rankkit import TrainerSteps, profiled_rank, trace_file
 
 
 def parse_args() -> argparse.Namespace:
@@ -32,9 +30,7 @@ def parse_args() -> argparse.Namespace:
 @rank_entry
 def main() -> dict:
     args = parse_args()
-    rank = int(os.environ.get("RANK", "0"))
-    trace = Path(os.environ[RUN_DIR_ENV]) / f"trace-rank{rank}.json.gz"
-    trace = trace if args.profiler == "torch" else None
+    trace = trace_file(args.profiler)
     steps = args.warmup + args.steps
     ranges = TrainerSteps(args.warmup, args.profiler, cuda=args.device == "cuda", trace=trace)
     trainer = trainer_for(

@@ -8,11 +8,12 @@ Started by `python -m hostsync repro` (ranks forked from one import of this scri
 works the same), gloo on CPU, NCCL with one GPU per rank, one Trainer per run: the card gives each
 scenario its micro-batches per optimizer step and what is counted. Every rank trains the tiny
 Llama built from its config for a few optimizer steps, logging every step, with the whole
-training under `SyncScope(account=True)`; the nan/inf loss filter (case trainer-nan-filter) is
-off, so the first read after each backward is this case's. Returned through `rank_entry`: per
-optimizer step the reads made in `_track_num_input_tokens` and in all, their cost, and what the
-user sees of the count, which the fix must leave unchanged: the state at each step's end (what
-callbacks read), each log, and the state each saved checkpoint holds.
+training under `SyncScope(account=True)`. The nan/inf loss filter (case trainer-nan-filter) is
+off unless a scenario turns it on, as the Trainer's default does: then it reads each loss just
+before this case's read, which waits only for what was queued since. Returned through
+`rank_entry`: per optimizer step the reads made in `_track_num_input_tokens` and in all, their
+cost, and what the user sees of the count, which the fix must leave unchanged: the state at each
+step's end (what callbacks read), each log, and the state each saved checkpoint holds.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from hostsync.rank.protocol import rank_entry, repro_parser
 from hostsync.rank.rankkit import (
     MODEL_SUMMARY,
     add_launch_arguments,
+    check_one_group,
     samples,
     trainer_llama,
     training_arguments,
@@ -52,6 +54,11 @@ def add_count_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("all", "non_padding"),
         default="all",
         help="include_num_input_tokens_seen; non_padding pads the samples",
+    )
+    parser.add_argument(
+        "--nan-inf-filter",
+        action="store_true",
+        help="logging_nan_inf_filter on, the Trainer's default (it reads each loss first)",
     )
 
 
@@ -92,16 +99,15 @@ def trainer_for(
         max_steps=steps,
         gradient_accumulation_steps=args.accumulation,
         include_num_input_tokens_seen=args.count,
-        logging_nan_inf_filter=False,
-        # On CPU without both, accelerate's state is not distributed: each rank trains alone and
-        # `gather` returns its own count, silently.
+        logging_nan_inf_filter=args.nan_inf_filter,
         ddp_backend=args.backend,
-        use_cpu=args.device == "cpu",
         **settings,
     )
     world = training_args.world_size
     dataset = counted_samples(steps * args.accumulation * world, args.count == "non_padding")
-    return trainer_class(model=trainer_llama(), args=training_args, train_dataset=dataset)
+    trainer = trainer_class(model=trainer_llama(), args=training_args, train_dataset=dataset)
+    check_one_group(trainer.accelerator)  # alone, a rank's `gather` returns its own count
+    return trainer
 
 
 class StepEnds(TrainerCallback):
@@ -146,7 +152,6 @@ def main() -> dict:
         trainer.add_callback(step_ends)
         trainer.train()
     trainer.accelerator.wait_for_everyone()  # rank 0 has written the checkpoints
-    alone = trainer.accelerator.num_processes > 1 and trainer.accelerator.distributed_type == "NO"
     row = {
         "scenario": args.scenario,
         "model": MODEL_SUMMARY,
@@ -172,7 +177,6 @@ def main() -> dict:
             ],
             "saved": saved_counts(output_dir),
         },
-        "problems": ["accelerate's state is not distributed: the count is not gathered"] * alone,
     }
     return {"runs": [row]}
 

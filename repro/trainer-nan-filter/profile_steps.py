@@ -21,6 +21,7 @@ from hostsync.rank.rankkit import (
     TrainerSteps,
     profiled_rank,
     samples,
+    trace_file,
     trainer_llama,
     training_arguments,
 )
@@ -39,7 +40,7 @@ def main() -> dict:
 
     args = parse_args()
     run_dir = Path(os.environ[RUN_DIR_ENV])
-    trace = run_dir / "trace-rank0.json.gz" if args.profiler == "torch" else None
+    trace = trace_file(args.profiler)
     what, accumulation, _, nan_inf_filter = SCENARIOS[args.scenario]
     steps = args.warmup + args.steps
     ranges = TrainerSteps(args.warmup, args.profiler, cuda=args.device == "cuda", trace=trace)

@@ -17,8 +17,8 @@ import os
 import time
 from pathlib import Path
 
-from sft_metrics import BATCH, SCENARIOS  # torchrun puts this script's folder first
-from trl import SFTConfig, SFTTrainer
+from sft_metrics import BATCH, SCENARIOS, sft_config  # torchrun puts this script's folder first
+from trl import SFTTrainer
 
 from hostsync.rank.protocol import (
     EXCLUDED_RANGE,
@@ -33,8 +33,8 @@ from hostsync.rank.rankkit import (
     recording,
     sft_samples,
     tiny_tokenizer,
+    trace_file,
     trainer_llama,
-    training_arguments,
 )
 
 
@@ -101,21 +101,11 @@ class LossCalls:
 def main() -> dict:
     args = parse_args()
     run_dir = Path(os.environ[RUN_DIR_ENV])
-    trace = run_dir / "trace-rank0.json.gz" if args.profiler == "torch" else None
-    logging_steps, accumulation, padding_free = SCENARIOS[args.scenario]
+    trace = trace_file(args.profiler)
+    _, accumulation, _ = SCENARIOS[args.scenario]
     steps = args.warmup + args.steps
-    training_args = training_arguments(
-        run_dir / "output",
-        kind=SFTConfig,
-        max_steps=steps,
-        logging_steps=logging_steps,
-        per_device_train_batch_size=BATCH,
-        gradient_accumulation_steps=accumulation,
-        padding_free=padding_free,
-        max_length=None,
-        dataset_num_proc=None,
-        use_cpu=args.device == "cpu",
-    )
+    cpu = args.device == "cpu"
+    training_args = sft_config(run_dir / "output", args.scenario, steps, use_cpu=cpu)
     calls = LossCalls(args, trace)
     model = trainer_llama()
     hooks = [

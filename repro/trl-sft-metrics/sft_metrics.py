@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import os
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from trl import SFTConfig, SFTTrainer
@@ -72,24 +73,30 @@ def _own_reads(scope: SyncScope | None, begin: int) -> int:
     return sum(1 for event in scope.events[begin:] if event.site.file == SFT_FILE) if scope else 0
 
 
-def rounded(value: float) -> float:
-    return float(f"{value:.6g}")
-
-
-def run_scenario(name: str, args: argparse.Namespace, world_size: int) -> dict[str, Any]:
-    logging_steps, accumulation, padding_free = SCENARIOS[name]
-    training_args = training_arguments(
-        f"{args.output_dir}/{name}",
+def sft_config(output_dir: str | Path, scenario: str, steps: int, **settings: Any) -> SFTConfig:
+    """The scenario's SFTConfig for `steps` optimizer steps (the profile's too)."""
+    logging_steps, accumulation, padding_free = SCENARIOS[scenario]
+    return training_arguments(
+        output_dir,
         kind=SFTConfig,
-        max_steps=STEPS,
+        max_steps=steps,
         logging_steps=logging_steps,
         per_device_train_batch_size=BATCH,
         gradient_accumulation_steps=accumulation,
         padding_free=padding_free,
         max_length=None,
         dataset_num_proc=None,
-        ddp_backend=args.backend,
+        **settings,
     )
+
+
+def rounded(value: float) -> float:
+    return float(f"{value:.6g}")
+
+
+def run_scenario(name: str, args: argparse.Namespace, world_size: int) -> dict[str, Any]:
+    logging_steps, accumulation, _ = SCENARIOS[name]
+    training_args = sft_config(args.output_dir / name, name, STEPS, ddp_backend=args.backend)
     count = STEPS * BATCH * accumulation * world_size
     with contextlib.nullcontext() if args.no_detector else SyncScope(account=True) as scope:
         trainer = measured_trainer(scope)(

@@ -68,6 +68,9 @@ class Upstream(Strict):
     # the figures are the PR's. Without it the outbox sends nothing: a comment would speak of
     # another variant than the one under review.
     carries_pr_change: bool = False
+    # An open PR that removes the read right before the series' own where the project's defaults
+    # apply, so that until it lands the series' read waits for almost nothing: nothing is sent.
+    gains_after_pr: int = 0
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,10 @@ Every outbox is made for one contributor: it is refused, for every case alike, u
 names a real one (`git config user.name` / `user.email`; no placeholder, no reserved domain).
 `review` runs first, so a stale or failed result is refused there. Then
 `issue_drafts/<case>/outbox/` holds either
-- `nothing-to-send.md` alone, when nothing should be sent: upstream fixed the bug in a release,
-  or an open PR takes it on and the series does not carry that PR's own change (figures of
-  another variant are no review of it); it says why, and what was checked; or
+- `nothing-to-send.md` alone, when nothing should be sent: upstream fixed the bug in a release;
+  an open PR takes it on and the series does not carry that PR's own change (figures of another
+  variant are no review of it); or the series saves a wait only once another open PR lands. It
+  says why, and what was checked; or
 - the drafts the upstream state asks for (an issue and a PR; a review comment on an open PR),
   without the note a template opens with for the contributor (an HTML comment), which moves to
   the checklist;
@@ -133,6 +134,12 @@ def why_nothing(case: Case) -> str | None:
             " PR's own change: figures of another variant are no review of it (carry its diff as"
             " a patch and set the card's `carries_pr_change` to measure it)"
         )
+    if upstream.gains_after_pr:
+        return (
+            f"with the defaults of {case.project.name}, the read the series removes comes right"
+            f" after the one open PR #{upstream.gains_after_pr} removes, so it waits for almost"
+            " nothing until that PR lands: measure it again on that change, then send it"
+        )
     return None
 
 
@@ -165,16 +172,25 @@ def checklist(case: Case, kinds: set[str], notes: dict[str, str], sent: list[str
     """What only the contributor can do, for what is sent: a comment gets a comment's list."""
     project = case.project
     steps = [
-        "Rewrite each draft in your own words; the figures and the quoted output are the"
-        " measured ones, keep them as they are",
+        "Rewrite each draft in your own words; keep the figures, which are measured",
         f"Disclose any assistance the way {project.name} asks: {project.assistance}",
     ]
+    if "issue" in kinds and case.card.repro.snippet:
+        steps.append(
+            "Run the quoted reproducer yourself and paste your own output in place of the quoted"
+            " one (it names the versions it ran with)"
+        )
     if "issue" in kinds:
         steps.append(
             f"Give your own system info where the issue asks for it: the output of"
             f" `{project.system_info}` on your machine"
         )
     if "pr" in kinds:
+        signed = " and sign them off again" if project.sign_off else ""
+        steps.append(
+            f"The patches apply to the release {case.pin.version}: rebase them onto"
+            f" {project.name}'s default branch, rerun their tests there{signed}"
+        )
         steps += project.before_sending
     steps += case.upstream.to_do
     what = "posting" if kinds <= {"comment", "review-comment"} else "sending"

@@ -105,9 +105,10 @@ PROJECTS = {
                 " the discussion",
                 "Run `make style` and `make check-repo` in your clone of transformers",
             ),
-            assistance="the Code Agent Policy of its PR template: a PR that reads as fully"
-            " agent-written will probably be closed without review, and its confirmation box is"
-            " yours alone to tick",
+            assistance="the Code Agent Policy of its PR template: a first-time contributor"
+            " confirms that the description and code are not written by an LLM or code agent,"
+            " which cannot be ticked for these drafts and patches as they are; and a PR that"
+            " reads as fully agent-written will probably be closed without review",
             system_info="transformers env",
         ),
         Project(

@@ -788,7 +788,7 @@ class GpuTreeFigures(Record):
 
 @dataclass(frozen=True)
 class GpuResult(Result):
-    """A case's call measured on one GPU (`gpu/`'s scripts), for the drafts' GPU evidence."""
+    """A case's call measured on one GPU (`gpu/case_on_gpu.py`), for the drafts' GPU evidence."""
 
     KIND: ClassVar[str] = "gpu"
     MADE_BY: ClassVar[str] = "`measure` of the `gpu/` script on a GPU machine"

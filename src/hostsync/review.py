@@ -18,7 +18,7 @@ value (`|2`). Results measured against
 another pin.toml, card, patch series or case script (the snippet an issue quotes among them) are
 stale: `review` names them and refuses, or reruns their commands with `--rerun`; a result of
 another case, one that measured nothing or a proof that failed is refused outright. A bisect and
-GPU evidence (`gpu` results, made by `gpu/`'s scripts on a GPU machine and copied into
+GPU evidence (`gpu` results, made by `gpu/case_on_gpu.py` on a GPU machine and copied into
 profiles/<case>/) are optional: cited when fresh, left out with a warning when stale. Each draft
 is checked before it is written (`hostsync.drafts`): its length, no word of this workspace, no
 figure typed by hand or missing from the results; and its claims against the fix's verdict

@@ -260,6 +260,30 @@ def recording(profiler: str, cuda: bool, trace: Path | None) -> Iterator[None]:
     profiler_.export_chrome_trace(str(trace))
 
 
+def trace_file(profiler: str) -> Path | None:
+    """Where this rank's Chrome trace goes under the PyTorch profiler (`torch`): the run's folder;
+    None under Nsight Systems, which writes its own report. A Trainer joins its group only when
+    it trains, so before that the launcher's `RANK` names the rank."""
+    if profiler != "torch":
+        return None
+    joined = torch.distributed.is_initialized()
+    rank = torch.distributed.get_rank() if joined else int(os.environ.get("RANK", "0"))
+    return Path(os.environ[RUN_DIR_ENV]) / f"trace-rank{rank}.json.gz"
+
+
+def profiled_steps(
+    args: argparse.Namespace, step: Callable[[], float], cuda: bool
+) -> tuple[list[float], Path | None]:
+    """`args.warmup` steps, then `args.steps` steps recorded (`recording`): each recorded step's
+    measured seconds, as `step` returns them, and the trace written."""
+    trace = trace_file(args.profiler)
+    for _ in range(args.warmup):
+        step()
+    with recording(args.profiler, cuda, trace):
+        seconds = [step() for _ in range(args.steps)]
+    return seconds, trace
+
+
 def profiled_rank(
     args: argparse.Namespace,
     device: object,
