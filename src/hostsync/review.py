@@ -22,7 +22,9 @@ GPU evidence (`gpu` results, made by `gpu/`'s scripts on a GPU machine and copie
 profiles/<case>/) are optional: cited when fresh, left out with a warning when stale. Each draft
 is checked before it is written (`hostsync.drafts`): its length, no word of this workspace, no
 figure typed by hand or missing from the results; and its claims against the fix's verdict
-(`hostsync.claims`). The same results give byte-identical drafts.
+(`hostsync.claims`). A comment on an open PR whose change the series carries says which change
+its figures are of, the PR's diff or its description (`{{case:upstream.pr_change.follows}}`).
+The same results give byte-identical drafts.
 `--refresh-reference` also makes `profiles/<case>/reference/` hold exactly the results the drafts
 cite, for committing together; without it nothing tracked is touched. Where profiles/<case>/
 holds no result of its own (a fresh clone), the drafts cite the committed reference set, and
