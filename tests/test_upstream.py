@@ -338,6 +338,18 @@ COMMENT_TEMPLATE = (
     "Reads per step: {{repro:runs[tree=pinned].host_syncs}}.\n"
 )
 ADA = f"\tname = {ADA_NAME}\n\temail = {ADA_EMAIL}\n"
+# A comment on an open PR whose change the series carries says which change its figures are of.
+PR_CHANGE_COMMENT = (
+    "<!-- Comment on huggingface/transformers#{{case:upstream.pull_request}}. -->\n"
+    "Reads per step with its change as its {{case:upstream.pr_change.follows}} gives it:"
+    " {{repro:runs[tree=pinned].host_syncs}}.\n"
+)
+PATCH = "0001-Keep-the-count-on-device.patch"
+
+
+def pr_change(follows: str, patch: str = PATCH) -> str:
+    """The card's `[upstream.pr_change]`, inline so that the `[upstream]` keys after it stay."""
+    return f'pr_change = {{ patch = "{patch}", follows = "{follows}" }}'
 
 
 def set_upstream(workspace: Layout, state: str, *extra: str) -> None:
@@ -411,10 +423,76 @@ def test_a_dco_project_gets_the_contributors_sign_off(
     assert "Signed-off-by: Ada Lovelace <ada@analytical-engine.org>" in patch.read_text()
 
 
+@pytest.mark.parametrize(
+    ("follows", "taken"),
+    [
+        ("diff", "the figures are of its diff as it was carried"),
+        (
+            "description",
+            "the figures are of the change as its description gives it (no diff on record)",
+        ),
+    ],
+)
 def test_a_comment_is_sent_without_its_note_and_gets_a_comment_checklist(
+    workspace: Layout,
+    remote: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    follows: str,
+    taken: str,
+) -> None:
+    """The note a template opens with is for the contributor: it moves to the checklist, whose
+    first step compares the patch measured with the PR's diff as it stands."""
+    outbox_ready(
+        workspace,
+        remote,
+        tmp_path,
+        ADA,
+        monkeypatch,
+        {"comment.md": PR_CHANGE_COMMENT},
+        state="open-pr",
+        upstream=(pr_change(follows),),
+    )
+
+    target = outbox.outbox(made.case_of(workspace))
+
+    said = f"Reads per step with its change as its {follows} gives it: 3.\n"
+    assert (target / "comment.md").read_text() == said
+    checklist = (target / "checklist.md").read_text()
+    assert checklist.startswith(
+        "# Before posting comment.md\n\ncomment.md: Comment on huggingface/transformers#47073.\n"
+        f"\n- [ ] Compare {PATCH} (here, not to post) with #47073's current diff before posting:"
+        f" {taken}, and hold only if the two match"
+    )
+    assert "Rewrite each draft in your own words" in checklist
+    assert "make check-repo" not in checklist, "a comment gets no PR steps"
+    assert not (target / "patches").exists()
+    assert (target / PATCH).read_bytes() == (workspace.patches / PATCH).read_bytes()
+
+
+def test_a_comment_naming_a_patch_the_series_lacks_is_refused(
     workspace: Layout, remote: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The note a template opens with is for the contributor: it moves to the checklist."""
+    outbox_ready(
+        workspace,
+        remote,
+        tmp_path,
+        ADA,
+        monkeypatch,
+        {"comment.md": PR_CHANGE_COMMENT},
+        state="open-pr",
+        upstream=(pr_change("diff", patch="0009-Not-in-the-series.patch"),),
+    )
+
+    with pytest.raises(WorkspaceError, match=r"names 0009-Not-in-the-series\.patch, which is not"):
+        outbox.outbox(made.case_of(workspace))
+
+
+def test_a_comment_that_does_not_say_which_change_it_measured_is_refused(
+    workspace: Layout, remote: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Figures of a change taken from a PR's description are not figures of its diff: the
+    comment says which it measured, from the card."""
     outbox_ready(
         workspace,
         remote,
@@ -423,19 +501,12 @@ def test_a_comment_is_sent_without_its_note_and_gets_a_comment_checklist(
         monkeypatch,
         {"comment.md": COMMENT_TEMPLATE},
         state="open-pr",
-        upstream=("carries_pr_change = true",),
+        upstream=(pr_change("description"),),
     )
 
-    target = outbox.outbox(made.case_of(workspace))
-
-    assert (target / "comment.md").read_text() == "Reads per step: 3.\n"
-    checklist = (target / "checklist.md").read_text()
-    assert checklist.startswith(
-        "# Before posting comment.md\n\ncomment.md: Comment on huggingface/transformers#47073.\n"
-    )
-    assert "Rewrite each draft in your own words" in checklist
-    assert "make check-repo" not in checklist, "a comment gets no PR steps"
-    assert not (target / "patches").exists()
+    with pytest.raises(WorkspaceError, match="does not say which change of #47073 its figures"):
+        outbox.outbox(made.case_of(workspace))
+    assert not (workspace.issue_drafts / "outbox").exists()
 
 
 @pytest.mark.parametrize(

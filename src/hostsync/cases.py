@@ -22,7 +22,7 @@ from hostsync import projects, records
 from hostsync.codec import Json, RecordError, Strict
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
-from hostsync.records import Launcher, TreeRole, UpstreamState
+from hostsync.records import Launcher, PrChangeSource, TreeRole, UpstreamState
 from hostsync.sites import AllowRule
 
 # A case's name is a folder name in four places: plain words only, and none that profiles/
@@ -52,6 +52,15 @@ class Release(Strict):
 
 
 @dataclass(frozen=True)
+class PrChange(Strict):
+    """An open PR's own change, carried as `patch` of the series: from its diff, or from its
+    description where no diff is on record, which the comment and the checklist then say."""
+
+    patch: str
+    follows: PrChangeSource
+
+
+@dataclass(frozen=True)
 class Upstream(Strict):
     """What upstream knows of the bug, and where that was seen: `seen` starts with the date of
     the newest record read (a thread's last entry, a release), not the day it was read."""
@@ -64,10 +73,10 @@ class Upstream(Strict):
     notes: str = ""
     # What only the contributor can do for this case before sending (the outbox's checklist).
     to_do: tuple[str, ...] = ()
-    # An open PR: whether the series carries that PR's own change (its diff as a patch), so that
-    # the figures are the PR's. Without it the outbox sends nothing: a comment would speak of
-    # another variant than the one under review.
-    carries_pr_change: bool = False
+    # An open PR: the patch of the series that carries that PR's own change, so that the figures
+    # are the PR's. Without it the outbox sends nothing: a comment would speak of another variant
+    # than the one under review.
+    pr_change: PrChange | None = None
     # An open PR that removes the read right before the series' own where the project's defaults
     # apply, so that until it lands the series' read waits for almost nothing: nothing is sent.
     gains_after_pr: int = 0

@@ -24,6 +24,7 @@ from hostsync.errors import WorkspaceError
 # The line of a PR template where the project's own template begins (left out of the count).
 TEMPLATE_MARK = "<!-- the project's template -->"
 LIMITS = {"issue": 40, "pr": 40, "comment": 30, "review-comment": 30}
+COMMENTS = frozenset({"comment", "review-comment"})
 MAX_PROSE = 100
 MAX_CODE_LINES = 30
 NOT_MEASURED = "not measured"

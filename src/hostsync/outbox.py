@@ -14,7 +14,10 @@ names a real one (`git config user.name` / `user.email`; no placeholder, no rese
 - with a PR: the series' upstream-bound patches (the card's `workspace_only` ones left out),
   applied again as the contributor's commits, with `Signed-off-by` where the project requires a
   DCO, and written by `git format-patch`;
-- with a comment: the files the series' tests add, to attach (a test is attached, not pasted);
+- with a comment: the files the series' tests add, to attach (a test is attached, not pasted),
+  and the patch carrying the PR's change (the card's `[upstream.pr_change]`), not to post but to
+  compare with the PR's current diff, which the checklist asks first: the figures hold only for
+  the change that was measured, and one taken from the PR's description may differ from its diff;
 - `checklist.md`: what only the contributor can do before sending, written for what is sent: a
   rewrite in their own words, the project's way of disclosing assistance, their own system info
   for an issue, the project's PR steps for a PR.
@@ -25,15 +28,16 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
 from hostsync import drafts, locks, review
-from hostsync.cases import Case
+from hostsync.cases import Case, PrChange
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.options import add_case, chosen_cases
-from hostsync.records import UpstreamState
+from hostsync.records import PrChangeSource, UpstreamState
 from hostsync.upstream.git import git
 from hostsync.upstream.patchqueue import added_files, clone, series, touches_only_tests
 
@@ -128,11 +132,12 @@ def why_nothing(case: Case) -> str | None:
     if upstream.state == UpstreamState.FIXED:
         fixed = f", released in {case.project.name} {case.fixed.version}" if case.fixed else ""
         return f"upstream has fixed it (PR #{upstream.pull_request}{fixed})"
-    if upstream.state == UpstreamState.OPEN_PR and not upstream.carries_pr_change:
+    if upstream.state == UpstreamState.OPEN_PR and upstream.pr_change is None:
         return (
             f"open PR #{upstream.pull_request} takes it on, and the series does not carry that"
-            " PR's own change: figures of another variant are no review of it (carry its diff as"
-            " a patch and set the card's `carries_pr_change` to measure it)"
+            " PR's own change: figures of another variant are no review of it (carry its diff, or"
+            " its description where no diff is on record, as a patch and name that patch in the"
+            " card's `[upstream.pr_change]` to measure it)"
         )
     if upstream.gains_after_pr:
         return (
@@ -141,6 +146,33 @@ def why_nothing(case: Case) -> str | None:
             " nothing until that PR lands: measure it again on that change, then send it"
         )
     return None
+
+
+def pr_change_patch(case: Case, change: PrChange) -> Path:
+    """The upstream-bound patch that carries the open PR's own change; refused when the series
+    does not hold the one the card names."""
+    found = [p for p in upstream_patches(case.layout, case) if p.name == change.patch]
+    if not found:
+        raise WorkspaceError(
+            f"cases/{case.name}.toml: [upstream.pr_change] names {change.patch}, which is not in"
+            f" patches/{case.name}/series: name the patch that carries"
+            f" #{case.upstream.pull_request}'s change"
+        )
+    return found[0]
+
+
+def compare_first(pull_request: int, change: PrChange) -> str:
+    """The checklist's first step for a comment on a PR whose change was carried as a patch:
+    the figures hold only for that change, so the PR's diff as it stands is compared first."""
+    taken = {
+        PrChangeSource.DIFF: "its diff as it was carried",
+        PrChangeSource.DESCRIPTION: "the change as its description gives it (no diff on record)",
+    }[change.follows]
+    return (
+        f"Compare {change.patch} (here, not to post) with #{pull_request}'s current diff before"
+        f" posting: the figures are of {taken}, and hold only if the two match; if they differ,"
+        " carry the PR's diff as that patch and measure again"
+    )
 
 
 def nothing_to_send(layout: Layout, case: Case, why: str, written: list[Path]) -> str:
@@ -168,10 +200,14 @@ def without_note(text: str) -> tuple[str, str]:
     return (text[found.end() :], " ".join(found["note"].split())) if found else (text, "")
 
 
-def checklist(case: Case, kinds: set[str], notes: dict[str, str], sent: list[str]) -> str:
-    """What only the contributor can do, for what is sent: a comment gets a comment's list."""
+def checklist(
+    case: Case, kinds: set[str], notes: dict[str, str], sent: list[str], first: tuple[str, ...]
+) -> str:
+    """What only the contributor can do, for what is sent, `first` before all: a comment gets a
+    comment's list."""
     project = case.project
     steps = [
+        *first,
         "Rewrite each draft in your own words; keep the figures, which are measured",
         f"Disclose any assistance the way {project.name} asks: {project.assistance}",
     ]
@@ -193,7 +229,7 @@ def checklist(case: Case, kinds: set[str], notes: dict[str, str], sent: list[str
         )
         steps += project.before_sending
     steps += case.upstream.to_do
-    what = "posting" if kinds <= {"comment", "review-comment"} else "sending"
+    what = "posting" if kinds <= drafts.COMMENTS else "sending"
     lines = [f"# Before {what} {', '.join(sent)}", ""]
     lines += [f"{name}: {note}" for name, note in notes.items()]
     lines += [""] if notes else []
@@ -228,9 +264,14 @@ def outbox(case: Case) -> Path:
     if "pr" in kinds:
         remake_patches(case, identity, target / PATCHES)
         sent.append("the patches")
-    if kinds & {"comment", "review-comment"}:
+    first: tuple[str, ...] = ()
+    if kinds & drafts.COMMENTS:
         sent += [path.name for path in attachments(layout, case, target)]
-    (target / CHECKLIST).write_text(checklist(case, kinds, notes, sent))
+        change = case.upstream.pr_change
+        if change is not None:
+            shutil.copyfile(pr_change_patch(case, change), target / change.patch)
+            first = (compare_first(case.upstream.pull_request, change),)
+    (target / CHECKLIST).write_text(checklist(case, kinds, notes, sent, first))
     return target
 
 

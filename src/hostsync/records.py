@@ -108,6 +108,14 @@ class UpstreamState(StrEnum):
     FIXED = "fixed"
 
 
+class PrChangeSource(StrEnum):
+    """Where the patch carrying an open PR's own change was taken from: the PR's diff, or its
+    description where no diff is on record (the figures then hold only while the two match)."""
+
+    DIFF = "diff"
+    DESCRIPTION = "description"
+
+
 # --- trees ---------------------------------------------------------------------------------------
 
 

@@ -22,7 +22,9 @@ GPU evidence (`gpu` results, made by `gpu/case_on_gpu.py` on a GPU machine and c
 profiles/<case>/) are optional: cited when fresh, left out with a warning when stale. Each draft
 is checked before it is written (`hostsync.drafts`): its length, no word of this workspace, no
 figure typed by hand or missing from the results; and its claims against the fix's verdict
-(`hostsync.claims`). The same results give byte-identical drafts.
+(`hostsync.claims`). A comment on an open PR whose change the series carries says which change
+its figures are of, the PR's diff or its description (`{{case:upstream.pr_change.follows}}`).
+The same results give byte-identical drafts.
 `--refresh-reference` also makes `profiles/<case>/reference/` hold exactly the results the drafts
 cite, for committing together; without it nothing tracked is touched. Where profiles/<case>/
 holds no result of its own (a fresh clone), the drafts cite the committed reference set, and
@@ -70,6 +72,8 @@ MADE_ELSEWHERE: tuple[type[Result], ...] = (GpuResult,)
 # What a placeholder can cite: the results above, the card, the snippet, the series' new files.
 SOURCES = (*(kind.KIND for kind in KINDS + OPTIONAL_KINDS), "case", "snippet", "series")
 REFERENCE = "reference"
+# What a comment on an open PR cites to say which of the PR's changes its figures are of.
+PR_CHANGE_FOLLOWS = "upstream.pr_change.follows"
 PLACEHOLDER = re.compile(r"\{\{\s*(?P<source>\w+):(?P<path>[^|}]+?)(?:\|(?P<reduce>\w+))?\s*\}\}")
 SEGMENT = re.compile(r"(?:'(?P<quoted>[^']*)'|(?P<name>[^.\[\]']+))(?:\[(?P<filters>[^\]]*)\])?\.?")
 REDUCERS: dict[str, Callable[[list[Any]], Any]] = {
@@ -302,6 +306,22 @@ def refuse_unmeasured(template: Path, text: str, found: dict[str, Any], case: st
         )
 
 
+def refuse_unsaid_pr_change(template: Path, text: str, case: Case) -> None:
+    """A comment on an open PR whose change the series carries says which change its figures
+    are of: the PR's diff, or its description where no diff is on record."""
+    if case.upstream.pr_change is None or drafts.kind(template) not in drafts.COMMENTS:
+        return
+    if not any(
+        match["source"] == "case" and match["path"].strip() == PR_CHANGE_FOLLOWS
+        for match in PLACEHOLDER.finditer(text)
+    ):
+        raise WorkspaceError(
+            f"{template.name} does not say which change of #{case.upstream.pull_request} its"
+            f" figures are of: cite {{{{case:{PR_CHANGE_FOLLOWS}}}}} (the card's"
+            " `[upstream.pr_change]`: its diff, or its description)"
+        )
+
+
 def templates(layout: Layout) -> list[Path]:
     folder = layout.root / "cases" / layout.case
     found = sorted(folder.glob("*.md"))
@@ -382,6 +402,7 @@ def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]
         text = template.read_text()
         drafts.check_template(template, text)
         refuse_unmeasured(template, text, found, layout.case)
+        refuse_unsaid_pr_change(template, text, case)
         filled[template.name] = drafts.reflow(fill(text, found))
         drafts.check_draft(template.name, drafts.kind(template), filled[template.name])
         check_claims(template.name, filled[template.name], verdicts, GpuResult.KIND in sources)
