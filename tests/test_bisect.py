@@ -689,7 +689,7 @@ def test_a_value_that_turns_from_float_to_tensor_is_judged_by_running(tmp_path: 
         "0.4.0",
         "judged run",
     )
-    assert boundary["stated"] == "0.4.0 (run under a sync detector)"
+    assert boundary["stated"] == "0.4.0"  # judged: the release alone
     verdicts = {run["version"]: run["verdict"] for run in boundary["judged"]}
     assert verdicts["0.3.0"] == "line present, no device read"
     assert verdicts["0.4.0"] == verdicts["0.5.0"] == "device read"

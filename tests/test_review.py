@@ -233,6 +233,13 @@ def test_a_number_reducer_cites_that_value_of_the_matching_ones() -> None:
     assert filled == f"0.22.0 {drafts.NOT_MEASURED}"
 
 
+def test_a_whole_float_is_cited_as_a_whole_number() -> None:
+    verdicts = {"verdicts": [{"kernels": [299.0, 279.0]}, {"kernels": [0.125]}]}
+    template = " ".join(f"{{{{repro:verdicts.kernels|{end}}}}}" for end in ("first", "2", "last"))
+
+    assert review.fill(template, {"repro": verdicts}) == "299 279 0.12"
+
+
 def test_running_review_twice_leaves_git_status_clean(drafted: Layout) -> None:
     subprocess.run(["git", "init", "-q", str(drafted.root)], check=True)
     subprocess.run(["git", "-C", str(drafted.root), "add", "-A"], check=True)

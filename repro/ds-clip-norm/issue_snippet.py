@@ -10,7 +10,7 @@ class CountHostReads(TorchDispatchMode):  # `.item()`, `bool(t)` and `float(t)` 
         self.count += func is torch.ops.aten._local_scalar_dense.default
         return func(*args, **(kwargs or {}))
 
-# The optimizer state unscale_and_clip_grads() reads, as test_bf16_grad_norm_guard.py builds it.
+# The state unscale_and_clip_grads() reads, as DeepSpeed's own test of this guard builds it.
 optimizer = object.__new__(DeepSpeedZeroOptimizer)
 optimizer.clip_grad, optimizer.custom_loss_scaler, optimizer.device = 1.0, False, "cpu"
 optimizer.loss_scaler = SimpleNamespace(cur_scale=1.0)

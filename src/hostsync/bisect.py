@@ -459,11 +459,13 @@ def judged_boundaries(
 def first_boundary(
     older: str | None, newer: str, decided: Decided, reading: str | None = None
 ) -> Boundary:
-    """Where the reads begin, with the words a draft says it in; `reading`: the oldest release
-    a run saw read, where the releases before it could not be judged."""
+    """Where the reads begin, with the words a draft says it in: a judged boundary is the
+    release alone (the run is the evidence, not a reader's concern); one the source text decided
+    says so, since a reader should weigh it; `reading`: the oldest release a run saw read, where
+    the releases before it could not be judged."""
     if decided == Decided.JUDGED:
-        how = "run under a sync detector"
-    elif reading:
+        return Boundary("first", older, newer, decided, newer)
+    if reading:
         how = (
             f"by the source text; run under a sync detector, {reading} reads, older releases"
             " did not run here"

@@ -273,7 +273,9 @@ def figure(match: re.Match, documents: dict[str, Any]) -> str:
     if not values and reduce != "count":
         return drafts.NOT_MEASURED
     value = REDUCERS[reduce](values)
-    return f"{value:.2g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):  # a whole count kept as a float (a mean per step) reads as one
+        return str(int(value)) if value.is_integer() else f"{value:.2g}"
+    return str(value)
 
 
 def fill(template: str, documents: dict[str, Any]) -> str:
