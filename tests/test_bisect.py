@@ -624,12 +624,19 @@ def clip_release(item: str | None) -> dict[str, str]:
 def judged_history(tmp_path: Path, releases: dict[str, str | None]) -> dict:
     """`bisect --judge` of the clip's `clip_coef < 1` over `releases` (version: how the norm
     is returned; None: no clip), in the test's own interpreter as a prepared environment."""
-    for version, item in releases.items():
+    files = {version: clip_release(item) for version, item in releases.items()}
+    return judged_site(tmp_path, files, CLIP_SITE)
+
+
+def judged_site(tmp_path: Path, releases: dict[str, dict[str, str]], site: tuple[str, ...]) -> dict:
+    """`bisect --judge` of `site` over DeepSpeed `releases` (version: its files), in the test's
+    own interpreter as a prepared environment."""
+    for version, files in releases.items():
         make_sdist(
             tmp_path / "index" / "files" / "deepspeed",
             "deepspeed",
             version,
-            clip_release(item),
+            files,
             requires=("torch",),
         )
     layout = own_downloads(make_workspace(tmp_path / "workspace"))
@@ -637,7 +644,7 @@ def judged_history(tmp_path: Path, releases: dict[str, str | None]) -> dict:
         done = hostsync(
             layout,
             "bisect",
-            *CLIP_SITE,
+            *site,
             "--judge",
             env_extra={sdists.INDEX_ENV: url, "HOSTSYNC_PREPARED": "1"},
         )
@@ -798,3 +805,63 @@ def test_a_read_inside_a_helper_is_the_callers_read_at_the_line_that_called_it(
 
     assert (seen.error, seen.reached) == ("", (line,))
     assert seen.reads == (f"clipping/caller.py:{line}",)
+
+
+# --- judged by running: a site named by its function, its read two calls below it ---------------
+
+NORM_FILE = "deepspeed/runtime/norms.py"
+# The site as a case's `[[carries]]` names a whole function: no code.
+NORM_SITE = ("--project", "deepspeed", "--file", NORM_FILE, "--function", "global_grad_norm")
+# The engine's norm, fetched through two helpers of another module (as the Trainer's
+# `_clip_grad_norm` asks accelerate, which asks its DeepSpeed wrapper): a Python number until
+# the release whose innermost helper reads the device tensor.
+NORM = """
+    import torch
+
+    from deepspeed.utils.fetch import fetch
+
+
+    def global_grad_norm(norms):
+        total = torch.stack([n.sum() for n in norms]).sum()
+        value = fetch(total)
+        return value
+"""
+FETCH = """
+    def fetch(value):
+        return scalar(value)
+
+
+    def scalar(value):
+        return {scalar}
+"""
+
+
+def norm_release(scalar: str | None) -> dict[str, str]:
+    """The release's files; `scalar` is what the innermost helper returns (None: no site)."""
+    files = {"deepspeed/__init__.py": "", "deepspeed/runtime/__init__.py": ""}
+    files["deepspeed/utils/__init__.py"] = ""
+    files["deepspeed/utils/fetch.py"] = textwrap.dedent(FETCH.format(scalar=scalar or "value"))
+    files[NORM_FILE] = textwrap.dedent(NORM) if scalar is not None else "import torch\n"
+    return files
+
+
+@pytest.mark.distributed  # a process per judged release
+def test_a_function_whose_read_is_in_a_helper_of_a_helper_is_judged_by_its_body(
+    tmp_path: Path,
+) -> None:
+    """A site named by its function reads where its body runs, not at its `def` (which runs at
+    import): a read two helpers below the body, in another module, is the body's read."""
+    releases = {"0.1.0": None, "0.2.0": "4.0", "0.3.0": "4.0", "0.4.0": "value.item()"}
+    site = judged_site(
+        tmp_path, {version: norm_release(s) for version, s in releases.items()}, NORM_SITE
+    )
+
+    (boundary,) = site["boundaries"]
+    verdicts = {run["version"]: run["verdict"] for run in boundary["judged"]}
+    assert verdicts["0.4.0"] == "device read"
+    assert verdicts["0.3.0"] == "line present, no device read"
+    assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
+        "0.3.0",
+        "0.4.0",
+        "judged run",
+    )
