@@ -865,3 +865,29 @@ def test_a_function_whose_read_is_in_a_helper_of_a_helper_is_judged_by_its_body(
         "0.4.0",
         "judged run",
     )
+
+
+@pytest.mark.distributed  # a process per judged release
+def test_reads_that_began_and_stopped_before_the_anchor_are_judged_where_they_began(
+    tmp_path: Path,
+) -> None:
+    """The Trainer's `.item()` of DeepSpeed's norm: it read from the release that added it until
+    accelerate began to hand it a float. The anchor runs the line without a read; the text's
+    first release, run, reads: the reads began there, and the boundary says the anchor's line
+    reads nothing."""
+    releases = {"0.1.0": None, "0.2.0": "value.item()", "0.3.0": "value.item()", "0.4.0": "4.0"}
+    site = judged_site(
+        tmp_path, {version: norm_release(s) for version, s in releases.items()}, NORM_SITE
+    )
+
+    (boundary,) = site["boundaries"]
+    verdicts = {run["version"]: run["verdict"] for run in boundary["judged"]}
+    assert verdicts == {"0.2.0": "device read", "0.4.0": "line present, no device read"}
+    assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
+        "0.1.0",
+        "0.2.0",
+        "judged run",
+    )
+    assert boundary["stated"] == (
+        "0.2.0 (run under a sync detector; 0.4.0 runs the line without a device read)"
+    )

@@ -6,7 +6,8 @@ its module (each parameter without a default gets a device value: a list of one 
 plural name, a 0-d tensor otherwise), else the case's snippet. The lines of the site's file that
 ran are traced, so a probe that never reached the site says so rather than "no read"; each
 read is the line of the site's file that was running when it was made, however deep below it
-(`upstream.presence.lines_run` gives the lines that are the site's). The engine side (`judge`) prepares the tree and the environment and turns the run into a verdict;
+(`upstream.presence.lines_run` gives the lines that are the site's). The engine side
+(`judge`) prepares the tree and the environment and turns the run into a verdict;
 a release that does not install, or a probe that fails there, is "not run" with its reason.
 """
 
