@@ -837,8 +837,12 @@ FETCH = """
 
 
 def norm_release(scalar: str | None) -> dict[str, str]:
-    """The release's files; `scalar` is what the innermost helper returns (None: no site)."""
-    files = {"deepspeed/__init__.py": "", "deepspeed/runtime/__init__.py": ""}
+    """The release's files; `scalar` is what the innermost helper returns (None: no site;
+    "broken": the package fails at import, as an old release does beside a newer torch)."""
+    broken = scalar == "broken"
+    scalar = "value.item()" if broken else scalar
+    init = "raise ImportError('an older torch')\n" if broken else ""
+    files = {"deepspeed/__init__.py": init, "deepspeed/runtime/__init__.py": ""}
     files["deepspeed/utils/__init__.py"] = ""
     files["deepspeed/utils/fetch.py"] = textwrap.dedent(FETCH.format(scalar=scalar or "value"))
     files[NORM_FILE] = textwrap.dedent(NORM) if scalar is not None else "import torch\n"
@@ -890,4 +894,25 @@ def test_reads_that_began_and_stopped_before_the_anchor_are_judged_where_they_be
     )
     assert boundary["stated"] == (
         "0.2.0 (run under a sync detector; 0.4.0 runs the line without a device read)"
+    )
+
+
+@pytest.mark.distributed  # a process per judged release
+def test_a_first_release_that_does_not_run_leaves_the_text_and_says_the_anchor_is_quiet(
+    tmp_path: Path,
+) -> None:
+    releases = {"0.1.0": None, "0.2.0": "broken", "0.3.0": "value.item()", "0.4.0": "4.0"}
+    site = judged_site(
+        tmp_path, {version: norm_release(s) for version, s in releases.items()}, NORM_SITE
+    )
+
+    (boundary,) = site["boundaries"]
+    assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
+        "0.1.0",
+        "0.2.0",
+        "text match",
+    )
+    assert boundary["stated"] == (
+        "0.2.0 (by the source text; run under a sync detector, 0.4.0 runs the line without a"
+        " device read; 0.2.0: not run)"
     )

@@ -455,12 +455,14 @@ def judged_boundaries(
             boundary = first_boundary(
                 made.before_first, made.first, Decided.TEXT, reading=versions[high]
             )
-    elif runs[anchor].verdict == ProbeVerdict.NO_READ and verdict(first) == ProbeVerdict.READ:
+    elif runs[anchor].verdict == ProbeVerdict.NO_READ:
         # The line stopped reading before the anchor (its value comes as a number now): where
-        # the reads began is still judged, at the text's first release, and said with it.
-        boundary = first_boundary(
-            made.before_first, made.first, Decided.JUDGED, quiet=versions[anchor]
-        )
+        # the reads began is judged at the text's first release where it reads, and said with
+        # the anchor's quiet line either way.
+        ran = verdict(first)
+        decided = Decided.JUDGED if ran == ProbeVerdict.READ else Decided.TEXT
+        quiet = (versions[anchor], ran)
+        boundary = first_boundary(made.before_first, made.first, decided, quiet=quiet)
     judged = tuple(runs[i] for i in sorted(runs))
     return dataclasses.replace(made, boundaries=(dataclasses.replace(boundary, judged=judged),))
 
@@ -470,19 +472,24 @@ def first_boundary(
     newer: str,
     decided: Decided,
     reading: str | None = None,
-    quiet: str | None = None,
+    quiet: tuple[str, ProbeVerdict] | None = None,
 ) -> Boundary:
     """Where the reads begin, with the words a draft says it in; `reading`: the oldest release
     a run saw read, where the releases before it could not be judged; `quiet`: a newer release
-    that runs the line without a device read."""
+    that runs the line without a device read, and the verdict on `newer`."""
     if decided == Decided.JUDGED:
         how = "run under a sync detector"
         if quiet:
-            how += f"; {quiet} runs the line without a device read"
+            how += f"; {quiet[0]} runs the line without a device read"
     elif reading:
         how = (
             f"by the source text; run under a sync detector, {reading} reads, older releases"
             " did not run here"
+        )
+    elif quiet:
+        how = (
+            f"by the source text; run under a sync detector, {quiet[0]} runs the line without"
+            f" a device read; {newer}: {quiet[1]}"
         )
     else:
         how = "by the source text, not run"
