@@ -14,12 +14,13 @@ class CountHostReads(TorchDispatchMode):  # `.item()`, `bool(t)` and `float(t)` 
         return func(*args, **(kwargs or {}))
 
 reads = []
-def clip_grad_norm(self, model, clip=Trainer._clip_grad_norm):  # called on every optimizer step
-    with CountHostReads() as counter:
-        norm = clip(self, model)
-    reads.append(counter.count)
-    return norm
-Trainer._clip_grad_norm = clip_grad_norm
+if hasattr(Trainer, "_clip_grad_norm"):  # transformers 5.3+; older releases clip inside the training loop
+    def clip_grad_norm(self, model, clip=Trainer._clip_grad_norm):  # called on every optimizer step
+        with CountHostReads() as counter:
+            norm = clip(self, model)
+        reads.append(counter.count)
+        return norm
+    Trainer._clip_grad_norm = clip_grad_norm
 
 os.environ.update(MASTER_ADDR="127.0.0.1", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")  # one process, no launcher
 os.environ.setdefault("MASTER_PORT", "29500")
