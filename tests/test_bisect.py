@@ -624,12 +624,19 @@ def clip_release(item: str | None) -> dict[str, str]:
 def judged_history(tmp_path: Path, releases: dict[str, str | None]) -> dict:
     """`bisect --judge` of the clip's `clip_coef < 1` over `releases` (version: how the norm
     is returned; None: no clip), in the test's own interpreter as a prepared environment."""
-    for version, item in releases.items():
+    files = {version: clip_release(item) for version, item in releases.items()}
+    return judged_site(tmp_path, files, CLIP_SITE)
+
+
+def judged_site(tmp_path: Path, releases: dict[str, dict[str, str]], site: tuple[str, ...]) -> dict:
+    """`bisect --judge` of `site` over DeepSpeed `releases` (version: its files), in the test's
+    own interpreter as a prepared environment."""
+    for version, files in releases.items():
         make_sdist(
             tmp_path / "index" / "files" / "deepspeed",
             "deepspeed",
             version,
-            clip_release(item),
+            files,
             requires=("torch",),
         )
     layout = own_downloads(make_workspace(tmp_path / "workspace"))
@@ -637,7 +644,7 @@ def judged_history(tmp_path: Path, releases: dict[str, str | None]) -> dict:
         done = hostsync(
             layout,
             "bisect",
-            *CLIP_SITE,
+            *site,
             "--judge",
             env_extra={sdists.INDEX_ENV: url, "HOSTSYNC_PREPARED": "1"},
         )
@@ -815,3 +822,114 @@ def test_a_line_that_reads_in_a_loop_is_one_read_of_the_probe(
     seen = probe._run(args)
 
     assert (seen.error, seen.reached, seen.reads) == ("", (2,), ("counting/large.py:2",))
+
+
+# --- judged by running: a site named by its function, its read two calls below it ---------------
+
+NORM_FILE = "deepspeed/runtime/norms.py"
+# The site as a case's `[[carries]]` names a whole function: no code.
+NORM_SITE = ("--project", "deepspeed", "--file", NORM_FILE, "--function", "global_grad_norm")
+# The engine's norm, fetched through two helpers of another module (as the Trainer's
+# `_clip_grad_norm` asks accelerate, which asks its DeepSpeed wrapper): a Python number until
+# the release whose innermost helper reads the device tensor.
+NORM = """
+    import torch
+
+    from deepspeed.utils.fetch import fetch
+
+
+    def global_grad_norm(norms):
+        total = torch.stack([n.sum() for n in norms]).sum()
+        value = fetch(total)
+        return value
+"""
+FETCH = """
+    def fetch(value):
+        return scalar(value)
+
+
+    def scalar(value):
+        return {scalar}
+"""
+
+
+def norm_release(scalar: str | None) -> dict[str, str]:
+    """The release's files; `scalar` is what the innermost helper returns (None: no site;
+    "broken": the package fails at import, as an old release does beside a newer torch)."""
+    broken = scalar == "broken"
+    scalar = "value.item()" if broken else scalar
+    init = "raise ImportError('an older torch')\n" if broken else ""
+    files = {"deepspeed/__init__.py": init, "deepspeed/runtime/__init__.py": ""}
+    files["deepspeed/utils/__init__.py"] = ""
+    files["deepspeed/utils/fetch.py"] = textwrap.dedent(FETCH.format(scalar=scalar or "value"))
+    files[NORM_FILE] = textwrap.dedent(NORM) if scalar is not None else "import torch\n"
+    return files
+
+
+@pytest.mark.distributed  # a process per judged release
+def test_a_function_whose_read_is_in_a_helper_of_a_helper_is_judged_by_its_body(
+    tmp_path: Path,
+) -> None:
+    """A site named by its function reads where its body runs, not at its `def` (which runs at
+    import): a read two helpers below the body, in another module, is the body's read."""
+    releases = {"0.1.0": None, "0.2.0": "4.0", "0.3.0": "4.0", "0.4.0": "value.item()"}
+    site = judged_site(
+        tmp_path, {version: norm_release(s) for version, s in releases.items()}, NORM_SITE
+    )
+
+    (boundary,) = site["boundaries"]
+    verdicts = {run["version"]: run["verdict"] for run in boundary["judged"]}
+    assert verdicts["0.4.0"] == "device read"
+    assert verdicts["0.3.0"] == "line present, no device read"
+    assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
+        "0.3.0",
+        "0.4.0",
+        "judged run",
+    )
+
+
+@pytest.mark.distributed  # a process per judged release
+def test_reads_that_began_and_stopped_before_the_anchor_are_judged_where_they_began(
+    tmp_path: Path,
+) -> None:
+    """The Trainer's `.item()` of DeepSpeed's norm: it read from the release that added it until
+    accelerate began to hand it a float. The anchor runs the line without a read; the text's
+    first release, run, reads: the reads began there, and the boundary says the anchor's line
+    reads nothing."""
+    releases = {"0.1.0": None, "0.2.0": "value.item()", "0.3.0": "value.item()", "0.4.0": "4.0"}
+    site = judged_site(
+        tmp_path, {version: norm_release(s) for version, s in releases.items()}, NORM_SITE
+    )
+
+    (boundary,) = site["boundaries"]
+    verdicts = {run["version"]: run["verdict"] for run in boundary["judged"]}
+    assert verdicts == {"0.2.0": "device read", "0.4.0": "line present, no device read"}
+    assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
+        "0.1.0",
+        "0.2.0",
+        "judged run",
+    )
+    assert boundary["stated"] == (
+        "0.2.0 (run under a sync detector; 0.4.0 runs the line without a device read)"
+    )
+
+
+@pytest.mark.distributed  # a process per judged release
+def test_a_first_release_that_does_not_run_leaves_the_text_and_says_the_anchor_is_quiet(
+    tmp_path: Path,
+) -> None:
+    releases = {"0.1.0": None, "0.2.0": "broken", "0.3.0": "value.item()", "0.4.0": "4.0"}
+    site = judged_site(
+        tmp_path, {version: norm_release(s) for version, s in releases.items()}, NORM_SITE
+    )
+
+    (boundary,) = site["boundaries"]
+    assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
+        "0.1.0",
+        "0.2.0",
+        "text match",
+    )
+    assert boundary["stated"] == (
+        "0.2.0 (by the source text; run under a sync detector, 0.4.0 runs the line without a"
+        " device read; 0.2.0: not run)"
+    )

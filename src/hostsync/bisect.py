@@ -415,7 +415,10 @@ def judged_boundaries(
     the anchor (which must read): bisected on "device read", a release that runs its line
     without one, or does not run here, counting as before the reads. The boundary is judged
     where the release before the oldest that reads ran and read nothing (or, before the text's
-    first release, lacks the line); else it stays the text's, with the runs tried."""
+    first release, lacks the line); else it stays the text's, with the runs tried. Where the
+    anchor runs the line without a read (a newer release of another project hands it a number),
+    the text's first release is run: where it reads, the reads began there, judged, and the
+    boundary says that the anchor's line reads nothing."""
     releases = reader.releases(target.project)
     versions = [r.version for r in releases]
     runs: dict[int, Judgement] = {}
@@ -452,23 +455,43 @@ def judged_boundaries(
             boundary = first_boundary(
                 made.before_first, made.first, Decided.TEXT, reading=versions[high]
             )
+    elif runs[anchor].verdict == ProbeVerdict.NO_READ:
+        # The line stopped reading before the anchor (its value comes as a number now): where
+        # the reads began is judged at the text's first release where it reads, and said with
+        # the anchor's quiet line either way.
+        ran = verdict(first)
+        decided = Decided.JUDGED if ran == ProbeVerdict.READ else Decided.TEXT
+        quiet = (versions[anchor], ran)
+        boundary = first_boundary(made.before_first, made.first, decided, quiet=quiet)
     judged = tuple(runs[i] for i in sorted(runs))
     return dataclasses.replace(made, boundaries=(dataclasses.replace(boundary, judged=judged),))
 
 
 def first_boundary(
-    older: str | None, newer: str, decided: Decided, reading: str | None = None
+    older: str | None,
+    newer: str,
+    decided: Decided,
+    reading: str | None = None,
+    quiet: tuple[str, ProbeVerdict] | None = None,
 ) -> Boundary:
     """Where the reads begin, with the words a draft says it in: a judged boundary is the
-    release alone (the run is the evidence, not a reader's concern); one the source text decided
-    says so, since a reader should weigh it; `reading`: the oldest release a run saw read, where
-    the releases before it could not be judged."""
+    release alone (the run is the evidence, not a reader's concern), unless `quiet` names a newer
+    release that runs the line without a device read; one the source text decided says so, since
+    a reader should weigh it. `reading`: the oldest release a run saw read, where the releases
+    before it could not be judged; `quiet`: that newer release, and the verdict on `newer`."""
     if decided == Decided.JUDGED:
-        return Boundary("first", older, newer, decided, newer)
-    if reading:
+        if not quiet:
+            return Boundary("first", older, newer, decided, newer)
+        how = f"{quiet[0]} runs the line without a device read"
+    elif reading:
         how = (
             f"by the source text; run under a sync detector, {reading} reads, older releases"
             " did not run here"
+        )
+    elif quiet:
+        how = (
+            f"by the source text; run under a sync detector, {quiet[0]} runs the line without"
+            f" a device read; {newer}: {quiet[1]}"
         )
     else:
         how = "by the source text, not run"

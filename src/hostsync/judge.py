@@ -25,6 +25,7 @@ from hostsync.projects import Project
 from hostsync.records import Finding, Judgement, ProbeRun, ProbeVerdict, TreeRole
 from hostsync.upstream import envs
 from hostsync.upstream.git import git
+from hostsync.upstream.presence import lines_run
 from hostsync.upstream.sdists import fetch_sdist
 from hostsync.upstream.trees import Tree
 
@@ -128,7 +129,10 @@ def tree(
     at = finding.found[0]
     file = str(PurePosixPath(at.file).relative_to(PurePosixPath(project.import_root)))
     source = Tree(f"probe-{label}", TreeRole.RELEASE, root, label, "", "probed", project, python)
-    lines = sorted({place.line for place in finding.found if place.file == at.file})
+    text = (root / at.file).read_text(errors="replace")
+    lines = sorted(
+        {n for place in finding.found if place.file == at.file for n in lines_run(text, place.line)}
+    )
     tried = []
     for options, what in probes:
         run = Run(layout.new_run_dir(f"probe-{project.name}-{label}"), source, layout)
@@ -176,8 +180,19 @@ def verdict_of(version: str, what: str, seen: ProbeRun, lines: list[int]) -> Jud
             version,
             ProbeVerdict.NOT_RUN,
             what,
-            f"the probe did not reach line {', '.join(map(str, lines))}",
+            f"the probe did not reach line {_spans(lines)}",
         )
     read = [r for r in seen.reads if int(r.rpartition(":")[2]) in seen.reached]
     verdict = ProbeVerdict.READ if read else ProbeVerdict.NO_READ
     return Judgement(version, verdict, what, "; ".join(read) or "ran, read nothing")
+
+
+def _spans(lines: list[int]) -> str:
+    """Sorted line numbers as runs: `287-292, 300`."""
+    runs: list[list[int]] = []
+    for line in lines:
+        if runs and line == runs[-1][-1] + 1:
+            runs[-1].append(line)
+        else:
+            runs.append([line])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)

@@ -4,8 +4,10 @@ Run in the environment built for that release, with the release's source first o
 (`python -m hostsync.probe`): a generated call of the site's function where it is a function of
 its module (each parameter without a default gets a device value: a list of one tensor for a
 plural name, a 0-d tensor otherwise), else the case's snippet. The lines of the site's file that
-ran are traced, so a probe that never reached the site says so rather than "no read". The
-engine side (`judge`) prepares the tree and the environment and turns the run into a verdict;
+ran are traced, so a probe that never reached the site says so rather than "no read"; each
+read is the line of the site's file that was running when it was made, however deep below it
+(`upstream.presence.lines_run` gives the lines that are the site's). The engine side
+(`judge`) prepares the tree and the environment and turns the run into a verdict;
 a release that does not install, or a probe that fails there, is "not run" with its reason.
 """
 
@@ -22,6 +24,7 @@ import traceback
 from pathlib import Path, PurePosixPath
 
 from hostsync.records import ProbeRun
+from hostsync.sites import suffix_matches
 
 _OUT = "probe.json"
 
@@ -44,34 +47,41 @@ def generated_call(module: str, function: str) -> str | None:
     return f"{function}({', '.join(values)})"
 
 
+def _scope_noting_lines(file: str):
+    """A sync scope that also notes, for each read, the line of `file` that was running when it
+    was made: the innermost frame of the file on the stack (0 where none is), however deep below
+    it the read is: a read inside helpers the file calls, through other packages too, is that
+    line's (accelerate's `.item()` under the Trainer's `_clip_grad_norm`)."""
+    from hostsync.detector import SyncScope  # imports torch: only in the probe's process
+
+    class NotingScope(SyncScope):
+        def _add(self, *args, **kwargs) -> None:
+            super()._add(*args, **kwargs)
+            frame = sys._getframe(1)
+            while frame is not None and not suffix_matches(frame.f_code.co_filename, file):
+                frame = frame.f_back
+            self.at_line.append(frame.f_lineno if frame else 0)
+
+    scope = NotingScope()
+    scope.at_line = []
+    return scope
+
+
 def _run(args: argparse.Namespace) -> ProbeRun:
     import torch
 
-    from hostsync.detector import SyncScope
-    from hostsync.sites import suffix_matches
-
     reached: set[int] = set()
-    # A read inside a helper the file calls (a site with a `caller`) is the file's read at the
-    # line that was running when it was made: each new event takes the file's current line.
-    running = {"line": 0}
-    at_line: list[int] = []
-    scope = SyncScope()
-
-    def attribute() -> None:
-        at_line.extend([running["line"]] * (len(scope.events) - len(at_line)))
 
     def trace(frame, event, arg):
-        attribute()
         if suffix_matches(frame.f_code.co_filename, args.file):
-            if event == "line":
-                running["line"] = frame.f_lineno
-                if frame.f_lineno in args.lines:
-                    reached.add(frame.f_lineno)
+            if event == "line" and frame.f_lineno in args.lines:
+                reached.add(frame.f_lineno)
             return trace
         return None
 
     module = str(PurePosixPath(args.file).with_suffix("")).replace("/", ".")
     what = args.function or Path(args.snippet).name
+    scope = _scope_noting_lines(args.file)
     try:  # old releases fail anywhere here: at import, in the call
         call = generated_call(module, args.function) if args.function else None
         namespace = vars(importlib.import_module(module)) | {"torch": torch} if call else {}
@@ -87,18 +97,11 @@ def _run(args: argparse.Namespace) -> ProbeRun:
         line = traceback.format_exception_only(error)[-1].strip()
         return ProbeRun(tuple(sorted(reached)), (), f"{what}: {line}")
     sys.settrace(None)
-    attribute()
     # Each line once, in the order it first read: a loop's reads are one line's.
     reads = dict.fromkeys(
-        f"{event.site.file}:{event.site.line}"
-        if suffix_matches(event.site.file, args.file)
-        else f"{args.file}:{line}"
-        for event, line in zip(scope.events, at_line, strict=True)
-        if event.allowed is None
-        and (
-            suffix_matches(event.site.file, args.file)
-            or suffix_matches(event.caller.partition(":")[0], args.file)
-        )
+        f"{args.file}:{line}"
+        for event, line in zip(scope.events, scope.at_line, strict=True)
+        if event.allowed is None and line
     )
     return ProbeRun(tuple(sorted(reached)), tuple(reads), "")
 

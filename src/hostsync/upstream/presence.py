@@ -439,11 +439,36 @@ def _reads(function: ast.AST) -> Iterator[tuple[ast.stmt, str]]:
         while not isinstance(node, ast.stmt):
             node = parents[node]
         above = parents.get(node)
-        if isinstance(above, ast.If) and above.body == [node] and not above.orelse:
+        if _guards_one(above):
             node = above
         if node not in seen:
             seen.add(node)
             yield node, normalised(node, local)
+
+
+def _guards_one(node: ast.AST | None) -> bool:
+    """An `if` whose whole body is one statement: a read it guards is found as the `if`."""
+    return isinstance(node, ast.If) and len(node.body) == 1 and not node.orelse
+
+
+def lines_run(text: str, line: int) -> list[int]:
+    """The lines that run the site found at `line` of a file's `text`: the body of a function
+    found by its `def` (which runs at import, not when the function is called), the whole of an
+    `if` guarding one statement (how an inlined read is found), the header of another compound
+    statement, else the statement's lines."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:  # searched as text: the line alone
+        return [line]
+    starting = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno == line]
+    if not starting:
+        return [line]
+    node = max(starting, key=lambda n: n.end_lineno)
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return list(range(node.body[0].lineno, node.end_lineno + 1))
+    body = getattr(node, "body", None)
+    end = node.body[0].lineno - 1 if body and not _guards_one(node) else node.end_lineno
+    return list(range(line, max(line, end) + 1))
 
 
 def _body(scope: _Scope) -> Body:
