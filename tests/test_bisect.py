@@ -909,9 +909,7 @@ def test_reads_that_began_and_stopped_before_the_anchor_are_judged_where_they_be
         "0.2.0",
         "judged run",
     )
-    assert boundary["stated"] == (
-        "0.2.0 (run under a sync detector; 0.4.0 runs the line without a device read)"
-    )
+    assert boundary["stated"] == "0.2.0 (0.4.0 runs the line without a device read)"
 
 
 @pytest.mark.distributed  # a process per judged release
