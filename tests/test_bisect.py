@@ -562,6 +562,41 @@ def test_a_read_of_an_inlined_function_is_found_in_its_caller(tmp_path: Path, mo
     assert (where.function, where.code) == ("Trainer.train", 'if hasattr(norm, "item"):')
 
 
+def test_another_read_of_the_sites_function_is_not_where_the_site_began(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """An older release that inlines the function's other read, not the site's, lacks the site
+    (transformers 4.6.0 counted floating-point operations with `float(...)` years before the
+    nan/inf filter's check)."""
+    loop = """
+        class Trainer:
+            def train(self, data):
+                for inputs in data:
+                    {body}
+
+            {method}
+    """
+    flos = "self.flos += float(self.count(inputs))"
+    site_read = "self.total += self.step(inputs).item()"
+    method = f"def _run_epoch(self, inputs):\n                {flos}\n                {site_read}"
+    file = "transformers/trainer.py"
+
+    def release(body: str, method_text: str = "") -> dict[str, str]:
+        text = textwrap.dedent(loop.format(body=body, method=method_text))
+        return {"src/transformers/__init__.py": "", f"src/{file}": text}
+
+    releases = {
+        "4.5.0": release("self.step(inputs)"),
+        "4.6.0": release(flos),
+        "4.11.0": release(f"{flos}\n                    {site_read}"),
+        "5.0.0": release("self._run_epoch(inputs)", method),
+    }
+    site = AllowRule(file, "asked", function="_run_epoch", code="self.step(inputs).item()")
+    found = history_over(tmp_path, monkeypatch, "transformers", releases, site)
+
+    assert (found.first, found.before_first) == ("4.11.0", "4.6.0")
+
+
 # --- judged by running: a value that turns from a float into a tensor ---------------------------
 
 CLIP_UTILS = "deepspeed/runtime/utils.py"

@@ -471,27 +471,39 @@ def lines_run(text: str, line: int) -> list[int]:
     return list(range(line, max(line, end) + 1))
 
 
-def _body(scope: _Scope) -> Body:
+def _body(scope: _Scope, at: set[int] | None = None) -> Body:
+    """The function's body; its reads are those on the lines `at` (the site's), or all."""
     node = scope.node
     statements = node.body[1:] if ast.get_docstring(node) else node.body
     local = _local_names(node)
     dump = " ".join(normalised(statement, local) for statement in statements)
     names = [n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)]
-    reads = frozenset(dump for _, dump in _reads(node))
+    reads = frozenset(
+        dump
+        for statement, dump in _reads(node)
+        if at is None or any(statement.lineno <= line <= statement.end_lineno for line in at)
+    )
     return Body(_tokens(dump), reads, max(names or [scope.name], key=len), scope.end - scope.start)
 
 
 def body_of(rule: AllowRule, sources: Sources, project: Project) -> Body | None:
-    """The body of the rule's function in `sources` (in its file, else anywhere), or None."""
+    """The body of the rule's function in `sources` (in its file, else anywhere), or None. With
+    the rule's code, only the reads at that code are the site's: the function's other reads
+    found in an older release are not where this one began."""
     if not rule.function:
         return None
     tree = _Tree(sources, project)
     for files in (tree.files(suffix=rule.file), tree.files(holding=f"def {rule.function}(")):
-        scopes = [
-            scope for parsed in files for scope in parsed.scopes if scope.name == rule.function
+        found = [
+            (parsed, scope)
+            for parsed in files
+            for scope in parsed.scopes
+            if scope.name == rule.function
         ]
-        if scopes:
-            return _body(scopes[0])
+        if found:
+            parsed, scope = found[0]
+            at = {site.line for _, site in _sites(rule, [parsed], False)} if rule.code else None
+            return _body(scope, at)
     return None
 
 
