@@ -319,6 +319,9 @@ def check_neighbours(
         run = Run(workdir / _safe(patched.label) / "neighbours", patched, layout)
         returncode, check.tests = pytest_in_tree(patched, present, run, timeout)
         check.verdict, check.reason = judge(expect, check.tests, returncode)
+        absent = [p for p in neighbours if p not in present]
+        if absent:
+            check.reason += f"; absent here: {', '.join(absent)}"
     return [baseline, check]
 
 
