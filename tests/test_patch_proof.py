@@ -585,3 +585,33 @@ def test_a_neighbour_failing_on_the_pinned_release_too_is_not_the_series() -> No
     )
     verdict, reason = judge(expect, [fp16, regressed], returncode=1)
     assert (verdict, reason) == (WRONG, "TestClip::test_clip failed: AssertionError: 2.0 != 1.0")
+
+
+@pytest.mark.network
+def test_without_upstreams_harness_the_deepspeed_proof_fails_saying_how_to_get_it(
+    tmp_path: Path,
+) -> None:
+    """ds-ulysses-seqlen's test is a DistributedTest: its sdist tree cannot run it alone."""
+    layout = make_workspace(tmp_path / "workspace").for_case("ds-ulysses-seqlen")
+    deepspeed = projects.get("deepspeed")
+    said: list[str] = []
+
+    status, path = patch_proof.prove_and_report(
+        made.case_of(layout), [], timeout=900, say=said.append
+    )
+
+    assert status == 1
+    checks = {(c["check"], c["label"]): c for c in json.loads(path.read_text())["checks"]}
+    for label in ("pinned+tests", PATCHED):
+        series = checks["series tests", label]
+        assert (series["verdict"], series["tests"]) == (WRONG, [])
+        line = (
+            f"{label}: no upstream test harness in {label} (tests/conftest.py, tests/pytest.ini,"
+            " tests/unit/common.py, tests/unit/util.py missing): pass a clone of"
+            f" {deepspeed.repository} with --remote PATH"
+        )
+        assert line in said
+    neighbours = checks["upstream tests", PATCHED]
+    assert neighbours["reason"].endswith(
+        f"(pass a clone of {deepspeed.repository} with --remote PATH)"
+    )
