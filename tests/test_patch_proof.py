@@ -3,6 +3,7 @@ the real thing on the real trees."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import textwrap
@@ -28,7 +29,8 @@ from hostsync.patch_proof import (
 )
 from hostsync.records import TestOutcome as Case
 from hostsync.records import TreeRole, Verdict
-from hostsync.upstream import sdists
+from hostsync.upstream import harness, sdists, trees
+from hostsync.upstream.git import git, read_state, rev
 from hostsync.upstream.trees import Tree
 
 import made
@@ -447,4 +449,169 @@ def test_another_release_is_judged_by_running_and_a_probe_that_cannot_run_change
     assert said.startswith(
         "judged by running a generated call of deepspeed_sp_compute_loss then"
         " the snippet issue_snippet.py: not run"
+    )
+
+
+# --- upstream's tests for a tree made from an sdist ----------------------------------------------
+
+HARNESS = {
+    "tests/conftest.py": "# upstream's conftest\n",
+    "tests/unit/common.py": "class DistributedTest:\n    world_size = 2\n",
+    "tests/unit/test_neighbour.py": "def test_neighbour():\n    assert True\n",
+}
+NEWER = {"tests/unit/test_neighbour.py": "def test_neighbour():\n    assert 1\n"}
+SDIST_ORIGIN = "PyPI sdist project-1.0.tar.gz (sha256 0)"
+
+
+def committed(repo: Path, files: dict[str, str], message: str, date: str) -> str:
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    git(repo, "add", "--all")
+    stamp = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+    git(repo, "commit", "--quiet", "--message", message, env=stamp)
+    return rev(repo, "HEAD")
+
+
+@pytest.fixture
+def upstream(tmp_path: Path) -> tuple[Path, str, str]:
+    """A bare repository of the project: tests/ at its tag v1.0, and a newer commit after it
+    that changes a test; the tag's commit and the newest."""
+    work = tmp_path / "upstream-work"
+    work.mkdir()
+    git(work, "init", "--quiet", "--initial-branch=master")
+    tagged = committed(work, HARNESS, "release 1.0", "@1700000000 +0000")
+    git(work, "tag", "v1.0")
+    newest = committed(work, NEWER, "later work", "@1700086400 +0000")
+    bare = tmp_path / "upstream.git"
+    git(tmp_path, "clone", "--quiet", "--bare", str(work), str(bare))
+    return bare, tagged, newest
+
+
+def test_upstream_tests_come_from_the_tag_else_from_the_newest_commit(upstream) -> None:
+    bare, tagged, newest = upstream
+
+    at_tag = harness.source(bare, "v1.0", SDIST_ORIGIN)
+    untagged = harness.source(bare, "v1.1", SDIST_ORIGIN)
+
+    assert (at_tag.commit, at_tag.ref, at_tag.files) == (tagged, "tag v1.0", 3)
+    assert at_tag.committed == "2023-11-14T22:13:20+00:00"
+    assert (untagged.commit, untagged.committed) == (newest, "2023-11-15T22:13:20+00:00")
+    assert untagged.ref == "its newest commit (it has no tag v1.1)"
+    assert untagged.tree_origin == SDIST_ORIGIN
+
+
+def test_a_repository_without_tests_is_refused_in_one_line(tmp_path: Path) -> None:
+    repo = tmp_path / "other"
+    repo.mkdir()
+    git(repo, "init", "--quiet", "--initial-branch=master")
+    committed(repo, {"README": "no tests here\n"}, "only a readme", "@1700000000 +0000")
+
+    with pytest.raises(WorkspaceError, match=r"has no tests/ at its newest commit .*: give a"):
+        harness.source(repo, "v1.0", SDIST_ORIGIN)
+
+
+def test_test_patch_refuses_a_remote_that_is_no_repository(tmp_path: Path) -> None:
+    with pytest.raises(WorkspaceError, match="is no git repository: give a local clone"):
+        patch_proof.main(["--case", "ds-ulysses-seqlen", "--remote", str(tmp_path)])
+
+
+def test_upstream_tests_are_copied_before_the_series_and_the_release_keeps_its_own(
+    upstream, tmp_path: Path
+) -> None:
+    """A test patch that edits one of upstream's test files applies on top of the copy."""
+    bare, _, newest = upstream
+    release = tmp_path / "release"
+    release.mkdir()
+    git(release, "init", "--quiet", "--initial-branch=main")
+    own = {"project/__init__.py": "", "tests/conftest.py": "# the sdist's own\n"}
+    committed(release, own, "1.0 as released", "@1700000000 +0000")
+    git(release, "tag", "v1.0")
+    # The series was written on upstream's newest tests: its patch edits one of them.
+    copy = {name: text for name, text in HARNESS.items() if name not in own} | NEWER
+    committed(release, copy, "upstream's tests", "@1700000000 +0000")
+    edit = {"tests/unit/test_neighbour.py": "def test_neighbour():\n    assert 2\n"}
+    committed(release, edit, "a test patch", "@1700000000 +0000")
+    patch_dir = tmp_path / "patches"
+    git(release, "format-patch", "--quiet", "-o", str(patch_dir), "HEAD~1..HEAD")
+    (patch,) = patch_dir.iterdir()
+    tests_from = harness.source(bare, "v1.1", SDIST_ORIGIN)
+    layout = Layout(tmp_path / "workspace", "c")
+
+    root = trees._worktree(
+        layout, release, "v1.0", [patch], tmp_path / "tree", "project 1.0", tests_from
+    )
+
+    neighbour = root / "tests/unit/test_neighbour.py"
+    assert neighbour.read_text().endswith("assert 2\n"), "the series applied on upstream's copy"
+    assert (root / "tests/conftest.py").read_text() == "# the sdist's own\n"
+    assert (root / "tests/unit/common.py").read_text() == HARNESS["tests/unit/common.py"]
+    assert not (root / "tests/unit/common.py").is_symlink()
+    log = git(root, "log", "--format=%s", "v1.0..HEAD").stdout.splitlines()
+    assert log == [
+        "a test patch",
+        f"upstream's tests/ from {bare} at {newest} ({tests_from.ref}, {tests_from.committed})",
+    ]
+    assert read_state(root).upstream_tests == newest
+
+
+def test_a_tree_without_the_harness_says_what_is_missing_and_how_to_get_it(tmp_path: Path) -> None:
+    case = cases.load(ROOT, "ds-ulysses-seqlen")
+    deepspeed = projects.get("deepspeed")
+    tree = Tree("pinned+tests", TreeRole.PINNED, tmp_path, "0.19.8", "", SDIST_ORIGIN, deepspeed)
+    (tmp_path / "tests/unit").mkdir(parents=True)
+    (tmp_path / "tests/unit/common.py").write_text("")
+
+    with pytest.raises(WorkspaceError) as refused:
+        patch_proof.refuse_without_harness(case, tree)
+
+    assert str(refused.value) == (
+        "no upstream test harness in pinned+tests (tests/conftest.py, tests/pytest.ini,"
+        " tests/unit/util.py missing): pass a clone of"
+        f" {deepspeed.repository} with --remote PATH"
+    )
+
+
+def test_a_neighbour_failing_on_the_pinned_release_too_is_not_the_series() -> None:
+    fp16 = Case(
+        "TestFP16::test_adam", FAILED, "ValueError: Type fp16 is not supported on your device"
+    )
+    regressed = Case("TestClip::test_clip", FAILED, "AssertionError: 2.0 != 1.0")
+    expect = dataclasses.replace(PASS_OR_SKIP, fail_on_pinned=frozenset({fp16.test}))
+
+    assert judge(expect, [fp16, Case("T::b", PASSED)], returncode=1) == (
+        OK,
+        "1 ran and passed; 1 fail on the pinned release, not the series': TestFP16::test_adam",
+    )
+    verdict, reason = judge(expect, [fp16, regressed], returncode=1)
+    assert (verdict, reason) == (WRONG, "TestClip::test_clip failed: AssertionError: 2.0 != 1.0")
+
+
+@pytest.mark.network
+def test_without_upstreams_harness_the_deepspeed_proof_fails_saying_how_to_get_it(
+    tmp_path: Path,
+) -> None:
+    """ds-ulysses-seqlen's test is a DistributedTest: its sdist tree cannot run it alone."""
+    layout = make_workspace(tmp_path / "workspace").for_case("ds-ulysses-seqlen")
+    deepspeed = projects.get("deepspeed")
+    said: list[str] = []
+
+    status, path = patch_proof.prove_and_report(
+        made.case_of(layout), [], timeout=900, say=said.append
+    )
+
+    assert status == 1
+    checks = {(c["check"], c["label"]): c for c in json.loads(path.read_text())["checks"]}
+    for label in ("pinned+tests", PATCHED):
+        series = checks["series tests", label]
+        assert (series["verdict"], series["tests"]) == (WRONG, [])
+        line = (
+            f"{label}: no upstream test harness in {label} (tests/conftest.py, tests/pytest.ini,"
+            " tests/unit/common.py, tests/unit/util.py missing): pass a clone of"
+            f" {deepspeed.repository} with --remote PATH"
+        )
+        assert line in said
+    neighbours = checks["upstream tests", PATCHED]
+    assert neighbours["reason"].endswith(
+        f"(pass a clone of {deepspeed.repository} with --remote PATH)"
     )

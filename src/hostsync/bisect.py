@@ -60,7 +60,7 @@ from hostsync.records import (
 )
 from hostsync.sites import AllowRule
 from hostsync.upstream import envs, presence, sdists
-from hostsync.upstream.git import git, rev
+from hostsync.upstream.git import git, is_repository, rev
 from hostsync.upstream.releases import tag_format
 from hostsync.upstream.sdists import Published
 
@@ -346,10 +346,6 @@ class BisectSettings:
     timeout: float
 
 
-def _is_repository(path: Path) -> bool:
-    return path.is_dir() and git(path, "rev-parse", "--git-dir", check=False).returncode == 0
-
-
 def _version(text: str | None, option: str) -> str | None:
     if text is None:
         return None
@@ -620,7 +616,7 @@ def settings_from(args: argparse.Namespace) -> BisectSettings:
         raise WorkspaceError("--file, --code and --function name a site of --project: add it")
     if args.tests and not args.case:
         raise WorkspaceError("--tests runs a case's tests: add --case NAME")
-    if args.remote and not _is_repository(args.remote):
+    if args.remote and not is_repository(args.remote):
         raise WorkspaceError(
             f"--remote {args.remote} is no git repository: give a local clone or mirror of the"
             " project (`git clone --mirror URL`)"

@@ -23,7 +23,7 @@ import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hostsync import cases, cost, linters, locks, provenance, results, table
@@ -41,10 +41,12 @@ from hostsync.records import (
     TestPatchResult,
     TreeRef,
     TreeRole,
+    UpstreamTests,
     Verdict,
 )
-from hostsync.upstream import patchqueue, presence
-from hostsync.upstream.releases import release_for
+from hostsync.upstream import harness, patchqueue, presence
+from hostsync.upstream.git import is_repository, read_state
+from hostsync.upstream.releases import from_sdist, release_for
 from hostsync.upstream.trees import Tree, prepare_tree
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,8 @@ class Expectation:
     label: str
     must_fail: frozenset[str] = frozenset()
     may_skip: bool = False
+    # Failing on the pinned release as well: not the series' doing, shown but not held against it.
+    fail_on_pinned: frozenset[str] = frozenset()
 
 
 GREEN = Expectation("all pass")
@@ -156,7 +160,12 @@ def judge(
         return WRONG, f"nothing collected (pytest exit code {returncode}): no test ran"
     collected = {t.test for t in tests}
     problems = [f"{name} was not collected" for name in sorted(expect.must_fail - collected)]
+    not_ours = sorted(
+        t.test for t in tests if t.outcome in (FAILED, ERROR) and t.test in expect.fail_on_pinned
+    )
     for test in tests:
+        if test.test in not_ours:
+            continue
         if test.test in expect.must_fail:
             if not (test.outcome == FAILED and test.message.startswith("AssertionError")):
                 problems.append(f"{test.test} {_describe(test)}: it proves nothing")
@@ -170,9 +179,13 @@ def judge(
     if expect.must_fail:
         return OK, f"the bug's {len(expect.must_fail)} fail on assertions, the other {ran} pass"
     skipped = sorted({t.message for t in tests if t.outcome == SKIPPED})
+    said = [f"{ran} ran and passed" if skipped or not_ours else f"all {ran} passed"]
+    if not_ours:
+        names = ", ".join(not_ours)
+        said.append(f"{len(not_ours)} fail on the pinned release, not the series': {names}")
     if skipped:
-        return OK, f"{ran} ran and passed; skipped: {'; '.join(skipped)}"
-    return OK, f"all {ran} passed"
+        said.append(f"skipped: {'; '.join(skipped)}")
+    return OK, "; ".join(said)
 
 
 def _describe(test: TestOutcome) -> str:
@@ -235,13 +248,15 @@ def check_tests(
     timeout: float,
     *,
     optional: bool = False,
+    tests_from: UpstreamTests | None = None,
 ) -> Check:
-    """The series' tests on tree `label`; a series that does not apply is n/a when `optional`."""
+    """The series' tests on tree `label`; a series that does not apply is n/a when `optional`.
+    `tests_from`: upstream's tests/ copied into the tree first (`harness`)."""
     check = Check("series tests", label, expect.label)
     layout = case.layout
     with measured(check):
         try:
-            check.tree = prepare_tree(case, label)
+            check.tree = prepare_tree(case, label, tests_from)
         except patchqueue.PatchDoesNotApply as error:
             if not optional:
                 raise
@@ -251,6 +266,7 @@ def check_tests(
         test_patches = series_tests(layout)
         if not test_patches:
             raise WorkspaceError("the series has no test patch: nothing to prove with")
+        refuse_without_harness(case, check.tree)
         run = Run(workdir / _safe(check.label) / "series", check.tree, layout)
         paths = series_test_files(test_patches)
         returncode, check.tests = pytest_in_tree(check.tree, paths, run, timeout)
@@ -258,21 +274,55 @@ def check_tests(
     return check
 
 
+def refuse_without_harness(case: cases.Case, tree: Tree) -> None:
+    """The series' tests run on upstream's harness (the card's `[tests] harness`): a tree that
+    lacks it, as one made from an sdist does, cannot run them as upstream does."""
+    missing = [path for path in case.card.tests.harness if not (tree.root / path).exists()]
+    if missing:
+        raise WorkspaceError(
+            f"no upstream test harness in {tree.label} ({', '.join(missing)} missing):"
+            f" pass a clone of {tree.project.repository} with --remote PATH"
+        )
+
+
 def check_neighbours(
-    layout: Layout, case: cases.Case, workdir: Path, tree: Tree, timeout: float
-) -> Check:
-    """Upstream's tests near the change on the patched tree: run, skipped (why) or absent."""
-    check = Check("upstream tests", tree.label, PASS_OR_SKIP.label, tree)
+    layout: Layout,
+    case: cases.Case,
+    workdir: Path,
+    trees: Sequence[Tree],
+    timeout: float,
+) -> list[Check]:
+    """Upstream's tests near the change on the pinned tree, then on the patched one: run,
+    skipped (why) or absent. Those failing on both are shown, not held against the series."""
+    pinned, patched = trees
+    neighbours = case.card.tests.neighbours
+    present = [p for p in neighbours if (patched.root / p).exists()]
+    if not present:
+        check = Check("upstream tests", patched.label, PASS_OR_SKIP.label, patched)
+        check.reason = f"absent: this tree has no {', '.join(neighbours) or 'such tests'}"
+        if neighbours and from_sdist(patched.origin):
+            check.reason += f" (pass a clone of {patched.project.repository} with --remote PATH)"
+        return [check]
+    baseline = Check("upstream tests", pinned.label, "baseline", pinned)
+    failing: frozenset[str] = frozenset()
+    with measured(baseline):
+        run = Run(workdir / _safe(pinned.label) / "neighbours", pinned, layout)
+        returncode, baseline.tests = pytest_in_tree(pinned, present, run, timeout)
+        failing = frozenset(t.test for t in baseline.tests if t.outcome in (FAILED, ERROR))
+        # The release as it is: what fails here is judged on the patched tree as not the series'.
+        baseline.verdict, baseline.reason = judge(
+            replace(PASS_OR_SKIP, fail_on_pinned=failing), baseline.tests, returncode
+        )
+    expect = replace(PASS_OR_SKIP, fail_on_pinned=failing)
+    check = Check("upstream tests", patched.label, expect.label, patched)
     with measured(check):
-        neighbours = case.card.tests.neighbours
-        present = [p for p in neighbours if (tree.root / p).exists()]
-        if not present:
-            check.reason = f"absent: this tree has no {', '.join(neighbours) or 'such tests'}"
-            return check
-        run = Run(workdir / _safe(tree.label) / "neighbours", tree, layout)
-        returncode, check.tests = pytest_in_tree(tree, present, run, timeout)
-        check.verdict, check.reason = judge(PASS_OR_SKIP, check.tests, returncode)
-    return check
+        run = Run(workdir / _safe(patched.label) / "neighbours", patched, layout)
+        returncode, check.tests = pytest_in_tree(patched, present, run, timeout)
+        check.verdict, check.reason = judge(expect, check.tests, returncode)
+        absent = [p for p in neighbours if p not in present]
+        if absent:
+            check.reason += f"; absent here: {', '.join(absent)}"
+    return [baseline, check]
 
 
 def check_lint(case: cases.Case, workdir: Path, tree: Tree) -> Check:
@@ -382,46 +432,74 @@ def other_release_checks(
 
 
 def all_checks(
-    case: cases.Case, versions: Sequence[str], timeout: float, workdir: Path
+    case: cases.Case,
+    versions: Sequence[str],
+    timeout: float,
+    workdir: Path,
+    tests_from: UpstreamTests | None = None,
 ) -> list[Check]:
     """Every check, in the order of the summary table."""
     layout = case.layout
     checks = [
-        check_tests(case, workdir, "pinned+tests", red(case), timeout),
-        check_tests(case, workdir, TreeRole.PATCHED.value, GREEN, timeout),
+        check_tests(case, workdir, "pinned+tests", red(case), timeout, tests_from=tests_from),
+        check_tests(case, workdir, TreeRole.PATCHED.value, GREEN, timeout, tests_from=tests_from),
     ]
     if case.fixed:
         checks.append(check_tests(case, workdir, "fixed+tests", GREEN, timeout))
-    patched = checks[1].tree
+    pinned, patched = checks[0].tree, checks[1].tree
+    if pinned is not None and patched is not None:
+        checks += check_neighbours(layout, case, workdir, (pinned, patched), timeout)
     if patched is not None:
-        checks += [
-            check_neighbours(layout, case, workdir, patched, timeout),
-            check_lint(case, workdir, patched),
-        ]
+        checks.append(check_lint(case, workdir, patched))
     for version in versions:
         checks += other_release_checks(layout, case, workdir, version, timeout)
     return checks
 
 
+def upstream_tests(case: cases.Case, remote: Path | None) -> UpstreamTests | None:
+    """Where the trees' missing tests/ come from: `remote`, for a clone made from an sdist."""
+    if remote is None:
+        return None
+    patchqueue.clone(case)
+    origin = read_state(case.layout.clone).origin
+    if not from_sdist(origin):
+        log.info("the clone is %s, with upstream's own tests/: --remote is not needed", origin)
+        return None
+    return harness.source(remote, case.pin.tag, origin)
+
+
 def prove_and_report(
-    case: cases.Case, versions: Sequence[str], timeout: float, say: Callable[[str], None] = print
+    case: cases.Case,
+    versions: Sequence[str],
+    timeout: float,
+    say: Callable[[str], None] = print,
+    remote: Path | None = None,
 ) -> tuple[int, Path]:
     """Prove, print the summary, write the result file; exit status 1 when a verdict is WRONG."""
     layout = case.layout
     workdir = layout.new_run_dir(f"test-patch-{layout.case}")
     measured_against = provenance.inputs(layout)
-    checks = all_checks(case, versions, timeout, workdir)
+    tests_from = upstream_tests(case, remote)
+    if tests_from is not None:
+        say(
+            f"upstream's tests/ from {tests_from.repository} at {tests_from.ref}:"
+            f" {tests_from.commit} ({tests_from.committed}); the trees are {tests_from.tree_origin}"
+        )
+    checks = all_checks(case, versions, timeout, workdir, tests_from)
     wrong = [c for c in checks if c.verdict == WRONG]
     say(table.text(HEADERS, [c.row() for c in checks]))
     say(cost.case_verdicts(layout))
     for check in checks:
-        for test in check.tests:
-            if test.outcome in (FAILED, ERROR):
-                say(f"{check.label}: {test.test}\n    {test.message}")
+        failed = [test for test in check.tests if test.outcome in (FAILED, ERROR)]
+        for test in failed:
+            say(f"{check.label}: {test.test}\n    {test.message}")
+        if check.verdict == WRONG and not failed:
+            say(f"{check.label}: {check.reason}")
     result = TestPatchResult(
         stamp=provenance.stamp(layout, measured_against),
         ok=not wrong,
         checks=tuple(c.record() for c in checks),
+        upstream_tests=tests_from,
     )
     path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
     say(f"wrote {path.relative_to(layout.root)}")
@@ -448,11 +526,24 @@ def main(argv: list[str]) -> int:
         help="also try the series on this release of the case's project (repeatable): does it"
         " apply, how do its tests go",
     )
+    parser.add_argument(
+        "--remote",
+        type=Path,
+        metavar="PATH",
+        help="a git repository of the case's project (a local clone or mirror): trees made from"
+        " the PyPI sdist, which ships no tests/, get its tests/ (at the pinned tag where it has"
+        " it, else at its newest commit) before the series' test patches apply",
+    )
     add_timeout(parser, "one pytest run")
     args = parser.parse_args(argv)
     for version in args.releases:
         if not re.fullmatch(r"\d+\.\d+\.\d+(?:(?:a|b|rc)\d+)?", version):
             raise WorkspaceError(f"--release {version!r} is no release number: use e.g. 5.12.0")
+    if args.remote and not is_repository(args.remote):
+        raise WorkspaceError(
+            f"--remote {args.remote} is no git repository: give a local clone or mirror of the"
+            " project (its git directory)"
+        )
     status = 0
     chosen = chosen_cases(args.case)
     for case in chosen:  # before anything runs: a release PyPI does not have is refused now
@@ -461,7 +552,8 @@ def main(argv: list[str]) -> int:
     for case in chosen:
         print(f"case {case.name}")
         with locks.case(case.layout):
-            status = max(status, prove_and_report(case, args.releases, args.timeout)[0])
+            proved = prove_and_report(case, args.releases, args.timeout, remote=args.remote)
+            status = max(status, proved[0])
     return status
 
 

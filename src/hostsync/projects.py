@@ -135,8 +135,10 @@ PROJECTS = {
                     Formatter("codespell", "codespell", "codespell_lib"),
                 )
             ),
-            # Its cpu-torch-latest workflow: `cd tests; DS_ACCELERATOR=cpu pytest unit/...`.
-            test_env=(("DS_ACCELERATOR", "cpu"),),
+            # Its cpu-torch-latest workflow: `cd tests; DS_ACCELERATOR=cpu pytest unit/...`. The
+            # CPU accelerator counts its devices from LOCAL_SIZE (else NUMA nodes, one here): 2
+            # lets DistributedTest spawn the 2 gloo ranks the cases run; larger worlds skip.
+            test_env=(("DS_ACCELERATOR", "cpu"), ("LOCAL_SIZE", "2")),
             extensions_per_tree=True,
             sign_off=True,
             before_sending=(

@@ -139,6 +139,21 @@ class TreeRef(Record):
     origin: str
 
 
+@dataclass(frozen=True)
+class UpstreamTests(Record):
+    """Where the tests/ of trees made from an sdist came from: the git repository the user
+    named, the commit taken (the release's tag where it has it, else its newest commit), that
+    commit's date, how many files its tests/ holds, and the origin of the trees they went into
+    (each tree gets those it lacks)."""
+
+    repository: str
+    commit: str
+    committed: str
+    ref: str
+    files: int
+    tree_origin: str
+
+
 # --- side files: what one process leaves for another ---------------------------------------------
 
 
@@ -155,6 +170,7 @@ class GitState(Record):
     failed: str | None = field(default=None, metadata=OPTIONAL)
     base: str = field(default="", metadata=OPTIONAL)
     patches: dict[str, str] = field(default_factory=dict, metadata=OPTIONAL)
+    upstream_tests: str = field(default="", metadata=OPTIONAL)  # the commit they came from
 
 
 @dataclass(frozen=True)
@@ -656,6 +672,7 @@ class TestPatchResult(Result):
     __test__: ClassVar = False
     ok: bool
     checks: tuple[CheckRecord, ...]
+    upstream_tests: UpstreamTests | None = field(default=None, metadata=OPTIONAL)
 
 
 # --- profile -------------------------------------------------------------------------------------

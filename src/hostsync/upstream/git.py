@@ -45,6 +45,11 @@ def git(
     return result
 
 
+def is_repository(path: Path) -> bool:
+    """A git repository, bare or not, at `path` or above it."""
+    return path.is_dir() and git(path, "rev-parse", "--git-dir", check=False).returncode == 0
+
+
 def rev(repo: Path, ref: str) -> str:
     """The commit `ref` names, or "" when there is none."""
     found = git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False)

@@ -20,6 +20,7 @@ from hostsync.upstream.sdists import fetch_sdist, pypi_sdist
 
 log = logging.getLogger(__name__)
 
+SDIST_ORIGIN = "PyPI sdist"
 _REMOTE_TIMEOUT_S = 30
 _CLONE_TIMEOUT_S = 900
 
@@ -79,6 +80,11 @@ def _clone_tag(remote: str, tag: str, dest: Path) -> str | None:
     return None
 
 
+def from_sdist(origin: str) -> bool:
+    """Whether a repository's recorded origin is an imported sdist (which may lack tests/)."""
+    return origin.startswith(SDIST_ORIGIN)
+
+
 def _as_url(remote: str) -> str:
     """Local paths as file:// URLs, so that --depth applies to them too."""
     return Path(remote).resolve().as_uri() if Path(remote).exists() else remote
@@ -91,7 +97,7 @@ def _import_sdist(layout: Layout, project: Project, release: Release, dest: Path
         (top,) = Path(unpacked).iterdir()
         top.rename(dest)
         released = int(tar.getmember(f"{top.name}/PKG-INFO").mtime)
-    origin = f"PyPI sdist {release.sdist.filename} (sha256 {release.sdist.sha256})"
+    origin = f"{SDIST_ORIGIN} {release.sdist.filename} (sha256 {release.sdist.sha256})"
     message = (
         f"{project.name} {release.version} as released on PyPI\n\n"
         f"Imported from {release.sdist.url}\nsha256 {release.sdist.sha256}, {release.sdist.size}"

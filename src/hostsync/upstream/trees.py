@@ -20,8 +20,8 @@ from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.layout import Layout
 from hostsync.projects import Project
-from hostsync.records import TreeInfo, TreeRole
-from hostsync.upstream import envs
+from hostsync.records import TreeInfo, TreeRole, UpstreamTests
+from hostsync.upstream import envs, harness
 from hostsync.upstream.git import (
     INTERRUPTED_AM,
     git,
@@ -78,15 +78,17 @@ class Tree:
         )
 
 
-def prepare_tree(case: Case, name: str) -> Tree:
+def prepare_tree(case: Case, name: str, tests_from: UpstreamTests | None = None) -> Tree:
     """The tree `name` as a detached worktree under work/trees/<case>/, created or refreshed,
     with the interpreter of its environment.
 
     `pinned` and `patched` come from the clone (which `clone` brings up to date first); `fixed`
     is upstream's fixed release and a version like `5.14.0` that release, as published.
     `+tests` applies only the test patches of the series on top, `+series` the whole series.
+    `tests_from` copies upstream's tests/ in first (`harness`), in a tree of its own under
+    `upstream-tests/`: `patched` is then the tag, those tests and the series.
     """
-    tree, release = _checkout(case, name)
+    tree, release = _checkout(case, name, tests_from)
     python = envs.python_for(case.layout, tree.project, release, tree.root)
     return dataclasses.replace(tree, python=python)
 
@@ -97,7 +99,9 @@ def checkout_tree(case: Case, name: str) -> Tree:
     return _checkout(case, name)[0]
 
 
-def _checkout(case: Case, name: str) -> tuple[Tree, Release]:
+def _checkout(
+    case: Case, name: str, tests_from: UpstreamTests | None = None
+) -> tuple[Tree, Release]:
     layout = case.layout
     name = case.tree_name(name)
     base_name, _, extra = name.partition("+")
@@ -118,11 +122,18 @@ def _checkout(case: Case, name: str) -> tuple[Tree, Release]:
         base = release.tag
     patches = [p for p in series(layout) if extra == "series" or touches_only_tests(p)]
     patches = patches if extra else []
+    path = layout.trees / name
+    if tests_from is not None:
+        path = layout.trees / "upstream-tests" / name
+        if role == TreeRole.PATCHED:  # the series applied after upstream's tests, as on pinned
+            base, patches = case.pin.tag, series(layout)
     where = f"{case.project.name} {release.version}" + (
         " (pinned)" if role == TreeRole.PINNED else ""
     )
-    root = _worktree(layout, repo, base, patches, layout.trees / name, where)
+    root = _worktree(layout, repo, base, patches, path, where, tests_from)
     origin = read_state(repo).origin
+    if tests_from is not None:
+        origin += f" + upstream's tests/ from {tests_from.repository} at {tests_from.commit[:12]}"
     if role == TreeRole.PATCHED:
         origin += " + the case's patch series"
     if extra:
@@ -216,11 +227,18 @@ def infos(layout: Layout, trees: list[Tree]) -> dict[str, TreeInfo]:
 
 
 def _worktree(
-    layout: Layout, repo: Path, base: str, patches: list[Path], path: Path, where: str
+    layout: Layout,
+    repo: Path,
+    base: str,
+    patches: list[Path],
+    path: Path,
+    where: str,
+    tests_from: UpstreamTests | None = None,
 ) -> Path:
     wanted = {
         "base": rev(repo, base),
         "patches": {p.name: sha256(p) for p in patches},
+        "upstream_tests": tests_from.commit if tests_from else "",
     }
     if path.exists() and not _is_worktree_of(path, repo):
         log.info("replacing %s: it is no worktree of %s", path, repo)
@@ -236,7 +254,9 @@ def _worktree(
         path.parent.mkdir(parents=True, exist_ok=True)
         git(repo, "worktree", "prune")
         git(repo, "worktree", "add", "--quiet", "--detach", str(path), wanted["base"])
-    apply_patches(path, patches, wanted["base"], where)
+    if tests_from is not None:
+        harness.copy_into(tests_from, path)
+    apply_patches(path, patches, rev(path, "HEAD"), where)
     write_state(path, **wanted)
     return path
 
