@@ -966,3 +966,16 @@ def test_a_first_release_that_does_not_run_leaves_the_text_and_says_the_anchor_i
         "0.2.0 (by the source text; run under a sync detector, 0.4.0 runs the line without a"
         " device read; 0.2.0: not run)"
     )
+
+
+def test_a_probe_error_names_files_by_their_package_path_not_where_they_are_kept() -> None:
+    said = (
+        "ImportError: cannot import name 'log' from 'torch.distributed.elastic.agent.server.api'"
+        " (/home/me/ws/work/envs/transformers-4.39.0-c63/lib/python3.11/site-packages/torch/"
+        "distributed/elastic/agent/server/api.py)"
+    )
+
+    assert probe.without_machine_paths(said) == (
+        "ImportError: cannot import name 'log' from 'torch.distributed.elastic.agent.server.api'"
+        " (torch/distributed/elastic/agent/server/api.py)"
+    )

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from local_index import make_sdist, serving
 
-from hostsync import cases, linters, patch_proof, projects
+from hostsync import cases, linters, patch_proof, projects, provenance
 from hostsync.errors import WorkspaceError
 from hostsync.launchers import Run
 from hostsync.layout import ROOT, Layout
@@ -615,3 +615,14 @@ def test_without_upstreams_harness_the_deepspeed_proof_fails_saying_how_to_get_i
     assert neighbours["reason"].endswith(
         f"(pass a clone of {deepspeed.repository} with --remote PATH)"
     )
+
+
+def test_a_local_clone_is_named_as_one_in_what_results_record() -> None:
+    """Results are committed: where this machine keeps a clone stays out of them."""
+    argv = ["test-patch", "--case", "ds-ulysses-seqlen", "--remote", "/home/me/DeepSpeed"]
+
+    assert provenance._without_clones(argv)[-1] == "CLONE"
+    assert provenance._without_clones(["--remote=/home/me/DeepSpeed"]) == ["--remote=CLONE"]
+    url = "https://github.com/deepspeedai/DeepSpeed"
+    assert provenance._without_clones(["--remote", url])[-1] == url
+    assert (harness.shown("/home/me/DeepSpeed/.git"), harness.shown(url)) == ("a local clone", url)

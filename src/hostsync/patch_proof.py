@@ -499,7 +499,8 @@ def prove_and_report(
         stamp=provenance.stamp(layout, measured_against),
         ok=not wrong,
         checks=tuple(c.record() for c in checks),
-        upstream_tests=tests_from,
+        upstream_tests=tests_from
+        and replace(tests_from, repository=harness.shown(tests_from.repository)),
     )
     path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
     say(f"wrote {path.relative_to(layout.root)}")

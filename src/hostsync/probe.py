@@ -17,6 +17,7 @@ import argparse
 import importlib
 import inspect
 import json
+import re
 import runpy
 import sys
 import tarfile
@@ -67,6 +68,16 @@ def _scope_noting_lines(file: str):
     return scope
 
 
+# Where this machine keeps an installed package or a tree's sources, up to the package's folder.
+_WHERE_KEPT = re.compile(r"/[^\s'\"()]*?/(?:site-packages|dist-packages|src)/")
+
+
+def without_machine_paths(text: str) -> str:
+    """An error line as anyone reads it: a file by its path in its package, not where this
+    machine keeps it (the line goes into committed results)."""
+    return _WHERE_KEPT.sub("", text)
+
+
 def _run(args: argparse.Namespace) -> ProbeRun:
     import torch
 
@@ -94,7 +105,7 @@ def _run(args: argparse.Namespace) -> ProbeRun:
                 runpy.run_path(args.snippet, run_name="__main__")
     except BaseException as error:
         sys.settrace(None)
-        line = traceback.format_exception_only(error)[-1].strip()
+        line = without_machine_paths(traceback.format_exception_only(error)[-1].strip())
         return ProbeRun(tuple(sorted(reached)), (), f"{what}: {line}")
     sys.settrace(None)
     # Each line once, in the order it first read: a loop's reads are one line's.

@@ -59,8 +59,20 @@ def workspace_inputs(layout: Layout) -> Provenance:
 
 def stamp(layout: Layout, measured: Provenance) -> Stamp:
     """The stamp of a result finished now, measured against `measured`."""
-    command = shlex.join(["python", "-m", "hostsync", *sys.argv[1:]])
+    command = shlex.join(["python", "-m", "hostsync", *_without_clones(sys.argv[1:])])
     return Stamp.now(command, layout.case, measured)
+
+
+def _without_clones(argv: list[str]) -> list[str]:
+    """The command's words with a local clone given to `--remote` written `CLONE`: results are
+    committed, and where this machine keeps a clone is no one else's concern."""
+    words = list(argv)
+    for index, word in enumerate(words):
+        if word.startswith("--remote="):
+            words[index] = "--remote=CLONE"
+        elif word == "--remote" and index + 1 < len(words) and "://" not in words[index + 1]:
+            words[index + 1] = "CLONE"
+    return words
 
 
 def stale_reasons(layout: Layout, result: Result) -> list[str]:

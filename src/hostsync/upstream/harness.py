@@ -20,6 +20,12 @@ log = logging.getLogger(__name__)
 TESTS = "tests"
 
 
+def shown(repository: str) -> str:
+    """A repository as results name it: a URL as given, a local clone as one (where this
+    machine keeps it is no one else's concern, and results are committed)."""
+    return repository if "://" in repository or repository.startswith("git@") else "a local clone"
+
+
 def source(remote: Path, tag: str, tree_origin: str) -> UpstreamTests:
     """The commit of `remote` whose tests/ the trees get: `tag` where it has it, else HEAD."""
     commit = rev(remote, tag)
