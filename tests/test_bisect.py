@@ -7,6 +7,7 @@ import argparse
 import itertools
 import json
 import textwrap
+import traceback
 from pathlib import Path
 
 import pytest
@@ -969,11 +970,11 @@ def test_a_first_release_that_does_not_run_leaves_the_text_and_says_the_anchor_i
 
 
 def test_a_probe_error_names_files_by_their_package_path_not_where_they_are_kept() -> None:
-    said = (
-        "ImportError: cannot import name 'log' from 'torch.distributed.elastic.agent.server.api'"
-        " (/home/me/ws/work/envs/transformers-4.39.0-c63/lib/python3.11/site-packages/torch/"
-        "distributed/elastic/agent/server/api.py)"
-    )
+    """DeepSpeed 0.14.0's import on torch 2.13, as a probe of transformers 4.39 reports it."""
+    with pytest.raises(ImportError) as raised:
+        exec("from torch.distributed.elastic.agent.server.api import log")
+    said = traceback.format_exception_only(raised.value)[-1].strip()
+    assert "site-packages/torch/" in said  # where this environment keeps torch
 
     assert probe.without_machine_paths(said) == (
         "ImportError: cannot import name 'log' from 'torch.distributed.elastic.agent.server.api'"

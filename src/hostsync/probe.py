@@ -56,6 +56,10 @@ def _scope_noting_lines(file: str):
     from hostsync.detector import SyncScope  # imports torch: only in the probe's process
 
     class NotingScope(SyncScope):
+        def __init__(self) -> None:
+            super().__init__()
+            self.at_line: list[int] = []
+
         def _add(self, *args, **kwargs) -> None:
             super()._add(*args, **kwargs)
             frame = sys._getframe(1)
@@ -63,9 +67,7 @@ def _scope_noting_lines(file: str):
                 frame = frame.f_back
             self.at_line.append(frame.f_lineno if frame else 0)
 
-    scope = NotingScope()
-    scope.at_line = []
-    return scope
+    return NotingScope()
 
 
 # Where this machine keeps an installed package or a tree's sources, up to the package's folder.

@@ -133,8 +133,8 @@ def _checkout(
     root = _worktree(layout, repo, base, patches, path, where, tests_from)
     origin = read_state(repo).origin
     if tests_from is not None:
-        where = harness.shown(tests_from.repository)
-        origin += f" + upstream's tests/ from {where} at {tests_from.commit[:12]}"
+        source = harness.shown(tests_from.repository)
+        origin += f" + upstream's tests/ from {source} at {tests_from.commit[:12]}"
     if role == TreeRole.PATCHED:
         origin += " + the case's patch series"
     if extra:
