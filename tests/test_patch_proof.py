@@ -617,12 +617,13 @@ def test_without_upstreams_harness_the_deepspeed_proof_fails_saying_how_to_get_i
     )
 
 
-def test_a_local_clone_is_named_as_one_in_what_results_record() -> None:
+def test_a_local_clone_is_named_as_one_in_what_results_record(tmp_path: Path) -> None:
     """Results are committed: where this machine keeps a clone stays out of them."""
-    argv = ["test-patch", "--case", "ds-ulysses-seqlen", "--remote", "/home/me/DeepSpeed"]
+    clone = str(tmp_path / "DeepSpeed")
+    argv = ["test-patch", "--case", "ds-ulysses-seqlen", "--remote", clone]
 
     assert provenance._without_clones(argv)[-1] == "CLONE"
-    assert provenance._without_clones(["--remote=/home/me/DeepSpeed"]) == ["--remote=CLONE"]
+    assert provenance._without_clones([f"--remote={clone}"]) == ["--remote=CLONE"]
     url = "https://github.com/deepspeedai/DeepSpeed"
     assert provenance._without_clones(["--remote", url])[-1] == url
-    assert (harness.shown("/home/me/DeepSpeed/.git"), harness.shown(url)) == ("a local clone", url)
+    assert (harness.shown(clone), harness.shown(url)) == ("a local clone", url)
