@@ -66,6 +66,11 @@ def hostsync(
     )
 
 
+def retitled(card: Path) -> str:
+    """The card's text with a new title: an edit of what it tells a run, so its results go stale."""
+    return card.read_text().replace('title = "', 'title = "New: ', 1)
+
+
 def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
     """The one `error:` line a refused command printed, with no traceback."""
     assert done.returncode == 2, done.stderr

@@ -20,7 +20,7 @@ from hostsync.upstream import envs
 from hostsync.upstream.patchqueue import series
 
 import made
-from conftest import make_workspace
+from conftest import make_workspace, retitled
 
 # --- cases ---------------------------------------------------------------------------------------
 
@@ -187,12 +187,22 @@ def test_a_result_goes_stale_when_its_card_or_series_changes(workspace: Layout) 
     result = hunt_result(workspace)
     assert provenance.stale_reasons(workspace, result) == []
 
-    workspace.case_file.write_text(workspace.case_file.read_text() + "\n")
+    workspace.case_file.write_text(retitled(workspace.case_file))
     (workspace.patches / "series").write_text("")
 
     reasons = provenance.stale_reasons(workspace, result)
     assert "cases/sp-loss.toml changed" in reasons
     assert any(reason.endswith("was removed") for reason in reasons)
+
+
+def test_a_result_stays_fresh_when_only_what_upstream_knows_changes(workspace: Layout) -> None:
+    result = hunt_result(workspace)
+    card = workspace.case_file.read_text()
+    refreshed = card.replace('seen = "', 'seen = "read again: ', 1) + "\n# a comment\n"
+    workspace.case_file.write_text(refreshed)
+
+    assert workspace.case_file.read_text() != card
+    assert provenance.stale_reasons(workspace, result) == []
 
 
 def measured_by_another_detector(stamp):

@@ -19,6 +19,7 @@ from hostsync.records import GpuResult, GpuTreeFigures
 from hostsync.upstream.trees import prepare_tree
 
 import made
+from conftest import retitled
 
 CASE_SCRIPT = ROOT / "gpu" / "case_on_gpu.py"
 GPU_FIGURE = "{{gpu:figures[tree=pinned].dtoh_copies}}"
@@ -71,7 +72,7 @@ def test_gpu_evidence_is_cited_when_fresh_and_not_measured_when_absent_or_stale(
     results.write(layout.profiles, gpu_result(layout, copies=2), layout.unsaved)
     assert review.fill(GPU_FIGURE, documents(layout)) == "2"
 
-    layout.case_file.write_text(layout.case_file.read_text() + "\n# edited\n")
+    layout.case_file.write_text(retitled(layout.case_file))
     assert review.fill(GPU_FIGURE, documents(layout)) == drafts.NOT_MEASURED
 
 

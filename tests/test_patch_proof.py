@@ -550,7 +550,8 @@ def test_upstream_tests_are_copied_before_the_series_and_the_release_keeps_its_o
     log = git(root, "log", "--format=%s", "v1.0..HEAD").stdout.splitlines()
     assert log == [
         "a test patch",
-        f"upstream's tests/ from {bare} at {newest} ({tests_from.ref}, {tests_from.committed})",
+        f"upstream's tests/ from a local clone at {newest}"
+        f" ({tests_from.ref}, {tests_from.committed})",
     ]
     assert read_state(root).upstream_tests == newest
 

@@ -1,17 +1,20 @@
 """What a result depends on, and whether it still describes the workspace.
 
-A result records, by sha256, pin.toml, the case card, each patch of the series and each of the
-case's scripts (what its ranks run, the snippet an issue quotes) as they were when the run
-started, and the detector with its op table. When any of them changed since, the result is
-stale: the drafts refuse it. The detector counts only for results whose figures it counted
-(`Result.DETECTED`: repro, hunt, census, bench).
+A result records, by sha256, pin.toml, the case card (less its `[upstream]` table, which only
+the drafts read: refreshing what upstream knows leaves every measurement standing), each patch of
+the series and each of the case's scripts (what its ranks run, the snippet an issue quotes) as
+they were when the run started, and the detector with its op table. When any of them changed
+since, the result is stale: the drafts refuse it. The detector counts only for results whose
+figures it counted (`Result.DETECTED`: repro, hunt, census, bench).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 import sys
+import tomllib
 from pathlib import Path
 
 from hostsync.files import sha256
@@ -33,12 +36,20 @@ def detector_digest() -> str:
     return digest.hexdigest()
 
 
+def card_digest(card: Path) -> str:
+    """One sha256 over what a card tells a run: its tables as parsed, less `[upstream]` (the
+    drafts' record of upstream's state, which no run reads); comments do not count."""
+    told = tomllib.loads(card.read_text(encoding="utf-8"))
+    told.pop("upstream", None)
+    return hashlib.sha256(json.dumps(told, sort_keys=True).encode()).hexdigest()
+
+
 def inputs(layout: Layout) -> Provenance:
     """The case's inputs now: take them when a run starts, so an edit during it makes the
     result stale rather than invisible."""
     return Provenance(
         pin_sha256=sha256(layout.pin_file),
-        case_sha256=sha256(layout.case_file),
+        case_sha256=card_digest(layout.case_file),
         patches={path.name: sha256(path) for path in series(layout)},
         scripts={path.name: sha256(path) for path in sorted(layout.repro.glob("*.py"))},
         detector_sha256=detector_digest(),

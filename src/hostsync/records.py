@@ -293,6 +293,7 @@ class RankReport(Record):
 @dataclass(frozen=True)
 class Provenance(Record):
     """The inputs a result depends on, by sha256: when one changes, the result is stale.
+    `case_sha256` is the card less its `[upstream]` table (`provenance.card_digest`);
     `detector_sha256` is the detector and its op table (`provenance.detector_digest`), which
     decide what a measuring result counts; "" in a result that recorded none."""
 

@@ -44,7 +44,8 @@ def source(remote: Path, tag: str, tree_origin: str) -> UpstreamTests:
 
 def copy_into(tests: UpstreamTests, root: Path) -> None:
     """Copy the tests/ files of `tests` that the worktree `root` lacks and commit them (fixed
-    identity and date, so the same source gives the same commit)."""
+    identity and date, and the clone named only as one, so the same source gives the same
+    commit wherever it is kept)."""
     remote = Path(tests.repository)
     with tempfile.TemporaryDirectory() as unpacked:
         archive_path = Path(unpacked) / "tests.tar"
@@ -64,7 +65,7 @@ def copy_into(tests: UpstreamTests, root: Path) -> None:
         git(root, "add", "--", *copied)
         stamp = {"GIT_AUTHOR_DATE": tests.committed, "GIT_COMMITTER_DATE": tests.committed}
         message = (
-            f"upstream's {TESTS}/ from {tests.repository} at {tests.commit} ({tests.ref},"
+            f"upstream's {TESTS}/ from {shown(tests.repository)} at {tests.commit} ({tests.ref},"
             f" {tests.committed})\n\n{len(copied)} file(s) the release's tree lacks.\n"
         )
         git(root, "commit", "--quiet", "--no-verify", "--message", message, env=stamp)
