@@ -17,9 +17,12 @@ from hostsync.records import (
     BisectResult,
     Capture,
     CheckRecord,
+    CostComparison,
     Decided,
     Environment,
     Finding,
+    FixJudgement,
+    FixVerdict,
     HuntResult,
     HuntSetup,
     HuntTree,
@@ -102,8 +105,19 @@ def row(tree: str, ranks: int, syncs: int, scenario: str = "all_tokens") -> RunR
     return RunRow(tree, "sp_loss.py", ranks, scenario, host_syncs=syncs)
 
 
+def verdict(stalls: tuple[float, float], kernels: tuple[float, float]) -> CostComparison:
+    """The fix judged on the scenario `repro` runs, from stalls and kernels per step."""
+    judged = FixJudgement(
+        FixVerdict.SAVES_STALLS, stalls, stalls, kernels, (0.0, 0.0), (0.0, 0.0), "", ""
+    )
+    return CostComparison("sp_loss.py", 2, "all_tokens", "pinned", "patched", judged)
+
+
 def repro(
-    layout: Layout, runs: tuple[RunRow, ...], snippet_output: dict[str, str] | None = None
+    layout: Layout,
+    runs: tuple[RunRow, ...],
+    snippet_output: dict[str, str] | None = None,
+    verdicts: tuple[CostComparison, ...] = (),
 ) -> ReproResult:
     trees = {run.tree: info("5.13.1") for run in runs}
     snippet = layout.repro / "issue_snippet.py"
@@ -118,6 +132,7 @@ def repro(
         runs,
         (),
         snippet=runs_of_snippet,
+        verdicts=verdicts,
     )
 
 

@@ -233,11 +233,11 @@ def test_a_number_reducer_cites_that_value_of_the_matching_ones() -> None:
     assert filled == f"0.22.0 {drafts.NOT_MEASURED}"
 
 
-def test_a_whole_float_is_cited_as_a_whole_number() -> None:
-    verdicts = {"verdicts": [{"kernels": [299.0, 279.0]}, {"kernels": [0.125]}]}
-    template = " ".join(f"{{{{repro:verdicts.kernels|{end}}}}}" for end in ("first", "2", "last"))
+def test_a_mean_per_step_is_cited_to_the_hundredth_and_a_whole_one_as_a_whole_number() -> None:
+    verdicts = {"verdicts": [{"kernels": [299.0, 279.0]}, {"kernels": [311.75, 0.125]}]}
+    template = " ".join(f"{{{{repro:verdicts.kernels|{n}}}}}" for n in ("first", "2", "3", "last"))
 
-    assert review.fill(template, {"repro": verdicts}) == "299 279 0.12"
+    assert review.fill(template, {"repro": verdicts}) == "299 279 311.75 0.12"
 
 
 def test_running_review_twice_leaves_git_status_clean(drafted: Layout) -> None:

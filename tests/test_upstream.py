@@ -345,6 +345,9 @@ PR_CHANGE_COMMENT = (
     " {{repro:runs[tree=pinned].host_syncs}}.\n"
 )
 PATCH = "0001-Keep-the-count-on-device.patch"
+# transformers takes a PR only once a maintainer approved the work in its issue's thread.
+APPROVED = 'approved = "https://github.com/huggingface/transformers/issues/1#issuecomment-2"'
+ISSUE_TEMPLATE = "Reads per step: {{repro:runs[tree=pinned].host_syncs}}.\n"
 
 
 def pr_change(follows: str, patch: str = PATCH) -> str:
@@ -379,7 +382,11 @@ def outbox_ready(
     for name, text in (templates or {"pr.md": PR_TEMPLATE}).items():
         (workspace.root / "cases" / "sp-loss" / name).write_text(text)
     for result in (
-        made.repro(workspace, (made.row("pinned", 2, 3),)),
+        made.repro(
+            workspace,
+            (made.row("pinned", 2, 3),),
+            verdicts=(made.verdict((7.75, 4.0), (614.0, 622.0)),),
+        ),
         made.test_patch(workspace, made.check("patched", Verdict.OK)),
         made.profile(workspace, made.capture("pinned", 3)),
     ):
@@ -392,7 +399,7 @@ def outbox_ready(
 def test_the_outbox_sends_the_series_as_the_contributors_commits(
     workspace: Layout, remote: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    outbox_ready(workspace, remote, tmp_path, ADA, monkeypatch)
+    outbox_ready(workspace, remote, tmp_path, ADA, monkeypatch, upstream=(APPROVED,))
 
     target = outbox.outbox(made.case_of(workspace))
 
@@ -406,7 +413,33 @@ def test_the_outbox_sends_the_series_as_the_contributors_commits(
     assert "Rewrite each draft in your own words" in checklist
     assert "Disclose any assistance the way transformers asks: the Code Agent Policy" in checklist
     assert "make check-repo" in checklist, "a PR gets the project's PR steps"
+    assert f"authored as `{ADA_NAME} <{ADA_EMAIL}>`, the git identity" in checklist
     with pytest.raises(WorkspaceError, match="outbox exists: move it aside"):
+        outbox.outbox(made.case_of(workspace))
+
+
+def test_a_pr_held_until_a_maintainer_approves_leaves_the_issue_to_go_alone(
+    workspace: Layout, remote: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    templates = {"issue.md": ISSUE_TEMPLATE, "pr.md": PR_TEMPLATE}
+    outbox_ready(workspace, remote, tmp_path, ADA, monkeypatch, templates)
+
+    target = outbox.outbox(made.case_of(workspace))
+
+    assert sorted(path.name for path in target.iterdir()) == ["checklist.md", "issue.md"]
+    checklist = (target / "checklist.md").read_text()
+    assert checklist.startswith("# Before sending issue.md\n")
+    assert "Open the issue, then wait before any PR, as transformers asks: its agentic" in checklist
+    assert "as `approved` under [upstream] in cases/sp-loss.toml" in checklist
+    assert "make check-repo" not in checklist, "no PR steps for a PR that is not sent"
+
+
+def test_a_held_pr_without_an_issue_to_open_is_refused_in_one_line(
+    workspace: Layout, remote: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outbox_ready(workspace, remote, tmp_path, ADA, monkeypatch)
+
+    with pytest.raises(WorkspaceError, match=r"cases/sp-loss/ drafts none: add an issue\.md"):
         outbox.outbox(made.case_of(workspace))
 
 
@@ -554,6 +587,10 @@ def test_nothing_to_send_is_an_answer_saying_why_and_what_was_checked(
     assert f"- upstream's record, as of {CASE.upstream.seen}" in said
     assert "- the results the drafts cite, fresh: repro-" in said
     assert "- the drafts, written for reading and not sent: comment.md" in said
+    assert (
+        "- all_tokens (every rank; 2 rank(s)): saves stalls; host reads that wait, per step:"
+        " 7.75 → 4; device operators per step: 614 → 622"
+    ) in said
 
 
 @pytest.mark.parametrize(

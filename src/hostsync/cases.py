@@ -80,6 +80,9 @@ class Upstream(Strict):
     # An open PR that removes the read right before the series' own where the project's defaults
     # apply, so that until it lands the series' read waits for almost nothing: nothing is sent.
     gains_after_pr: int = 0
+    # The link to a maintainer's approval in the issue's thread, where the project holds a PR
+    # until there is one (`Project.pr_after_approval`): until then the outbox sends the issue.
+    approved: str = ""
 
 
 @dataclass(frozen=True)

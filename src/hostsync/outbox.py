@@ -13,7 +13,10 @@ names a real one (`git config user.name` / `user.email`; no placeholder, no rese
   the checklist;
 - with a PR: the series' upstream-bound patches (the card's `workspace_only` ones left out),
   applied again as the contributor's commits, with `Signed-off-by` where the project requires a
-  DCO, and written by `git format-patch`;
+  DCO, and written by `git format-patch`. Where the project holds an assisted PR until a
+  maintainer approves the work in the issue's thread (`Project.pr_after_approval`), the issue goes
+  alone, and the PR with its patches only once the card's `[upstream] approved` links that
+  approval;
 - with a comment: the files the series' tests add, to attach (a test is attached, not pasted),
   and the patch carrying the PR's change (the card's `[upstream.pr_change]`), not to post but to
   compare with the PR's current diff, which the checklist asks first: the figures hold only for
@@ -37,7 +40,7 @@ from hostsync.cases import Case, PrChange
 from hostsync.errors import WorkspaceError
 from hostsync.layout import Layout
 from hostsync.options import add_case, chosen_cases
-from hostsync.records import PrChangeSource, UpstreamState
+from hostsync.records import PrChangeSource, ReproResult, UpstreamState
 from hostsync.upstream.git import git
 from hostsync.upstream.patchqueue import added_files, clone, series, touches_only_tests
 
@@ -142,8 +145,9 @@ def why_nothing(case: Case) -> str | None:
     if upstream.gains_after_pr:
         return (
             f"with the defaults of {case.project.name}, the read the series removes comes right"
-            f" after the one open PR #{upstream.gains_after_pr} removes, so it waits for almost"
-            " nothing until that PR lands: measure it again on that change, then send it"
+            f" after the one open PR #{upstream.gains_after_pr} removes, so until that PR lands"
+            " it saves little (what the series measured, below): measure it again on that change,"
+            " then send it"
         )
     return None
 
@@ -175,8 +179,41 @@ def compare_first(pull_request: int, change: PrChange) -> str:
     )
 
 
+def held_pr(case: Case) -> str | None:
+    """The checklist's step when the project holds the PR until a maintainer approves the work
+    in its issue's thread and the card links no approval yet; None when the PR may go."""
+    project = case.project
+    if not project.pr_after_approval or case.upstream.approved:
+        return None
+    return (
+        f"Open the issue, then wait before any PR, as {project.name} asks:"
+        f" {project.pr_after_approval}. When a maintainer approves it in the issue's thread, put"
+        f" the link to that comment as `approved` under [upstream] in cases/{case.name}.toml and"
+        " make the outbox again: it then holds the PR and its patches"
+    )
+
+
+def measured(repro: ReproResult) -> list[str]:
+    """Each scenario's verdict on the fix with the per-step figures it rests on, as the repro
+    result holds them: what a reader of a nothing-to-send checks the answer against."""
+    lines = []
+    for compared in repro.verdicts:
+        judged = compared.judgement
+        stalls, kernels = (
+            " → ".join(review.number(value) for value in pair)
+            for pair in (judged.stalls, judged.kernels)
+        )
+        lines.append(
+            f"- {compared.scenario} ({repro.scenarios[compared.scenario]}; {compared.ranks}"
+            f" rank(s)): {judged.verdict}; host reads that wait, per step: {stalls}; device"
+            f" operators per step: {kernels}"
+        )
+    return lines
+
+
 def nothing_to_send(layout: Layout, case: Case, why: str, written: list[Path]) -> str:
-    """The answer when nothing should be sent: why, and what was checked."""
+    """The answer when nothing should be sent: why, what was checked, and what the series
+    measured."""
     sources = review.latest_sources(layout, case)
     lines = [
         f"# Nothing to send: {case.title}",
@@ -189,6 +226,10 @@ def nothing_to_send(layout: Layout, case: Case, why: str, written: list[Path]) -
         f"- the results the drafts cite, fresh: {', '.join(s.path.name for s in sources.values())}",
         f"- the drafts, written for reading and not sent: {', '.join(p.name for p in written)}",
     ]
+    repro = sources[ReproResult.KIND].result
+    if isinstance(repro, ReproResult) and repro.verdicts:
+        lines += ["", "What the series measured (counted on CPU; before → after):", ""]
+        lines += measured(repro)
     if case.upstream.notes:
         lines += ["", "What the record says:", "", case.upstream.notes.strip()]
     return "\n".join(lines) + "\n"
@@ -201,10 +242,16 @@ def without_note(text: str) -> tuple[str, str]:
 
 
 def checklist(
-    case: Case, kinds: set[str], notes: dict[str, str], sent: list[str], first: tuple[str, ...]
+    case: Case,
+    kinds: set[str],
+    notes: dict[str, str],
+    sent: list[str],
+    first: tuple[str, ...],
+    identity: tuple[str, str],
+    held: str | None,
 ) -> str:
     """What only the contributor can do, for what is sent, `first` before all: a comment gets a
-    comment's list."""
+    comment's list, an issue whose PR is `held` says what it waits for."""
     project = case.project
     steps = [
         *first,
@@ -221,7 +268,15 @@ def checklist(
             f"Give your own system info where the issue asks for it: the output of"
             f" `{project.system_info}` on your machine"
         )
+    if held:
+        steps.append(held)
     if "pr" in kinds:
+        name, email = identity
+        signed = " and signed off" if project.sign_off else ""
+        steps.append(
+            f"The patches are authored{signed} as `{name} <{email}>`, the git identity this"
+            " outbox was made with: if that is not you, make the outbox again under yours"
+        )
         signed = " and sign them off again" if project.sign_off else ""
         steps.append(
             f"The patches apply to the release {case.pin.version}: rebase them onto"
@@ -254,6 +309,16 @@ def outbox(case: Case) -> Path:
         (target / NOTHING_TO_SEND).write_text(nothing_to_send(layout, case, why, written))
         return target
     kinds = {path.stem for path in written}
+    held = held_pr(case) if "pr" in kinds else None
+    if held:
+        if "issue" not in kinds:
+            raise WorkspaceError(
+                f"{case.project.name} takes a PR only after a maintainer approves the work in an"
+                f" issue, and cases/{case.name}/ drafts none: add an issue.md there, or link the"
+                " approval as `approved` under [upstream]"
+            )
+        written = [path for path in written if path.stem != "pr"]
+        kinds.discard("pr")
     sent, notes = [], {}
     for path in written:
         text, note = without_note(path.read_text())
@@ -271,7 +336,7 @@ def outbox(case: Case) -> Path:
         if change is not None:
             shutil.copyfile(pr_change_patch(case, change), target / change.patch)
             first = (compare_first(case.upstream.pull_request, change),)
-    (target / CHECKLIST).write_text(checklist(case, kinds, notes, sent, first))
+    (target / CHECKLIST).write_text(checklist(case, kinds, notes, sent, first, identity, held))
     return target
 
 

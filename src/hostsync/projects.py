@@ -67,6 +67,10 @@ class Project:
     before_sending: tuple[str, ...] = ()
     # How the project asks contributors to disclose assistance (the outbox's checklist).
     assistance: str = "say in your own text what a tool did (no policy of its own is recorded)"
+    # Where the project holds an assisted PR until a maintainer approves the work in its issue's
+    # thread, what its policy says: the outbox then sends the issue alone, until the card's
+    # `[upstream] approved` links that approval.
+    pr_after_approval: str = ""
     # The command whose output its issue template asks for as system info: the contributor's own.
     system_info: str = "python -m torch.utils.collect_env"
     # Its Trainer is what the hunt and the census run: its tree is the one the ranks check.
@@ -101,14 +105,22 @@ PROJECTS = {
             reports=("tokenizers", "huggingface_hub"),
             trainer=True,
             before_sending=(
-                "Fill in the PR template's boxes yourself: 'discussed/approved' needs a link to"
-                " the discussion",
+                "Paste the PR template as it stands on the default branch and fill in its boxes"
+                " yourself: its Code Agent Policy is reworded often",
+                "Say in the PR's description what .ai/AGENTS.md requires of AI-assisted work: the"
+                " links to the issue and to the approval comment, why no open PR does the same"
+                " (its `gh pr list` checks), the test commands you ran with their results, and"
+                " that AI assistance was used",
                 "Run `make style` and `make check-repo` in your clone of transformers",
             ),
-            assistance="the Code Agent Policy of its PR template: a first-time contributor"
-            " confirms that the description and code are not written by an LLM or code agent,"
-            " which cannot be ticked for these drafts and patches as they are; and a PR that"
-            " reads as fully agent-written will probably be closed without review",
+            assistance="the Code Agent Policy of its PR template (`I confirm that this is not a"
+            " pure code agent PR`), which cannot be ticked for these drafts and patches as they"
+            " are: PRs that appear fully agent-written, and PRs with AI-written descriptions, are"
+            " closed, and its .ai/AGENTS.md warns that breaching its agent contribution"
+            " guidelines can get an account banned",
+            pr_after_approval="its agentic contribution policy (.ai/AGENTS.md) has AI-assisted work"
+            " coordinated in an issue, with a maintainer's approval in its thread, before any PR,"
+            " and no PR-ready change made without that approval",
             system_info="transformers env",
         ),
         Project(

@@ -272,9 +272,13 @@ def figure(match: re.Match, documents: dict[str, Any]) -> str:
         reduce = "first"
     if not values and reduce != "count":
         return drafts.NOT_MEASURED
-    value = REDUCERS[reduce](values)
-    if isinstance(value, float):  # a whole count kept as a float (a mean per step) reads as one
-        return str(int(value)) if value.is_integer() else f"{value:.2g}"
+    return number(REDUCERS[reduce](values))
+
+
+def number(value: Any) -> str:
+    """A figure as drafts cite it: a float (a mean per step) to the hundredth, no trailing 0."""
+    if isinstance(value, float):
+        return f"{value:.2f}".rstrip("0").rstrip(".")
     return str(value)
 
 
