@@ -275,7 +275,7 @@ def figure(match: re.Match, documents: dict[str, Any]) -> str:
     return number(REDUCERS[reduce](values))
 
 
-def number(value: Any) -> str:
+def number(value: object) -> str:
     """A figure as drafts cite it: a float (a mean per step) to the hundredth, no trailing 0."""
     if isinstance(value, float):
         return f"{value:.2f}".rstrip("0").rstrip(".")
