@@ -516,11 +516,10 @@ def test_test_patch_refuses_a_remote_that_is_no_repository(tmp_path: Path) -> No
         patch_proof.main(["--case", "ds-ulysses-seqlen", "--remote", str(tmp_path)])
 
 
-def test_upstream_tests_are_copied_before_the_series_and_the_release_keeps_its_own(
-    upstream, tmp_path: Path
-) -> None:
-    """A test patch that edits one of upstream's test files applies on top of the copy."""
-    bare, _, newest = upstream
+@pytest.fixture
+def release_and_patch(tmp_path: Path) -> tuple[Path, Path]:
+    """A release as its sdist has it (no tests/unit/), and a test patch of the series written on
+    upstream's newest tests: it edits one of them."""
     release = tmp_path / "release"
     release.mkdir()
     git(release, "init", "--quiet", "--initial-branch=main")
@@ -535,6 +534,16 @@ def test_upstream_tests_are_copied_before_the_series_and_the_release_keeps_its_o
     patch_dir = tmp_path / "patches"
     git(release, "format-patch", "--quiet", "-o", str(patch_dir), "HEAD~1..HEAD")
     (patch,) = patch_dir.iterdir()
+    git(release, "reset", "--quiet", "--hard", "v1.0")
+    return release, patch
+
+
+def test_upstream_tests_are_copied_before_the_series_and_the_release_keeps_its_own(
+    upstream, release_and_patch, tmp_path: Path
+) -> None:
+    """A test patch that edits one of upstream's test files applies on top of the copy."""
+    bare, _, newest = upstream
+    release, patch = release_and_patch
     tests_from = harness.source(bare, "v1.1", SDIST_ORIGIN)
     layout = Layout(tmp_path / "workspace", "c")
 
@@ -554,6 +563,19 @@ def test_upstream_tests_are_copied_before_the_series_and_the_release_keeps_its_o
         f" ({tests_from.ref}, {tests_from.committed})",
     ]
     assert read_state(root).upstream_tests == newest
+
+
+def test_a_tree_without_upstreams_tests_leaves_out_the_patch_editing_them(
+    release_and_patch, tmp_path: Path
+) -> None:
+    release, patch = release_and_patch
+    layout = Layout(tmp_path / "workspace", "c")
+
+    root = trees._worktree(layout, release, "v1.0", [patch], tmp_path / "tree", "project 1.0")
+
+    assert read_state(root).left_out == (patch.name,)
+    assert not (root / "tests/unit/test_neighbour.py").exists()
+    assert git(root, "rev-parse", "HEAD").stdout == git(release, "rev-parse", "v1.0").stdout
 
 
 def test_a_tree_without_the_harness_says_what_is_missing_and_how_to_get_it(tmp_path: Path) -> None:
