@@ -214,6 +214,34 @@ def test_nothing_collected_under_upstreams_conftest_exits_0_and_is_caught(tmp_pa
     assert judge(PASS_OR_SKIP, tests, returncode)[0] == WRONG
 
 
+def test_a_neighbour_named_by_node_id_runs_alone_and_a_failure_on_both_is_not_the_series(
+    tmp_path: Path,
+) -> None:
+    """A test of upstream's beside the series' own in one file, named as a neighbour."""
+    near = """
+        def test_the_series():
+            assert False, "not a neighbour"
+
+        def test_downloads():
+            raise OSError("the hub cannot be reached")
+    """
+    trees = [fake_tree(tmp_path / name, {"tests/test_near.py": near}) for name in ("a", "b")]
+    case = cases.load(ROOT, "accelerate-grad-norm")
+    tests = dataclasses.replace(case.card.tests, neighbours=("tests/test_near.py::test_downloads",))
+    case = dataclasses.replace(case, card=dataclasses.replace(case.card, tests=tests))
+    layout = Layout(tmp_path / "workspace", case.name)
+
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
+    baseline, check = patch_proof.check_neighbours(layout, case, tmp_path / "work", trees, 120)
+
+    assert [t.test for t in baseline.tests] == ["test_near::test_downloads"]
+    assert (check.verdict, check.reason) == (
+        OK,
+        "0 ran and passed; 1 fail on the pinned release, not the series':"
+        " test_near::test_downloads",
+    )
+
+
 def test_the_lint_uses_the_ruff_the_tree_pins(tmp_path: Path) -> None:
     versions = "src/transformers/dependency_versions_table.py"
     pinned = fake_tree(tmp_path / "a", {versions: 'deps = {\n    "ruff": "ruff==0.14.10",\n}\n'})
