@@ -261,7 +261,7 @@ def series_editing_upstream_tests(layout: Layout, mirror: Path) -> Path:
 
 @pytest.mark.network
 def test_a_clone_from_the_sdist_gets_upstream_tests_from_remote_for_the_series_to_edit(
-    workspace: Layout, sdist_cache: Path, untagged_mirror: Path
+    workspace: Layout, sdist_cache: Path, untagged_mirror: Path, tmp_path: Path
 ) -> None:
     patch = series_editing_upstream_tests(workspace, untagged_mirror)
     before = patch.read_bytes()
@@ -275,6 +275,9 @@ def test_a_clone_from_the_sdist_gets_upstream_tests_from_remote_for_the_series_t
     assert (repo / "tests/test_loss.py").read_text().endswith("assert True\n")
     report = patchqueue.export_patches(made.case_of(workspace))
     assert report["unchanged"] == [patch.name] and patch.read_bytes() == before
+    outbox.remake_patches(made.case_of(workspace), (ADA_NAME, ADA_EMAIL), tmp_path / "out")
+    (sent,) = (tmp_path / "out").iterdir()
+    assert sent.read_text().count("+    assert True") == 1, "sent as an edit of upstream's test"
 
 
 @pytest.mark.network

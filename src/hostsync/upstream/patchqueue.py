@@ -166,7 +166,7 @@ def clone(case: Case, remote: str | None = None) -> str | None:
         raise WorkspaceError(
             f"{repo} is not a clone of {where} (the case card changed?): move it aside and rerun"
         )
-    base = _base(repo, tag)
+    base = base_of(repo, tag)
     if read_state(repo).applying:
         # Our own apply was interrupted (Ctrl-C): nothing on top of the base is the user's.
         git(repo, "am", "--abort", check=False)
@@ -196,14 +196,14 @@ def clone(case: Case, remote: str | None = None) -> str | None:
     )
 
 
-def _base(repo: Path, tag: str) -> str:
+def base_of(repo: Path, tag: str) -> str:
     """What the series applies on in the clone: the tag, or the tag with upstream's tests."""
     return read_state(repo).base or rev(repo, tag)
 
 
 def _apply_queue(layout: Layout, repo: Path, tag: str, where: str) -> str:
     """Apply the series on the clone's base; the recorded state says what is applied."""
-    patches, base = series(layout), _base(repo, tag)
+    patches, base = series(layout), base_of(repo, tag)
     write_state(repo, applying=True)
     try:
         left_out = apply_patches(repo, patches, base, where)
@@ -283,17 +283,10 @@ def export_patches(case: Case, force: bool = False) -> dict[str, list[str]]:
     if not repo.exists():
         raise WorkspaceError(f"no clone at {shown(layout, repo)}: run `nox -s clone` first")
     refuse_to_lose_work(repo, where="the clone")
-    left_out = read_state(repo).left_out
-    if left_out:
-        raise WorkspaceError(
-            f"the clone lacks upstream's tests that {', '.join(left_out)} edit (made from an"
-            f" sdist): exporting would drop them; move {shown(layout, repo)} aside and make it"
-            f" again with `nox -s clone -- --case {layout.case} --remote PATH` (a clone of"
-            f" {case.project.repository})"
-        )
+    refuse_left_out(case, "exporting")
     if not force:
         _refuse_to_overwrite(layout, read_state(repo))
-    new, old = _format_patches(repo, _base(repo, tag)), _read_patches(layout)
+    new, old = _format_patches(repo, base_of(repo, tag)), _read_patches(layout)
     report = {
         "added": sorted(set(new) - set(old)),
         "changed": sorted(n for n in set(new) & set(old) if new[n] != old[n]),
@@ -308,6 +301,20 @@ def export_patches(case: Case, force: bool = False) -> dict[str, list[str]]:
     (layout.patches / "series").write_text(SERIES_HEADER + "".join(f"{n}\n" for n in sorted(new)))
     write_state(repo, head=rev(repo, "HEAD"), series=_series_state(layout), failed=None)
     return report
+
+
+def refuse_left_out(case: Case, doing: str) -> None:
+    """Refuse when the clone left test patches out for want of upstream's tests: `doing` would
+    drop them."""
+    layout = case.layout
+    left_out = read_state(layout.clone).left_out
+    if left_out:
+        raise WorkspaceError(
+            f"the clone lacks upstream's tests that {', '.join(left_out)} edit (made from an"
+            f" sdist): {doing} would drop them; move {shown(layout, layout.clone)} aside and make"
+            f" it again with `nox -s clone -- --case {layout.case} --remote PATH` (a clone of"
+            f" {case.project.repository})"
+        )
 
 
 def _refuse_to_overwrite(layout: Layout, state: GitState) -> None:
