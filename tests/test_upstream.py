@@ -273,6 +273,7 @@ def test_a_clone_from_the_sdist_gets_upstream_tests_from_remote_for_the_series_t
     assert "upstream's tests/ from a local clone: applied 1 patch(es)" in said
     assert git(repo, "log", "--format=%s", f"{TAG}..HEAD").splitlines()[0] == "Test the loss"
     assert (repo / "tests/test_loss.py").read_text().endswith("assert True\n")
+    assert gitmodule.read_state(repo).upstream_tests == git(untagged_mirror, "rev-parse", "HEAD")
     report = patchqueue.export_patches(made.case_of(workspace))
     assert report["unchanged"] == [patch.name] and patch.read_bytes() == before
     outbox.remake_patches(made.case_of(workspace), (ADA_NAME, ADA_EMAIL), tmp_path / "out")

@@ -157,8 +157,10 @@ def clone(case: Case, remote: str | None = None) -> str | None:
         git(repo, "checkout", "--quiet", "-B", PATCHED, tag)
         origin = read_state(repo).origin
         if remote and from_sdist(origin) and Path(remote).is_dir():
-            harness.copy_into(harness.source(Path(remote), tag, origin), repo)
+            tests = harness.source(Path(remote), tag, origin)
+            harness.copy_into(tests, repo)
             origin += f" + upstream's tests/ from {harness.shown(remote)}"
+            write_state(repo, upstream_tests=tests.commit)
         write_state(repo, base=rev(repo, "HEAD"))
         return f"{origin}: " + _apply_queue(layout, repo, tag, where)
 

@@ -135,6 +135,9 @@ def _checkout(
     if tests_from is not None:
         source = harness.shown(tests_from.repository)
         origin += f" + upstream's tests/ from {source} at {tests_from.commit[:12]}"
+    clone_tests = read_state(repo).upstream_tests if base == PATCHED else ""
+    if clone_tests:  # the clone's base: the tag and upstream's tests, where an sdist lacked them
+        origin += f" + upstream's tests/ at {clone_tests[:12]}"
     if role == TreeRole.PATCHED:
         origin += " + the case's patch series"
     if extra:
