@@ -214,6 +214,34 @@ def test_nothing_collected_under_upstreams_conftest_exits_0_and_is_caught(tmp_pa
     assert judge(PASS_OR_SKIP, tests, returncode)[0] == WRONG
 
 
+def test_a_neighbour_named_by_node_id_runs_alone_and_a_failure_on_both_is_not_the_series(
+    tmp_path: Path,
+) -> None:
+    """A test of upstream's beside the series' own in one file, named as a neighbour."""
+    near = """
+        def test_the_series():
+            assert False, "not a neighbour"
+
+        def test_downloads():
+            raise OSError("the hub cannot be reached")
+    """
+    trees = [fake_tree(tmp_path / name, {"tests/test_near.py": near}) for name in ("a", "b")]
+    case = cases.load(ROOT, "accelerate-grad-norm")
+    tests = dataclasses.replace(case.card.tests, neighbours=("tests/test_near.py::test_downloads",))
+    case = dataclasses.replace(case, card=dataclasses.replace(case.card, tests=tests))
+    layout = Layout(tmp_path / "workspace", case.name)
+
+    # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
+    baseline, check = patch_proof.check_neighbours(layout, case, tmp_path / "work", trees, 120)
+
+    assert [t.test for t in baseline.tests] == ["test_near::test_downloads"]
+    assert (check.verdict, check.reason) == (
+        OK,
+        "0 ran and passed; 1 fail on the pinned release, not the series':"
+        " test_near::test_downloads",
+    )
+
+
 def test_the_lint_uses_the_ruff_the_tree_pins(tmp_path: Path) -> None:
     versions = "src/transformers/dependency_versions_table.py"
     pinned = fake_tree(tmp_path / "a", {versions: 'deps = {\n    "ruff": "ruff==0.14.10",\n}\n'})
@@ -516,11 +544,10 @@ def test_test_patch_refuses_a_remote_that_is_no_repository(tmp_path: Path) -> No
         patch_proof.main(["--case", "ds-ulysses-seqlen", "--remote", str(tmp_path)])
 
 
-def test_upstream_tests_are_copied_before_the_series_and_the_release_keeps_its_own(
-    upstream, tmp_path: Path
-) -> None:
-    """A test patch that edits one of upstream's test files applies on top of the copy."""
-    bare, _, newest = upstream
+@pytest.fixture
+def release_and_patch(tmp_path: Path) -> tuple[Path, Path]:
+    """A release as its sdist has it (no tests/unit/), and a test patch of the series written on
+    upstream's newest tests: it edits one of them."""
     release = tmp_path / "release"
     release.mkdir()
     git(release, "init", "--quiet", "--initial-branch=main")
@@ -535,6 +562,16 @@ def test_upstream_tests_are_copied_before_the_series_and_the_release_keeps_its_o
     patch_dir = tmp_path / "patches"
     git(release, "format-patch", "--quiet", "-o", str(patch_dir), "HEAD~1..HEAD")
     (patch,) = patch_dir.iterdir()
+    git(release, "reset", "--quiet", "--hard", "v1.0")
+    return release, patch
+
+
+def test_upstream_tests_are_copied_before_the_series_and_the_release_keeps_its_own(
+    upstream, release_and_patch, tmp_path: Path
+) -> None:
+    """A test patch that edits one of upstream's test files applies on top of the copy."""
+    bare, _, newest = upstream
+    release, patch = release_and_patch
     tests_from = harness.source(bare, "v1.1", SDIST_ORIGIN)
     layout = Layout(tmp_path / "workspace", "c")
 
@@ -554,6 +591,19 @@ def test_upstream_tests_are_copied_before_the_series_and_the_release_keeps_its_o
         f" ({tests_from.ref}, {tests_from.committed})",
     ]
     assert read_state(root).upstream_tests == newest
+
+
+def test_a_tree_without_upstreams_tests_leaves_out_the_patch_editing_them(
+    release_and_patch, tmp_path: Path
+) -> None:
+    release, patch = release_and_patch
+    layout = Layout(tmp_path / "workspace", "c")
+
+    root = trees._worktree(layout, release, "v1.0", [patch], tmp_path / "tree", "project 1.0")
+
+    assert read_state(root).left_out == (patch.name,)
+    assert not (root / "tests/unit/test_neighbour.py").exists()
+    assert git(root, "rev-parse", "HEAD").stdout == git(release, "rev-parse", "v1.0").stdout
 
 
 def test_a_tree_without_the_harness_says_what_is_missing_and_how_to_get_it(tmp_path: Path) -> None:

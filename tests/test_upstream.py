@@ -231,6 +231,74 @@ def test_sdist_path_when_the_remote_is_unreachable(workspace: Layout, sdist_cach
     assert git(other.clone, "rev-parse", TAG) == git(repo, "rev-parse", TAG)
 
 
+@pytest.fixture
+def untagged_mirror(tmp_path: Path) -> Path:
+    """A bare repository of the project without the pinned tag: its tests/ at its newest commit."""
+    source = tmp_path / "mirror-src"
+    write(source / "tests/test_loss.py", "def test_loss():\n    pass\n")
+    git(source.parent, "init", "--quiet", "--initial-branch=main", str(source))
+    git(source, "add", "--all")
+    git(source, "commit", "--quiet", "--message", "later work")
+    bare = tmp_path / "mirror.git"
+    git(tmp_path, "clone", "--quiet", "--bare", str(source), str(bare))
+    return bare
+
+
+def series_editing_upstream_tests(layout: Layout, mirror: Path) -> Path:
+    """Export a series of one test patch that edits the mirror's tests/test_loss.py."""
+    scratch = layout.root.parent / "scratch"
+    git(layout.root.parent, "clone", "--quiet", str(mirror), str(scratch))
+    git(scratch, "checkout", "--quiet", "-b", patchqueue.PATCHED)
+    write(scratch / "tests/test_loss.py", "def test_loss():\n    assert True\n")
+    git(scratch, "commit", "--quiet", "--all", "--message", "Test the loss")
+    git(scratch, "tag", TAG, "HEAD~1")
+    shutil.move(scratch, layout.clone)
+    patchqueue.export_patches(made.case_of(layout))
+    shutil.rmtree(layout.clone)
+    (patch,) = series(layout)
+    return patch
+
+
+@pytest.mark.network
+def test_a_clone_from_the_sdist_gets_upstream_tests_from_remote_for_the_series_to_edit(
+    workspace: Layout, sdist_cache: Path, untagged_mirror: Path, tmp_path: Path
+) -> None:
+    patch = series_editing_upstream_tests(workspace, untagged_mirror)
+    before = patch.read_bytes()
+
+    said = patchqueue.clone(made.case_of(workspace), remote=str(untagged_mirror))
+
+    repo = workspace.clone
+    assert said.startswith(f"PyPI sdist {PIN.sdist.filename}")
+    assert "upstream's tests/ from a local clone: applied 1 patch(es)" in said
+    assert git(repo, "log", "--format=%s", f"{TAG}..HEAD").splitlines()[0] == "Test the loss"
+    assert (repo / "tests/test_loss.py").read_text().endswith("assert True\n")
+    assert gitmodule.read_state(repo).upstream_tests == git(untagged_mirror, "rev-parse", "HEAD")
+    report = patchqueue.export_patches(made.case_of(workspace))
+    assert report["unchanged"] == [patch.name] and patch.read_bytes() == before
+    outbox.remake_patches(made.case_of(workspace), (ADA_NAME, ADA_EMAIL), tmp_path / "out")
+    (sent,) = (tmp_path / "out").iterdir()
+    assert sent.read_text().count("+    assert True") == 1, "sent as an edit of upstream's test"
+
+
+@pytest.mark.network
+def test_without_upstream_tests_their_patch_is_left_out_and_the_export_refused(
+    workspace: Layout, sdist_cache: Path, untagged_mirror: Path
+) -> None:
+    patch = series_editing_upstream_tests(workspace, untagged_mirror)
+
+    said = patchqueue.clone(made.case_of(workspace), remote=str(workspace.root / "nowhere.git"))
+
+    assert said.endswith(
+        f"applied 0 patch(es) from patches/{workspace.case}/series on patched, leaving out"
+        f" {patch.name}: the clone lacks upstream's tests they edit (`nox -s clone -- --remote"
+        " PATH` makes one with them)"
+    )
+    with pytest.raises(WorkspaceError, match=f"lacks upstream's tests that {patch.name} edit"):
+        patchqueue.export_patches(made.case_of(workspace))
+    assert series(workspace) == [patch]
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
     [

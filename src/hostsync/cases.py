@@ -112,6 +112,10 @@ class Repro(Strict):
 @dataclass(frozen=True)
 class Tests(Strict):
     red_on_pinned: tuple[str, ...] = ()
+    # The series' tests as pytest node ids, where they are methods in a file of upstream's beside
+    # its own tests; by default every test of the files the test patches touch.
+    select: tuple[str, ...] = ()
+    # Upstream's test files near the change, or node ids of tests in them.
     neighbours: tuple[str, ...] = ()
     # Upstream's test files the series' tests run on (its conftest, its DistributedTest), which
     # a tree made from an sdist lacks until `test_patch --remote` copies them in.

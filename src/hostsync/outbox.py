@@ -42,7 +42,14 @@ from hostsync.layout import Layout
 from hostsync.options import add_case, chosen_cases
 from hostsync.records import PrChangeSource, ReproResult, UpstreamState
 from hostsync.upstream.git import git
-from hostsync.upstream.patchqueue import added_files, clone, series, touches_only_tests
+from hostsync.upstream.patchqueue import (
+    added_files,
+    base_of,
+    clone,
+    refuse_left_out,
+    series,
+    touches_only_tests,
+)
 
 OUTBOX = "outbox"
 PATCHES = "patches"
@@ -77,12 +84,15 @@ def upstream_patches(layout: Layout, case: Case) -> list[Path]:
 
 
 def remake_patches(case: Case, identity: tuple[str, str], target: Path) -> None:
-    """The upstream-bound patches, applied to the pinned tag as the contributor's commits
-    (signed off where the project requires it), and written by `git format-patch`."""
+    """The upstream-bound patches, applied to the clone's base (the pinned tag, with upstream's
+    tests where an sdist lacked them) as the contributor's commits (signed off where the project
+    requires it), and written by `git format-patch`."""
     layout = case.layout
-    said = clone(case)  # the clone's tag, and a check that nothing there is left unexported
+    said = clone(case)  # the clone's base, and a check that nothing there is left unexported
     if said:
         print(f"{layout.case}: {said}")
+    refuse_left_out(case, "sending the series")
+    base = base_of(layout.clone, case.pin.tag)
     name, email = identity
     as_contributor = {
         f"GIT_{role}_{key}": value
@@ -92,7 +102,7 @@ def remake_patches(case: Case, identity: tuple[str, str], target: Path) -> None:
     sign_off = ["--signoff"] if case.project.sign_off else []
     with tempfile.TemporaryDirectory(dir=layout.work) as scratch:
         tree = Path(scratch) / "tree"
-        git(layout.clone, "worktree", "add", "--quiet", "--detach", str(tree), case.pin.tag)
+        git(layout.clone, "worktree", "add", "--quiet", "--detach", str(tree), base)
         try:
             for patch in upstream_patches(layout, case):
                 git(tree, "am", "--quiet", "-3", str(patch), env=as_contributor)
@@ -112,7 +122,7 @@ def remake_patches(case: Case, identity: tuple[str, str], target: Path) -> None:
                 "--quiet",
                 "--output-directory",
                 str(target),
-                f"{case.pin.tag}..HEAD",
+                f"{base}..HEAD",
             )
         finally:
             git(layout.clone, "worktree", "remove", "--force", str(tree))

@@ -268,7 +268,7 @@ def check_tests(
             raise WorkspaceError("the series has no test patch: nothing to prove with")
         refuse_without_harness(case, check.tree)
         run = Run(workdir / _safe(check.label) / "series", check.tree, layout)
-        paths = series_test_files(test_patches)
+        paths = case.card.tests.select or series_test_files(test_patches)
         returncode, check.tests = pytest_in_tree(check.tree, paths, run, timeout)
         check.verdict, check.reason = judge(expect, check.tests, returncode)
     return check
@@ -296,7 +296,7 @@ def check_neighbours(
     skipped (why) or absent. Those failing on both are shown, not held against the series."""
     pinned, patched = trees
     neighbours = case.card.tests.neighbours
-    present = [p for p in neighbours if (patched.root / p).exists()]
+    present = [p for p in neighbours if (patched.root / p.split("::")[0]).exists()]
     if not present:
         check = Check("upstream tests", patched.label, PASS_OR_SKIP.label, patched)
         check.reason = f"absent: this tree has no {', '.join(neighbours) or 'such tests'}"

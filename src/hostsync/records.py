@@ -161,7 +161,8 @@ class UpstreamTests(Record):
 class GitState(Record):
     """The workspace's bookkeeping in a clone's or a tree's git dir (`upstream.git`): where the
     clone came from; the commit and the patches/ files (by sha256) it was last seen to match; an
-    apply under way, or the patch that failed; a tree's base commit and its patches."""
+    apply under way, or the patch that failed; the base commit the patches apply on, and a
+    tree's patches; the test patches left out for want of upstream's tests."""
 
     origin: str = field(default="", metadata=OPTIONAL)
     head: str = field(default="", metadata=OPTIONAL)
@@ -171,6 +172,7 @@ class GitState(Record):
     base: str = field(default="", metadata=OPTIONAL)
     patches: dict[str, str] = field(default_factory=dict, metadata=OPTIONAL)
     upstream_tests: str = field(default="", metadata=OPTIONAL)  # the commit they came from
+    left_out: tuple[str, ...] = field(default=(), metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,17 @@
 """The patch queue: `patches/<case>/` on the case's clone, and back.
 
 `work/clones/<case>` is where a contributor edits. Its base is the release tag the case card
-pins (`releases.materialise`). The branch `patched` holds `patches/<case>/` applied in `series`
-order, one commit per patch; `export_patches` writes it back with `git format-patch`, byte for
-byte reproducibly. Neither ever loses work: with uncommitted edits in the clone, or commits
-there that are not in `patches/`, they stop and say how to keep or discard them.
+pins (`releases.materialise`); a clone made from an sdist with `--remote PATH` has upstream's
+tests/ committed on the tag first (`harness`), and that commit is its base. The branch `patched`
+holds `patches/<case>/` applied in `series` order on the base, one commit per patch;
+`export_patches` writes it back with `git format-patch`, byte for byte reproducibly. Neither
+ever loses work: with uncommitted edits in the clone, or commits there that are not in
+`patches/`, they stop and say how to keep or discard them.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import tempfile
 from pathlib import Path
@@ -18,6 +21,7 @@ from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.layout import Layout
 from hostsync.records import GitState
+from hostsync.upstream import harness
 from hostsync.upstream.git import (
     git,
     read_state,
@@ -25,7 +29,9 @@ from hostsync.upstream.git import (
     rev,
     write_state,
 )
-from hostsync.upstream.releases import materialise
+from hostsync.upstream.releases import from_sdist, materialise
+
+log = logging.getLogger(__name__)
 
 PATCHED = "patched"
 SERIES_HEADER = "# Applied in this order by `nox -s clone`; rewritten by `nox -s export_patches`.\n"
@@ -85,15 +91,33 @@ def touches_only_tests(patch: Path) -> bool:
     return bool(files) and all(path.startswith("tests/") for path in files)
 
 
-def apply_patches(repo: Path, patches: list[Path], base: str, where: str) -> None:
-    """`git am -3` each patch onto HEAD (already at `base`); on a conflict, back to `base`."""
+def lacks_upstream_tests(patch: Path, root: Path) -> list[str]:
+    """The files a test patch edits that the tree at `root` lacks: upstream's tests, which a tree
+    made from an sdist does not have (`test_patch --remote` copies them in)."""
+    if not touches_only_tests(patch):
+        return []
+    edited = set(touched_files(patch)) - set(added_files(patch))
+    return sorted(path for path in edited if not (root / path).exists())
+
+
+def apply_patches(repo: Path, patches: list[Path], base: str, where: str) -> list[str]:
+    """`git am -3` each patch onto HEAD (already at `base`); on a conflict, back to `base`.
+    A test patch editing upstream's tests the tree lacks is left out, saying so: the names of
+    those left out."""
+    left_out = []
     for patch in patches:
+        lacking = lacks_upstream_tests(patch, repo)
+        if lacking:
+            log.info("%s: leaving out %s (%s not here)", where, patch.name, ", ".join(lacking))
+            left_out.append(patch.name)
+            continue
         result = git(repo, "am", "-3", "--committer-date-is-author-date", str(patch), check=False)
         if result.returncode != 0:
             files = _failing_files(result.stdout + result.stderr)
             git(repo, "am", "--abort", check=False)
             git(repo, "reset", "--quiet", "--hard", base)
             raise PatchDoesNotApply(patch, where, files)
+    return left_out
 
 
 def _failing_files(output: str) -> list[str]:
@@ -131,16 +155,24 @@ def clone(case: Case, remote: str | None = None) -> str | None:
     if not repo.exists():
         materialise(layout, case.project, case.pin, repo, remote)
         git(repo, "checkout", "--quiet", "-B", PATCHED, tag)
-        return f"{read_state(repo).origin}: " + _apply_queue(layout, repo, tag, where)
+        origin = read_state(repo).origin
+        if remote and from_sdist(origin) and Path(remote).is_dir():
+            tests = harness.source(Path(remote), tag, origin)
+            harness.copy_into(tests, repo)
+            origin += f" + upstream's tests/ from {harness.shown(remote)}"
+            write_state(repo, upstream_tests=tests.commit)
+        write_state(repo, base=rev(repo, "HEAD"))
+        return f"{origin}: " + _apply_queue(layout, repo, tag, where)
 
     if not (repo / ".git").exists() or not rev(repo, tag):
         raise WorkspaceError(
             f"{repo} is not a clone of {where} (the case card changed?): move it aside and rerun"
         )
+    base = base_of(repo, tag)
     if read_state(repo).applying:
-        # Our own apply was interrupted (Ctrl-C): nothing on top of the tag is the user's.
+        # Our own apply was interrupted (Ctrl-C): nothing on top of the base is the user's.
         git(repo, "am", "--abort", check=False)
-        git(repo, "reset", "--quiet", "--hard", tag)
+        git(repo, "reset", "--quiet", "--hard", base)
         return "an interrupted apply was undone: " + _apply_queue(layout, repo, tag, where)
     refuse_to_lose_work(repo, where="the clone")
     branch = git(repo, "branch", "--show-current").stdout.strip()
@@ -153,25 +185,30 @@ def clone(case: Case, remote: str | None = None) -> str | None:
     if head == state.head:
         if state.series == _series_state(layout):
             return None
-        git(repo, "reset", "--quiet", "--hard", tag)
+        git(repo, "reset", "--quiet", "--hard", base)
         return "patches/ changed since the last run: " + _apply_queue(layout, repo, tag, where)
-    if _format_patches(repo, tag) == _read_patches(layout):
+    if _format_patches(repo, base) == _read_patches(layout):
         write_state(repo, head=head, series=_series_state(layout))
         return None
-    commits = git(repo, "rev-list", "--count", f"{tag}..{PATCHED}").stdout.strip()
+    commits = git(repo, "rev-list", "--count", f"{base}..{PATCHED}").stdout.strip()
     raise WorkspaceError(
         f"{PATCHED} in {shown(layout, repo)} ({commits} commits on {tag}) differs from patches/:"
         " keep it with `nox -s export_patches`, or discard it with"
-        f" `git -C {shown(layout, repo)} reset --hard {state.head or tag}`"
+        f" `git -C {shown(layout, repo)} reset --hard {state.head or base}`"
     )
 
 
+def base_of(repo: Path, tag: str) -> str:
+    """What the series applies on in the clone: the tag, or the tag with upstream's tests."""
+    return read_state(repo).base or rev(repo, tag)
+
+
 def _apply_queue(layout: Layout, repo: Path, tag: str, where: str) -> str:
-    """Apply the series on `tag`; the recorded state says what is applied, if anything."""
-    patches = series(layout)
+    """Apply the series on the clone's base; the recorded state says what is applied."""
+    patches, base = series(layout), base_of(repo, tag)
     write_state(repo, applying=True)
     try:
-        apply_patches(repo, patches, tag, where)
+        left_out = apply_patches(repo, patches, base, where)
     except PatchDoesNotApply as error:
         write_state(
             repo, head=rev(repo, "HEAD"), series={}, applying=False, failed=error.patch.name
@@ -181,15 +218,26 @@ def _apply_queue(layout: Layout, repo: Path, tag: str, where: str) -> str:
             error.patch,
             error.where,
             error.files,
-            f"the clone is left at {tag}; apply the series there by hand (`git -C {clone} am -3"
+            f"the clone is left at its base; apply the series there by hand (`git -C {clone} am -3"
             f" ../../../patches/{layout.case}/*.patch`, resolve, `git am --continue`), then"
             f" `nox -s export_patches -- --case {layout.case} --force`; or drop the patch from"
             " the series",
         ) from None
     write_state(
-        repo, head=rev(repo, "HEAD"), series=_series_state(layout), applying=False, failed=None
+        repo,
+        head=rev(repo, "HEAD"),
+        series=_series_state(layout),
+        applying=False,
+        failed=None,
+        left_out=tuple(left_out),
     )
-    return f"applied {len(patches)} patch(es) from patches/{layout.case}/series on {PATCHED}"
+    applied = len(patches) - len(left_out)
+    return f"applied {applied} patch(es) from patches/{layout.case}/series on {PATCHED}" + (
+        f", leaving out {', '.join(left_out)}: the clone lacks upstream's tests they edit"
+        " (`nox -s clone -- --remote PATH` makes one with them)"
+        if left_out
+        else ""
+    )
 
 
 def shown(layout: Layout, path: Path) -> str:
@@ -237,9 +285,10 @@ def export_patches(case: Case, force: bool = False) -> dict[str, list[str]]:
     if not repo.exists():
         raise WorkspaceError(f"no clone at {shown(layout, repo)}: run `nox -s clone` first")
     refuse_to_lose_work(repo, where="the clone")
+    refuse_left_out(case, "exporting")
     if not force:
         _refuse_to_overwrite(layout, read_state(repo))
-    new, old = _format_patches(repo, tag), _read_patches(layout)
+    new, old = _format_patches(repo, base_of(repo, tag)), _read_patches(layout)
     report = {
         "added": sorted(set(new) - set(old)),
         "changed": sorted(n for n in set(new) & set(old) if new[n] != old[n]),
@@ -254,6 +303,20 @@ def export_patches(case: Case, force: bool = False) -> dict[str, list[str]]:
     (layout.patches / "series").write_text(SERIES_HEADER + "".join(f"{n}\n" for n in sorted(new)))
     write_state(repo, head=rev(repo, "HEAD"), series=_series_state(layout), failed=None)
     return report
+
+
+def refuse_left_out(case: Case, doing: str) -> None:
+    """Refuse when the clone left test patches out for want of upstream's tests: `doing` would
+    drop them."""
+    layout = case.layout
+    left_out = read_state(layout.clone).left_out
+    if left_out:
+        raise WorkspaceError(
+            f"the clone lacks upstream's tests that {', '.join(left_out)} edit (made from an"
+            f" sdist): {doing} would drop them; move {shown(layout, layout.clone)} aside and make"
+            f" it again with `nox -s clone -- --case {layout.case} --remote PATH` (a clone of"
+            f" {case.project.repository})"
+        )
 
 
 def _refuse_to_overwrite(layout: Layout, state: GitState) -> None:

@@ -135,10 +135,14 @@ def _checkout(
     if tests_from is not None:
         source = harness.shown(tests_from.repository)
         origin += f" + upstream's tests/ from {source} at {tests_from.commit[:12]}"
+    clone_tests = read_state(repo).upstream_tests if base == PATCHED else ""
+    if clone_tests:  # the clone's base: the tag and upstream's tests, where an sdist lacked them
+        origin += f" + upstream's tests/ at {clone_tests[:12]}"
     if role == TreeRole.PATCHED:
         origin += " + the case's patch series"
     if extra:
         origin += f" + {extra} patches: {', '.join(p.name for p in patches) or 'none'}"
+    origin += _left_out(root, *([repo] if base == PATCHED else []))
     return Tree(name, role, root, release.version, rev(root, "HEAD"), origin, case.project), release
 
 
@@ -188,7 +192,7 @@ def prepare_stack(
         ) from None
     origin = read_state(repo).origin
     if fixes:
-        origin += f" + the series of {', '.join(names)}"
+        origin += f" + the series of {', '.join(names)}" + _left_out(root)
     role = TreeRole.PATCHED if fixes else TreeRole.RELEASE
     made = Tree(label, role, root, release.version, rev(root, "HEAD"), origin, first.project)
     if not runs:
@@ -257,9 +261,15 @@ def _worktree(
         git(repo, "worktree", "add", "--quiet", "--detach", str(path), wanted["base"])
     if tests_from is not None:
         harness.copy_into(tests_from, path)
-    apply_patches(path, patches, rev(path, "HEAD"), where)
-    write_state(path, **wanted)
+    left_out = apply_patches(path, patches, rev(path, "HEAD"), where)
+    write_state(path, **wanted, left_out=tuple(left_out))
     return path
+
+
+def _left_out(*repos: Path) -> str:
+    """What a tree's origin adds for the test patches left out of it or of the clone it is."""
+    names = [name for repo in repos for name in read_state(repo).left_out]
+    return f" (left out, for want of upstream's tests: {', '.join(names)})" if names else ""
 
 
 def _is_worktree_of(path: Path, repo: Path) -> bool:
