@@ -481,8 +481,8 @@ def first_boundary(
         how = f"{quiet[0]} runs the line without a device read"
     elif reading:
         how = (
-            f"by the source text; run under a sync detector, {reading} reads, older releases"
-            " did not run here"
+            f"by the source text; run under a sync detector, {reading} reads there, and the"
+            " releases before it could not be run on CPU"
         )
     elif quiet:
         how = (
