@@ -479,7 +479,10 @@ def test_the_outbox_sends_the_series_as_the_contributors_commits(
     checklist = (target / "checklist.md").read_text()
     assert checklist.startswith("# Before sending pr.md, the patches\n")
     assert "Rewrite each draft in your own words" in checklist
-    assert "Disclose any assistance the way transformers asks: the Code Agent Policy" in checklist
+    assert checklist.startswith(
+        "# Before sending pr.md, the patches\n\n- [ ] If you have not contributed to transformers"
+    )
+    assert "Disclose any assistance the way transformers asks: say that AI assistance" in checklist
     assert "make check-repo" in checklist, "a PR gets the project's PR steps"
     assert f"authored as `{ADA_NAME} <{ADA_EMAIL}>`, the git identity" in checklist
     with pytest.raises(WorkspaceError, match="outbox exists: move it aside"):
@@ -562,13 +565,15 @@ def test_a_comment_is_sent_without_its_note_and_gets_a_comment_checklist(
     checklist = (target / "checklist.md").read_text()
     assert checklist.startswith(
         "# Before posting comment.md\n\ncomment.md: Comment on huggingface/transformers#47073.\n"
-        f"\n- [ ] Compare {PATCH} (here, not to post) with #47073's current diff before posting:"
-        f" {taken}, and hold only if the two match"
+        "\n- [ ] If you have not contributed to transformers before, do not send this"
     )
+    assert (
+        f"\n- [ ] Compare patches/sp-loss/{PATCH} (the change measured) with #47073's current diff"
+        f" before posting: {taken}, and hold only if the two match"
+    ) in checklist
     assert "Rewrite each draft in your own words" in checklist
     assert "make check-repo" not in checklist, "a comment gets no PR steps"
-    assert not (target / "patches").exists()
-    assert (target / PATCH).read_bytes() == (workspace.patches / PATCH).read_bytes()
+    assert sorted(path.name for path in target.iterdir()) == ["checklist.md", "comment.md"]
 
 
 def test_a_comment_naming_a_patch_the_series_lacks_is_refused(
@@ -656,8 +661,8 @@ def test_nothing_to_send_is_an_answer_saying_why_and_what_was_checked(
     assert "- the results the drafts cite, fresh: repro-" in said
     assert "- the drafts, written for reading and not sent: comment.md" in said
     assert (
-        "- all_tokens (every rank; 2 rank(s)): saves stalls; host reads that wait, per step:"
-        " 7.75 → 4; device operators per step: 614 → 622"
+        "- all_tokens (every rank; 2 rank(s)), pinned → patched: saves stalls; host reads that"
+        " wait, per step: 7.75 → 4; device operators per step: 614 → 622"
     ) in said
 
 

@@ -17,10 +17,11 @@ names a real one (`git config user.name` / `user.email`; no placeholder, no rese
   maintainer approves the work in the issue's thread (`Project.pr_after_approval`), the issue goes
   alone, and the PR with its patches only once the card's `[upstream] approved` links that
   approval;
-- with a comment: the files the series' tests add, to attach (a test is attached, not pasted),
-  and the patch carrying the PR's change (the card's `[upstream.pr_change]`), not to post but to
-  compare with the PR's current diff, which the checklist asks first: the figures hold only for
-  the change that was measured, and one taken from the PR's description may differ from its diff;
+- with a comment: the files the series' tests add, to attach (a test is attached, not pasted);
+  the checklist's first step compares the patch carrying the PR's change (the card's
+  `[upstream.pr_change]`, named where it is kept in the series) with the PR's current diff: the
+  figures hold only for the change that was measured, and one taken from the PR's description
+  may differ from its diff;
 - `checklist.md`: what only the contributor can do before sending, written for what is sent: a
   rewrite in their own words, the project's way of disclosing assistance, their own system info
   for an issue, the project's PR steps for a PR.
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -175,15 +175,16 @@ def pr_change_patch(case: Case, change: PrChange) -> Path:
     return found[0]
 
 
-def compare_first(pull_request: int, change: PrChange) -> str:
-    """The checklist's first step for a comment on a PR whose change was carried as a patch:
-    the figures hold only for that change, so the PR's diff as it stands is compared first."""
+def compare_first(patch: Path, pull_request: int, change: PrChange) -> str:
+    """The checklist's first step for a comment on a PR whose change was carried as a patch (in
+    the series, not in the outbox: nothing there is for posting): the figures hold only for that
+    change, so the PR's diff as it stands is compared first."""
     taken = {
         PrChangeSource.DIFF: "its diff as it was carried",
         PrChangeSource.DESCRIPTION: "the change as its description gives it (no diff on record)",
     }[change.follows]
     return (
-        f"Compare {change.patch} (here, not to post) with #{pull_request}'s current diff before"
+        f"Compare {patch} (the change measured) with #{pull_request}'s current diff before"
         f" posting: the figures are of {taken}, and hold only if the two match; if they differ,"
         " carry the PR's diff as that patch and measure again"
     )
@@ -215,8 +216,8 @@ def measured(repro: ReproResult) -> list[str]:
         )
         lines.append(
             f"- {compared.scenario} ({repro.scenarios[compared.scenario]}; {compared.ranks}"
-            f" rank(s)): {judged.verdict}; host reads that wait, per step: {stalls}; device"
-            f" operators per step: {kernels}"
+            f" rank(s)), {compared.before} → {compared.after}: {judged.verdict}; host reads that"
+            f" wait, per step: {stalls}; device operators per step: {kernels}"
         )
     return lines
 
@@ -264,6 +265,7 @@ def checklist(
     comment's list, an issue whose PR is `held` says what it waits for."""
     project = case.project
     steps = [
+        *([project.who_may_send] if project.who_may_send else []),
         *first,
         "Rewrite each draft in your own words; keep the figures, which are measured",
         f"Disclose any assistance the way {project.name} asks: {project.assistance}",
@@ -344,8 +346,8 @@ def outbox(case: Case) -> Path:
         sent += [path.name for path in attachments(layout, case, target)]
         change = case.upstream.pr_change
         if change is not None:
-            shutil.copyfile(pr_change_patch(case, change), target / change.patch)
-            first = (compare_first(case.upstream.pull_request, change),)
+            patch = pr_change_patch(case, change).relative_to(layout.root)
+            first = (compare_first(patch, case.upstream.pull_request, change),)
     (target / CHECKLIST).write_text(checklist(case, kinds, notes, sent, first, identity, held))
     return target
 

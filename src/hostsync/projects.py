@@ -67,6 +67,8 @@ class Project:
     before_sending: tuple[str, ...] = ()
     # How the project asks contributors to disclose assistance (the outbox's checklist).
     assistance: str = "say in your own text what a tool did (no policy of its own is recorded)"
+    # Who the project lets send assisted work at all: the checklist's first step, where it says.
+    who_may_send: str = ""
     # Where the project holds an assisted PR until a maintainer approves the work in its issue's
     # thread, what its policy says: the outbox then sends the issue alone, until the card's
     # `[upstream] approved` links that approval.
@@ -113,11 +115,13 @@ PROJECTS = {
                 " that AI assistance was used",
                 "Run `make style` and `make check-repo` in your clone of transformers",
             ),
-            assistance="the Code Agent Policy of its PR template (`I confirm that this is not a"
-            " pure code agent PR`), which cannot be ticked for these drafts and patches as they"
-            " are: PRs that appear fully agent-written, and PRs with AI-written descriptions, are"
-            " closed, and its .ai/AGENTS.md warns that breaching its agent contribution"
-            " guidelines can get an account banned",
+            assistance="say that AI assistance was used and what it did, as its .ai/AGENTS.md"
+            " asks of AI-assisted work (it warns that breaching its agent contribution guidelines"
+            " can get an account banned)",
+            who_may_send="If you have not contributed to transformers before, do not send this:"
+            " the Code Agent Policy of its templates (as of 2026-09) says first-time contributors"
+            " should not use code agents to submit PRs or issues, and issues and PRs that break"
+            " the rule are closed without review and may get you blocked",
             pr_after_approval="its agentic contribution policy (.ai/AGENTS.md) has AI-assisted work"
             " coordinated in an issue, with a maintainer's approval in its thread, before any PR,"
             " and no PR-ready change made without that approval",
@@ -157,6 +161,9 @@ PROJECTS = {
                 "Check that each commit's Signed-off-by line is you (DCO, checked on every PR)",
                 "Run `pre-commit run --files <changed files>` in your clone of DeepSpeed",
             ),
+            assistance="its AGENTS.md, the rules it sets for AI coding agents, asks for no"
+            " disclosure: say in your own text what a tool did; it asks for your own sign-off,"
+            " no formatting-only changes, and tests consolidated rather than new files",
             system_info="ds_report",
         ),
         Project(
