@@ -415,7 +415,10 @@ PR_CHANGE_COMMENT = (
 PATCH = "0001-Keep-the-count-on-device.patch"
 # transformers takes a PR only once a maintainer approved the work in its issue's thread.
 APPROVED = 'approved = "https://github.com/huggingface/transformers/issues/1#issuecomment-2"'
-ISSUE_TEMPLATE = "Reads per step: {{repro:runs[tree=pinned].host_syncs}}.\n"
+ISSUE_TEMPLATE = (
+    "### System Info\n\n(yours)\n\n### Reproduction\n\n"
+    "Reads per step: {{repro:runs[tree=pinned].host_syncs}}.\n"
+)
 
 
 def pr_change(follows: str, patch: str = PATCH) -> str:
@@ -502,6 +505,7 @@ def test_a_pr_held_until_a_maintainer_approves_leaves_the_issue_to_go_alone(
     assert checklist.startswith("# Before sending issue.md\n")
     assert "Open the issue, then wait before any PR, as transformers asks: its agentic" in checklist
     assert "as `approved` under [upstream] in cases/sp-loss.toml" in checklist
+    assert "Give your own system info where the issue asks for it: the output of" in checklist
     assert "make check-repo" not in checklist, "no PR steps for a PR that is not sent"
 
 
@@ -573,6 +577,7 @@ def test_a_comment_is_sent_without_its_note_and_gets_a_comment_checklist(
     ) in checklist
     assert "Rewrite each draft in your own words" in checklist
     assert "make check-repo" not in checklist, "a comment gets no PR steps"
+    assert "system info" not in checklist, "nothing sent asks for it"
     assert sorted(path.name for path in target.iterdir()) == ["checklist.md", "comment.md"]
 
 

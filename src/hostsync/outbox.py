@@ -260,9 +260,11 @@ def checklist(
     first: tuple[str, ...],
     identity: tuple[str, str],
     held: str | None,
+    asks_system_info: bool,
 ) -> str:
     """What only the contributor can do, for what is sent, `first` before all: a comment gets a
-    comment's list, an issue whose PR is `held` says what it waits for."""
+    comment's list, an issue whose PR is `held` says what it waits for, and an issue whose
+    template has a system-info section asks for the contributor's own."""
     project = case.project
     steps = [
         *([project.who_may_send] if project.who_may_send else []),
@@ -275,7 +277,7 @@ def checklist(
             "Run the quoted reproducer yourself and paste your own output in place of the quoted"
             " one (it names the versions it ran with)"
         )
-    if "issue" in kinds:
+    if asks_system_info:
         steps.append(
             f"Give your own system info where the issue asks for it: the output of"
             f" `{project.system_info}` on your machine"
@@ -348,7 +350,12 @@ def outbox(case: Case) -> Path:
         if change is not None:
             patch = pr_change_patch(case, change).relative_to(layout.root)
             first = (compare_first(patch, case.upstream.pull_request, change),)
-    (target / CHECKLIST).write_text(checklist(case, kinds, notes, sent, first, identity, held))
+    asks_system_info = any(
+        path.stem == "issue" and "system info" in path.read_text().lower() for path in written
+    )
+    (target / CHECKLIST).write_text(
+        checklist(case, kinds, notes, sent, first, identity, held, asks_system_info)
+    )
     return target
 
 
