@@ -212,6 +212,14 @@ def test_the_reference_set_changes_only_when_asked(drafted: Layout) -> None:
     assert {p.name for p in reference.iterdir()} == cited | {folder}
 
 
+def test_a_refused_draft_leaves_the_reference_as_it_was(drafted: Layout) -> None:
+    draft(drafted, TEMPLATE + "A line.\n\n" * 40)
+
+    with pytest.raises(WorkspaceError, match="lines besides its code, over the"):
+        review.review(made.case_of(drafted), refresh=True)
+    assert not (drafted.profiles / review.REFERENCE).exists()
+
+
 @pytest.mark.parametrize("case", cases.names(ROOT))
 def test_the_committed_templates_use_only_known_sources_and_reducers(case: str) -> None:
     """Every placeholder of every committed template parses and names a known source."""

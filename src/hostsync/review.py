@@ -389,7 +389,8 @@ def refresh_reference(layout: Layout, sources: dict[str, Source]) -> list[str]:
 def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]:
     layout = case.layout
     sources = fresh_sources(layout, case, rerun)
-    if results_folder(layout) != layout.profiles:
+    own_results = results_folder(layout) == layout.profiles
+    if not own_results:
         where = f"profiles/{layout.case}/"
         log.info(
             "%s holds no result of its own: citing the committed reference set, %s%s/",
@@ -397,9 +398,6 @@ def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]
             where,
             REFERENCE,
         )
-    elif refresh:
-        for change in refresh_reference(layout, sources):
-            log.info("profiles/%s/%s: %s", layout.case, REFERENCE, change)
     found = documents(layout, case, sources)
     repro = sources.get(ReproResult.KIND)
     verdicts = repro.result.verdicts if repro else ()
@@ -412,6 +410,9 @@ def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]
         filled[template.name] = drafts.reflow(fill(text, found))
         drafts.check_draft(template.name, drafts.kind(template), filled[template.name])
         check_claims(template.name, filled[template.name], verdicts, GpuResult.KIND in sources)
+    if own_results and refresh:  # only a set whose drafts passed becomes the reference
+        for change in refresh_reference(layout, sources):
+            log.info("profiles/%s/%s: %s", layout.case, REFERENCE, change)
     layout.issue_drafts.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in filled.items():
