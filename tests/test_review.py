@@ -5,6 +5,7 @@ inputs: the real ones come from `nox -s repro test_patch profile`)."""
 from __future__ import annotations
 
 import logging
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -218,6 +219,20 @@ def test_a_refused_draft_leaves_the_reference_as_it_was(drafted: Layout) -> None
     with pytest.raises(WorkspaceError, match="lines besides its code, over the"):
         review.review(made.case_of(drafted), refresh=True)
     assert not (drafted.profiles / review.REFERENCE).exists()
+
+
+@pytest.mark.parametrize("case", cases.names(ROOT))
+def test_every_committed_draft_passes_its_checks_on_the_committed_reference_set(
+    case: str, workspace: Layout
+) -> None:
+    """What a fresh clone drafts: a template that outgrows its limit or cites a figure the
+    committed results lack fails here, not in a contributor's hands."""
+    reference = Path("profiles", case, review.REFERENCE)
+    shutil.copytree(ROOT / reference, workspace.root / reference)
+
+    written = review.review(load_case(workspace.root, case))
+
+    assert written and {path.stem for path in written} <= set(drafts.LIMITS)
 
 
 @pytest.mark.parametrize("case", cases.names(ROOT))
