@@ -333,13 +333,15 @@ def outbox(case: Case) -> Path:
             )
         written = [path for path in written if path.stem != "pr"]
         kinds.discard("pr")
-    sent, notes = [], {}
+    sent, notes, asks_system_info = [], {}, False
     for path in written:
         text, note = without_note(path.read_text())
         (target / path.name).write_text(text)
         sent.append(path.name)
         if note:
             notes[path.name] = note
+        if path.stem == "issue":
+            asks_system_info = "system info" in text.lower()
     if "pr" in kinds:
         remake_patches(case, identity, target / PATCHES)
         sent.append("the patches")
@@ -350,9 +352,6 @@ def outbox(case: Case) -> Path:
         if change is not None:
             patch = pr_change_patch(case, change).relative_to(layout.root)
             first = (compare_first(patch, case.upstream.pull_request, change),)
-    asks_system_info = any(
-        path.stem == "issue" and "system info" in path.read_text().lower() for path in written
-    )
     (target / CHECKLIST).write_text(
         checklist(case, kinds, notes, sent, first, identity, held, asks_system_info)
     )

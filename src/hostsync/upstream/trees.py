@@ -20,7 +20,7 @@ from hostsync.errors import WorkspaceError
 from hostsync.files import sha256
 from hostsync.layout import Layout
 from hostsync.projects import Project
-from hostsync.records import TreeInfo, TreeRole, UpstreamTests
+from hostsync.records import GitState, TreeInfo, TreeRole, UpstreamTests
 from hostsync.upstream import envs, harness
 from hostsync.upstream.git import (
     INTERRUPTED_AM,
@@ -131,18 +131,19 @@ def _checkout(
         " (pinned)" if role == TreeRole.PINNED else ""
     )
     root = _worktree(layout, repo, base, patches, path, where, tests_from)
-    origin = read_state(repo).origin
+    state = read_state(repo)
+    from_clone = base == PATCHED  # the clone's base (the tag and upstream's tests) and series
+    origin = state.origin
     if tests_from is not None:
         source = harness.shown(tests_from.repository)
         origin += f" + upstream's tests/ from {source} at {tests_from.commit[:12]}"
-    clone_tests = read_state(repo).upstream_tests if base == PATCHED else ""
-    if clone_tests:  # the clone's base: the tag and upstream's tests, where an sdist lacked them
-        origin += f" + upstream's tests/ at {clone_tests[:12]}"
+    if from_clone and state.upstream_tests:
+        origin += f" + upstream's tests/ at {state.upstream_tests[:12]}"
     if role == TreeRole.PATCHED:
         origin += " + the case's patch series"
     if extra:
         origin += f" + {extra} patches: {', '.join(p.name for p in patches) or 'none'}"
-    origin += _left_out(root, *([repo] if base == PATCHED else []))
+    origin += _left_out(read_state(root), *([state] if from_clone else []))
     return Tree(name, role, root, release.version, rev(root, "HEAD"), origin, case.project), release
 
 
@@ -192,7 +193,7 @@ def prepare_stack(
         ) from None
     origin = read_state(repo).origin
     if fixes:
-        origin += f" + the series of {', '.join(names)}" + _left_out(root)
+        origin += f" + the series of {', '.join(names)}" + _left_out(read_state(root))
     role = TreeRole.PATCHED if fixes else TreeRole.RELEASE
     made = Tree(label, role, root, release.version, rev(root, "HEAD"), origin, first.project)
     if not runs:
@@ -266,9 +267,9 @@ def _worktree(
     return path
 
 
-def _left_out(*repos: Path) -> str:
+def _left_out(*states: GitState) -> str:
     """What a tree's origin adds for the test patches left out of it or of the clone it is."""
-    names = [name for repo in repos for name in read_state(repo).left_out]
+    names = [name for state in states for name in state.left_out]
     return f" (left out, for want of upstream's tests: {', '.join(names)})" if names else ""
 
 
