@@ -902,6 +902,14 @@ def norm_release(scalar: str | None) -> dict[str, str]:
     return files
 
 
+def judged_norm_boundary(tmp_path: Path, releases: dict[str, str | None]) -> dict:
+    """The one boundary `bisect --judge` finds for the norm's site over `releases` (version:
+    what its innermost helper returns, as `norm_release` takes it)."""
+    files = {version: norm_release(scalar) for version, scalar in releases.items()}
+    (boundary,) = judged_site(tmp_path, files, NORM_SITE)["boundaries"]
+    return boundary
+
+
 @pytest.mark.distributed  # a process per judged release
 def test_a_function_whose_read_is_in_a_helper_of_a_helper_is_judged_by_its_body(
     tmp_path: Path,
@@ -909,11 +917,7 @@ def test_a_function_whose_read_is_in_a_helper_of_a_helper_is_judged_by_its_body(
     """A site named by its function reads where its body runs, not at its `def` (which runs at
     import): a read two helpers below the body, in another module, is the body's read."""
     releases = {"0.1.0": None, "0.2.0": "4.0", "0.3.0": "4.0", "0.4.0": "value.item()"}
-    site = judged_site(
-        tmp_path, {version: norm_release(s) for version, s in releases.items()}, NORM_SITE
-    )
-
-    (boundary,) = site["boundaries"]
+    boundary = judged_norm_boundary(tmp_path, releases)
     verdicts = {run["version"]: run["verdict"] for run in boundary["judged"]}
     assert verdicts["0.4.0"] == "device read"
     assert verdicts["0.3.0"] == "line present, no device read"
@@ -933,11 +937,7 @@ def test_reads_that_began_and_stopped_before_the_anchor_are_judged_where_they_be
     first release, run, reads: the reads began there, and the boundary says the anchor's line
     reads nothing."""
     releases = {"0.1.0": None, "0.2.0": "value.item()", "0.3.0": "value.item()", "0.4.0": "4.0"}
-    site = judged_site(
-        tmp_path, {version: norm_release(s) for version, s in releases.items()}, NORM_SITE
-    )
-
-    (boundary,) = site["boundaries"]
+    boundary = judged_norm_boundary(tmp_path, releases)
     verdicts = {run["version"]: run["verdict"] for run in boundary["judged"]}
     assert verdicts == {"0.2.0": "device read", "0.4.0": "line present, no device read"}
     assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
@@ -953,11 +953,7 @@ def test_a_first_release_that_does_not_run_leaves_the_text_and_says_the_anchor_i
     tmp_path: Path,
 ) -> None:
     releases = {"0.1.0": None, "0.2.0": "broken", "0.3.0": "value.item()", "0.4.0": "4.0"}
-    site = judged_site(
-        tmp_path, {version: norm_release(s) for version, s in releases.items()}, NORM_SITE
-    )
-
-    (boundary,) = site["boundaries"]
+    boundary = judged_norm_boundary(tmp_path, releases)
     assert (boundary["older"], boundary["newer"], boundary["decided"]) == (
         "0.1.0",
         "0.2.0",
