@@ -45,11 +45,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from hostsync import cases, provenance, results  # noqa: E402 (the workspace's engine, by path)
-from hostsync.codec import read_file  # noqa: E402
-from hostsync.errors import WorkspaceError  # noqa: E402
-from hostsync.launchers import ENGINE_SRC, NODE_FIELD, RUN_DIR_FIELD  # noqa: E402
-from hostsync.layout import Layout  # noqa: E402
+from hostsync.detector.codec import read_file  # noqa: E402
+from hostsync.launch.launchers import ENGINE_SRC, NODE_FIELD, RUN_DIR_FIELD  # noqa: E402
+from hostsync.measure import provenance  # noqa: E402 (the workspace's engine, by path)
 from hostsync.profiling import nsys  # noqa: E402
 from hostsync.rank.protocol import (  # noqa: E402
     MEASURED_RANGE,
@@ -59,7 +57,10 @@ from hostsync.rank.protocol import (  # noqa: E402
     TREE_SRC_ENV,
     free_port,
 )
-from hostsync.records import (  # noqa: E402
+from hostsync.workspace import cases, results  # noqa: E402
+from hostsync.workspace.errors import WorkspaceError  # noqa: E402
+from hostsync.workspace.layout import Layout  # noqa: E402
+from hostsync.workspace.records import (  # noqa: E402
     GpuResult,
     GpuTreeFigures,
     ProfiledRank,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hostsync.launchers import Run
-from hostsync.layout import ROOT, Layout
+from hostsync.launch.launchers import Run
+from hostsync.workspace.layout import ROOT, Layout
 
 CASE = "sp-loss"
 COMMITTED = (

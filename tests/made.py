@@ -8,12 +8,14 @@ import os
 import subprocess
 import sys
 
-from hostsync import cases, provenance
-from hostsync.bisect import first_boundary
-from hostsync.files import sha256
-from hostsync.launchers import ENGINE_SRC
-from hostsync.layout import Layout
-from hostsync.records import (
+from hostsync.detector.sites import AllowRule
+from hostsync.history.bisect import first_boundary
+from hostsync.launch.launchers import ENGINE_SRC
+from hostsync.measure import provenance
+from hostsync.workspace import cases
+from hostsync.workspace.files import sha256
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.records import (
     BisectResult,
     Capture,
     CheckRecord,
@@ -43,7 +45,6 @@ from hostsync.records import (
     TreeInfo,
     Verdict,
 )
-from hostsync.sites import AllowRule
 
 ENVIRONMENT = Environment(
     python="3.11.7", packages={"torch": "2.13.0"}, platform="Linux", device="cpu", device_count=0

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from hostsync.detector import SyncScope, SyncScopeError
 from hostsync.rank.protocol import free_port
-from hostsync.records import Cost, DeviceWork
+from hostsync.workspace.records import Cost, DeviceWork
 
 
 def matrix() -> torch.Tensor:

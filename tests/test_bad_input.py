@@ -20,15 +20,19 @@ from pathlib import Path
 import pytest
 from local_index import make_sdist, serving
 
-from hostsync import cases, launchers, locks, options, repro, results, review
-from hostsync.errors import WorkspaceError
-from hostsync.files import sha256
-from hostsync.launchers import Run, RunFailed, Start, World, run_group
-from hostsync.layout import ROOT, Layout
-from hostsync.projects import get
-from hostsync.records import Device, EnvRecord, Launcher, TreeRole, Verdict
+from hostsync.commands import options
+from hostsync.drafting import review
+from hostsync.launch import launchers
+from hostsync.launch.launchers import Run, RunFailed, Start, World, run_group
+from hostsync.measure import repro
 from hostsync.upstream import envs, sdists
 from hostsync.upstream.trees import Tree
+from hostsync.workspace import cases, locks, results
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.files import sha256
+from hostsync.workspace.layout import ROOT, Layout
+from hostsync.workspace.projects import get
+from hostsync.workspace.records import Device, EnvRecord, Launcher, TreeRole, Verdict
 
 import made
 from conftest import hostsync, make_workspace, one_line_error

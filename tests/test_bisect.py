@@ -13,15 +13,17 @@ from pathlib import Path
 import pytest
 from local_index import make_sdist, serving
 
-from hostsync import bisect, cases, probe
-from hostsync.bisect import Reader, Target, bisect_run, pull_request
-from hostsync.files import sha256
-from hostsync.layout import Layout
-from hostsync.projects import get
-from hostsync.records import Presence
-from hostsync.sites import AllowRule
+from hostsync.detector.sites import AllowRule
+from hostsync.history import bisect
+from hostsync.history.bisect import Reader, Target, bisect_run, pull_request
+from hostsync.measure import probe
 from hostsync.upstream import envs, presence, sdists
 from hostsync.upstream.git import git
+from hostsync.workspace import cases
+from hostsync.workspace.files import sha256
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.projects import get
+from hostsync.workspace.records import Presence
 
 from conftest import hostsync, make_workspace, one_line_error, own_downloads
 

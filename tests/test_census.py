@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, results, table
 from hostsync.census import command, report, setups
-from hostsync.errors import WorkspaceError
-from hostsync.layout import ROOT, Layout
 from hostsync.rank import rankkit
-from hostsync.records import (
+from hostsync.workspace import cases, results, table
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import ROOT, Layout
+from hostsync.workspace.records import (
     CensusResult,
     CensusSetup,
     CensusTrees,

@@ -11,12 +11,13 @@ import dataclasses
 import pytest
 import torch
 
-from hostsync import cost, results
-from hostsync.claims import check_claims
-from hostsync.cost import BOUND, compare_costs, judge, verdict_table
 from hostsync.detector import SyncScope
-from hostsync.errors import WorkspaceError
-from hostsync.records import CostComparison, FixVerdict, RunRow
+from hostsync.drafting.claims import check_claims
+from hostsync.measure import cost
+from hostsync.measure.cost import BOUND, compare_costs, judge, verdict_table
+from hostsync.workspace import results
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.records import CostComparison, FixVerdict, RunRow
 
 import made
 from conftest import make_workspace

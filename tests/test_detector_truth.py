@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hostsync import sync_ops
 from hostsync.detector import SyncScope, SyncScopeError
-from hostsync.detector_suite import CASES, UNDECIDED, score
+from hostsync.detector import ops as sync_ops
+from hostsync.detector.truth import CASES, UNDECIDED, score
 
 pytestmark = pytest.mark.filterwarnings("ignore:To copy construct from a tensor")
 

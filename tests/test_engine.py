@@ -11,13 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, drafts, options, projects, provenance, repro, results, review
-from hostsync.errors import WorkspaceError
-from hostsync.layout import ROOT, Layout
-from hostsync.pin import load as load_pin
-from hostsync.records import HuntResult, HuntSetup, ReproResult, TestPatchResult
+from hostsync.commands import options
+from hostsync.drafting import drafts, review
+from hostsync.measure import provenance, repro
 from hostsync.upstream import envs
 from hostsync.upstream.patchqueue import series
+from hostsync.workspace import cases, projects, results
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import ROOT, Layout
+from hostsync.workspace.pin import load as load_pin
+from hostsync.workspace.records import HuntResult, HuntSetup, ReproResult, TestPatchResult
 
 import made
 from conftest import make_workspace, retitled

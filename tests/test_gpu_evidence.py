@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, drafts, provenance, results, review
-from hostsync.errors import WorkspaceError
-from hostsync.layout import ROOT, Layout
-from hostsync.records import GpuResult, GpuTreeFigures
+from hostsync.drafting import drafts, review
+from hostsync.measure import provenance
 from hostsync.upstream.trees import prepare_tree
+from hostsync.workspace import cases, results
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import ROOT, Layout
+from hostsync.workspace.records import GpuResult, GpuTreeFigures
 
 import made
 from conftest import retitled

@@ -9,12 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, projects, results, trainer_launch
-from hostsync.errors import WorkspaceError
+from hostsync.detector.sites import AllowRule
 from hostsync.hunt import allowlist, command, measure, report
-from hostsync.layout import ROOT, Layout
-from hostsync.projects import DeepSpeedSetup
-from hostsync.records import (
+from hostsync.launch import trainer_step
+from hostsync.upstream.git import git
+from hostsync.upstream.patchqueue import series
+from hostsync.upstream.trees import Tree, prepare_tree, stack_trees
+from hostsync.workspace import cases, projects, results
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import ROOT, Layout
+from hostsync.workspace.projects import DeepSpeedSetup
+from hostsync.workspace.records import (
     Cost,
     CrossCheck,
     DeviceWork,
@@ -24,16 +29,12 @@ from hostsync.records import (
     HuntTree,
     TreeRole,
 )
-from hostsync.sites import AllowRule
-from hostsync.upstream.git import git
-from hostsync.upstream.patchqueue import series
-from hostsync.upstream.trees import Tree, prepare_tree, stack_trees
 
 import made
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line
 from conftest import make_workspace
 
-SP_SIZE = trainer_launch.SP_SIZE
+SP_SIZE = trainer_step.SP_SIZE
 
 
 # --- the real run ---------------------------------------------------------------------------------
@@ -111,7 +112,7 @@ def test_the_profiler_and_the_detector_agree_on_every_read(hunted: HuntTree) -> 
 @pytest.mark.distributed
 def test_trainer_loss_with_sp_equals_the_loss_without(layout: Layout, pinned: Tree) -> None:
     # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
-    compared = trainer_launch.compare_losses(layout, pinned, steps=2, timeout=600)
+    compared = trainer_step.compare_losses(layout, pinned, steps=2, timeout=600)
 
     assert compared.sp_ranks_agree
     assert compared.max_abs_diff < 1e-5, compared

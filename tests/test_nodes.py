@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, locks, nodes, repro
-from hostsync.errors import WorkspaceError
-from hostsync.launchers import Run, Start, World, torchrun_command
-from hostsync.layout import Layout
-from hostsync.nodes import NodeLayout, Pool
-from hostsync.records import Device, RankReport, RanOn
+from hostsync.launch import nodes
+from hostsync.launch.launchers import Run, Start, World, torchrun_command
+from hostsync.launch.nodes import NodeLayout, Pool
+from hostsync.measure import repro
+from hostsync.workspace import cases, locks
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.records import Device, RankReport, RanOn
 
 import made
 from conftest import make_workspace
@@ -211,8 +213,8 @@ def test_node_0_prepares_first_and_the_others_wait_for_it(tmp_path: Path) -> Non
 LOCK = """
 import sys
 from pathlib import Path
-from hostsync import locks
-from hostsync.layout import Layout
+from hostsync.workspace import locks
+from hostsync.workspace.layout import Layout
 with locks.case(Layout(Path(sys.argv[1]), "sp-loss"), node=int(sys.argv[2])):
     pass
 """

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 from local_index import make_sdist, serving
 
-from hostsync import cases, linters, patch_proof, projects, provenance
-from hostsync.errors import WorkspaceError
-from hostsync.launchers import Run
-from hostsync.layout import ROOT, Layout
-from hostsync.patch_proof import (
+from hostsync.launch.launchers import Run
+from hostsync.measure import linters, provenance
+from hostsync.measure import test_patch as patch_proof
+from hostsync.measure.test_patch import (
     FAILED,
     GREEN,
     NOT_APPLICABLE,
@@ -27,11 +26,14 @@ from hostsync.patch_proof import (
     WRONG,
     judge,
 )
-from hostsync.records import TestOutcome as Case
-from hostsync.records import TreeRole, Verdict
 from hostsync.upstream import harness, sdists, trees
 from hostsync.upstream.git import git, read_state, rev
 from hostsync.upstream.trees import Tree
+from hostsync.workspace import cases, projects
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import ROOT, Layout
+from hostsync.workspace.records import TestOutcome as Case
+from hostsync.workspace.records import TreeRole, Verdict
 
 import made
 from conftest import make_workspace, own_downloads

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, results
-from hostsync.errors import WorkspaceError
-from hostsync.launchers import RunHung, run_group
-from hostsync.layout import ROOT, Layout
+from hostsync.launch.launchers import RunHung, run_group
 from hostsync.profiling import capture as capturing
 from hostsync.profiling import command, nsys, report, traces
 from hostsync.rank.protocol import EXCLUDED_RANGE, MEASURED_RANGE, SYNC_OP
-from hostsync.records import Capture, Device, NsysFigures, ProfileResult
 from hostsync.upstream.trees import prepare_tree
+from hostsync.workspace import cases, results
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import ROOT, Layout
+from hostsync.workspace.records import Capture, Device, NsysFigures, ProfileResult
 
 import made
 from conftest import OwnEnvironment

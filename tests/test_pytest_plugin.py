@@ -20,7 +20,7 @@ import hostsync.detector  # noqa: F401
 
 pytest_plugins = ["pytester"]
 
-PLUGIN = ("-p", "hostsync.pytest_plugin")
+PLUGIN = ("-p", "hostsync.detector.pytest_plugin")
 SOURCE = Path(__file__).parents[1] / "src"
 
 GATED = """
@@ -171,7 +171,8 @@ def run_python(code: str, path: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_loading_the_plugin_imports_no_torch(tmp_path):
     """pytest loads every installed plugin in every run, also where torch is missing."""
     run = run_python(
-        "import sys, hostsync.pytest_plugin; print(sorted(m for m in sys.modules if 'torch' in m))",
+        "import sys, hostsync.detector.pytest_plugin;"
+        " print(sorted(m for m in sys.modules if 'torch' in m))",
         str(SOURCE),
         tmp_path,
     )
@@ -200,7 +201,7 @@ def test_the_installed_package_registers_the_plugin_for_any_project(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("hostsync-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         (entry_points,) = [name for name in archive.namelist() if name.endswith("entry_points.txt")]
-        assert "[pytest11]\nhostsync.pytest_plugin = hostsync.pytest_plugin" in (
+        assert "[pytest11]\nhostsync.pytest_plugin = hostsync.detector.pytest_plugin" in (
             archive.read(entry_points).decode()
         )
     site = tmp_path / "site"
@@ -246,8 +247,8 @@ def installed() -> bool:
 
 @pytest.mark.skipif(not installed(), reason="needs the installed wheel: nox -s wheel")
 def test_the_installed_wheel_gates_a_project_through_its_entry_point(tmp_path):
-    (entry,) = metadata.entry_points(group="pytest11", name="hostsync.pytest_plugin")
-    assert entry.value == "hostsync.pytest_plugin"
+    (entry,) = metadata.entry_points(group="pytest11", name="hostsync.detector.pytest_plugin")
+    assert entry.value == "hostsync.detector.pytest_plugin"
     assert_the_plugin_gates_a_project_without_p(tmp_path, "")
 
 

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, devices, launchers, repro, results
-from hostsync.errors import WorkspaceError
-from hostsync.launchers import Run, RunFailed, Start, World
-from hostsync.layout import Layout
-from hostsync.records import Device, Launcher, RankReport, ReproResult
+from hostsync.launch import devices, launchers
+from hostsync.launch.launchers import Run, RunFailed, Start, World
+from hostsync.measure import repro
 from hostsync.upstream.trees import Tree, prepare_tree, prepare_trees
+from hostsync.workspace import cases, results
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.records import Device, Launcher, RankReport, ReproResult
 
 import made
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, drafts, results, review
-from hostsync.cases import load as load_case
-from hostsync.errors import WorkspaceError
-from hostsync.layout import ROOT, Layout
-from hostsync.records import BisectResult, ProfileResult, Verdict
+from hostsync.drafting import drafts, review
+from hostsync.workspace import cases, results
+from hostsync.workspace.cases import load as load_case
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import ROOT, Layout
+from hostsync.workspace.records import BisectResult, ProfileResult, Verdict
 
 import made
 

@@ -16,8 +16,8 @@ from engine_structure import (
     string_data,
 )
 
-from hostsync.projects import PROJECTS
-from hostsync.records import Launcher
+from hostsync.workspace.projects import PROJECTS
+from hostsync.workspace.records import Launcher
 
 
 def test_every_engine_module_has_a_floor_in_the_readme() -> None:
@@ -37,24 +37,28 @@ def test_the_checks_see_a_back_edge_and_a_cycle() -> None:
     """The measure itself: a graph with a loop and an import that climbs are both caught."""
     looped = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(looped) == [["a", "b", "c", "a"]]
-    table = [["hostsync.codec"], ["hostsync.records"], ["hostsync.upstream"]]
+    table = [["hostsync.detector.codec"], ["hostsync.workspace.records"], ["hostsync.upstream"]]
     assert floor_of("hostsync.upstream.trees", table) == 2
-    assert floor_of("hostsync.codec", table) < floor_of("hostsync.records", table)
+    assert floor_of("hostsync.detector.codec", table) < floor_of(
+        "hostsync.workspace.records", table
+    )
 
 
 def test_no_engine_module_but_the_table_names_a_project_as_data() -> None:
     """Projects live in projects.py's table; the launcher of the same name as a project
     (`accelerate`), which cards name, is a launcher's name."""
     launchers = {launcher.value for launcher in Launcher}
-    found = named_outside(set(PROJECTS), "hostsync.projects")
-    assert [f for f in found if not (f[0] == "hostsync.records" and f[2] in launchers)] == []
+    found = named_outside(set(PROJECTS), "hostsync.workspace.projects")
+    assert [
+        f for f in found if not (f[0] == "hostsync.workspace.records" and f[2] in launchers)
+    ] == []
 
 
 def test_no_engine_module_but_the_registry_branches_on_a_launcher_name() -> None:
     found = [
         f"{name}:{line}"
         for name, path in engine_modules().items()
-        if name != "hostsync.launchers"
+        if name != "hostsync.launch.launchers"
         for line in launcher_comparisons(path.read_text())
     ]
     assert found == []

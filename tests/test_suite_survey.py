@@ -9,11 +9,11 @@ import textwrap
 
 import pytest
 
-from hostsync.cases import Sdist
-from hostsync.projects import Project, RuffLint
-from hostsync.records import SurveyMode, TreeRole
-from hostsync.survey import SurveySpec, parser, survey
+from hostsync.measure.survey import SurveySpec, parser, survey
 from hostsync.upstream.trees import Tree
+from hostsync.workspace.cases import Sdist
+from hostsync.workspace.projects import Project, RuffLint
+from hostsync.workspace.records import SurveyMode, TreeRole
 
 from conftest import hostsync, one_line_error
 
@@ -54,7 +54,7 @@ SUITE = """
         torch.ones(2).sum()
 
     def test_sees_the_plugin():
-        assert "hostsync.pytest_plugin" not in sys.modules
+        assert "hostsync.detector.pytest_plugin" not in sys.modules
 """
 
 

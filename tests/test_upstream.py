@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from hostsync import cases, outbox, results
-from hostsync.errors import WorkspaceError
-from hostsync.layout import ROOT, Layout
-from hostsync.records import Verdict
+from hostsync.drafting import outbox
 from hostsync.upstream import git as gitmodule
 from hostsync.upstream import patchqueue, releases, trees
 from hostsync.upstream.patchqueue import series
 from hostsync.upstream.sdists import fetch_sdist
+from hostsync.workspace import cases, results
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import ROOT, Layout
+from hostsync.workspace.records import Verdict
 
 import made
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from local_index import make_sdist, serving
 
-from hostsync import cases
-from hostsync.layout import Layout
 from hostsync.upstream import releases, sdists
 from hostsync.upstream.git import git
+from hostsync.workspace import cases
+from hostsync.workspace.layout import Layout
 
 from conftest import hostsync, make_workspace, one_line_error, own_downloads
 

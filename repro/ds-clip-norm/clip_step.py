@@ -18,11 +18,10 @@ for, and trains it. Returned through `rank_entry`:
   a backward hook (`--overflow-step`): the step is skipped, or, in bf16 with
   `--no-overflow-check`, the invalid norm reaches the clip under test.
 
-The scenario's row (see `hostsync.repro`) holds the reads per step, in the clip and in all, the
-sites of the last step, its reads, stalls and device work (`cost`: that step's scope accounts),
-the kernels each of its clip reads waited for (the first group's follow the step's own read of
-the norm, the later groups' a group's update), and `training`, everything the fix must leave
-unchanged.
+The scenario's row (see `hostsync.measure.repro`) holds the reads per step, in the clip and in all,
+the sites of the last step, its reads, stalls and device work (`cost`: that step's scope accounts),
+the kernels each of its clip reads waited for (the first group's follow the step's own read of the
+norm, the later groups' a group's update), and `training`, everything the fix must leave unchanged.
 """
 
 from __future__ import annotations

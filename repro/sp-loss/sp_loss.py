@@ -9,7 +9,7 @@ The host syncs inside its loss aggregation are counted with the model forward al
 reported apart), the loss is compared with the reference, and the gradients after
 `engine.backward` with the reference gradients; then one more call, untimed, accounts for the
 call's reads, stalls and device work (`cost`). Each rank returns one row per scenario, with the
-problems it saw (see `hostsync.repro` for the contract)."""
+problems it saw (see `hostsync.measure.repro` for the contract)."""
 
 from __future__ import annotations
 

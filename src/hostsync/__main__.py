@@ -11,42 +11,54 @@ import logging
 import signal
 import sys
 
-from hostsync.errors import WorkspaceError
+from hostsync.workspace.errors import WorkspaceError
 
 COMMANDS = {
     "clone": (
-        "hostsync.upstream.command:clone_main",
+        "hostsync.commands.clone:main",
         "materialise the pinned tree, apply patches/",
     ),
     "export-patches": (
-        "hostsync.upstream.command:export_main",
+        "hostsync.commands.export_patches:main",
         "write the clone's commits to patches/",
     ),
     "env": (
-        "hostsync.upstream.command:env_main",
+        "hostsync.commands.env:main",
         "the environment the commands run in (built if needed)",
     ),
-    "test-patch": ("hostsync.patch_proof:main", "the series' tests: red on pinned, green patched"),
-    "repro": ("hostsync.repro:main", "a case's reproducer on real processes, tree by tree"),
-    "bench": ("hostsync.bench:main", "time the reproducer cold and warm, and the detector cost"),
+    "test-patch": (
+        "hostsync.measure.test_patch:main",
+        "the series' tests: red on pinned, green patched",
+    ),
+    "repro": ("hostsync.measure.repro:main", "a case's reproducer on real processes, tree by tree"),
+    "bench": (
+        "hostsync.measure.bench:main",
+        "time the reproducer cold and warm, and the detector cost",
+    ),
     "hunt": (
-        "hostsync.hunt.command:main",
+        "hostsync.commands.hunt:main",
         "every host sync of a full SP Trainer step, tree by tree",
     ),
     "census": (
-        "hostsync.census.command:main",
+        "hostsync.commands.census:main",
         "every host sync of the training setups users run (census.toml)",
     ),
     "profile": (
-        "hostsync.profiling.command:main",
+        "hostsync.commands.profile:main",
         "before/after profiles of a case's measured code",
     ),
-    "review": ("hostsync.review:main", "a case's upstream drafts, from its result files"),
-    "outbox": ("hostsync.outbox:main", "what would be sent upstream, as the contributor's"),
-    "bisect": ("hostsync.bisect:main", "since which release a site is there (and which commit)"),
-    "watch": ("hostsync.watch:main", "the newest releases against the pins and every case"),
+    "review": ("hostsync.drafting.review:main", "a case's upstream drafts, from its result files"),
+    "outbox": (
+        "hostsync.drafting.outbox:main",
+        "what would be sent upstream, as the contributor's",
+    ),
+    "bisect": (
+        "hostsync.history.bisect:main",
+        "since which release a site is there (and which commit)",
+    ),
+    "watch": ("hostsync.history.watch:main", "the newest releases against the pins and every case"),
     "survey": (
-        "hostsync.survey:main",
+        "hostsync.measure.survey:main",
         "a project's own tests without and with the pytest plugin: outcomes, cost, sites",
     ),
 }

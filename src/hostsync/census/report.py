@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hostsync import results, table
-from hostsync.cost import BOUND, judge
+from hostsync.detector.sites import AllowRule, Site
 from hostsync.hunt.allowlist import ACCEPTED, NOT_CARRIED, load_allowlist, reason
 from hostsync.hunt.report import reading
-from hostsync.layout import Layout
-from hostsync.records import CensusResult, HuntSite, HuntTree
-from hostsync.sites import AllowRule, Site
+from hostsync.measure.cost import BOUND, judge
+from hostsync.workspace import results, table
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.records import CensusResult, HuntSite, HuntTree
 
 # The columns of the census: the releases as published, and with every carried fix.
 TODAY, FIXED = "today", "fixed"

@@ -8,11 +8,12 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from hostsync import launchers, records
-from hostsync.errors import WorkspaceError
-from hostsync.launchers import LAUNCHERS, World
-from hostsync.projects import DeepSpeedSetup, deepspeed_env
-from hostsync.records import CensusSetup, Launcher, RecordError, TrainerKind
+from hostsync.launch import launchers
+from hostsync.launch.launchers import LAUNCHERS, World
+from hostsync.workspace import records
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.projects import DeepSpeedSetup, deepspeed_env
+from hostsync.workspace.records import CensusSetup, Launcher, RecordError, TrainerKind
 
 FILE = "census.toml"
 

@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
 
-from hostsync.cases import Case
-from hostsync.errors import WorkspaceError
-from hostsync.sites import AllowRule, Site, first_match
+from hostsync.detector.sites import AllowRule, Site, first_match
+from hostsync.workspace.cases import Case
+from hostsync.workspace.errors import WorkspaceError
 
 _RULE_KEYS = {item.name for item in fields(AllowRule)}
 # The tables of hunt_allowlist.toml: sites accepted by design, and candidates not carried.

@@ -17,14 +17,16 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hostsync import trainer_launch
-from hostsync.errors import WorkspaceError
+from hostsync.detector.sites import AllowRule, Site
 from hostsync.hunt.allowlist import reason
-from hostsync.launchers import DEFAULT_TIMEOUT_S, RunFailed, read_ranks
-from hostsync.layout import Layout
-from hostsync.nodes import SINGLE, NodeLayout, shares_of
-from hostsync.projects import DEFAULT_SETUP, PACKAGES, DeepSpeedSetup
-from hostsync.records import (
+from hostsync.launch import trainer_step
+from hostsync.launch.launchers import DEFAULT_TIMEOUT_S, RunFailed, read_ranks
+from hostsync.launch.nodes import SINGLE, NodeLayout, shares_of
+from hostsync.upstream.trees import Tree
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.projects import DEFAULT_SETUP, PACKAGES, DeepSpeedSetup
+from hostsync.workspace.records import (
     Cost,
     CrossCheck,
     DeviceWork,
@@ -36,8 +38,6 @@ from hostsync.records import (
     ProfilerOnly,
     TrainerRank,
 )
-from hostsync.sites import AllowRule, Site
-from hostsync.upstream.trees import Tree
 
 LOGGING_STEPS = 3
 
@@ -50,7 +50,7 @@ def hunt_plan(steps: int, logging_steps: int) -> HuntPlan:
     common period earlier, in the same phase of both the logging cycle and the SP data refill
     (every `SP_SIZE` steps), so the two see the same kinds of work.
     """
-    period = math.lcm(logging_steps, trainer_launch.SP_SIZE)
+    period = math.lcm(logging_steps, trainer_step.SP_SIZE)
     profile = (steps // logging_steps + 1) * logging_steps
     twin = profile - period
     if twin < 2:
@@ -85,7 +85,7 @@ def hunt_run(
     Logging every 3 steps while SP refills data every 2: a site tied to either cycle shows as such.
     """
     plan = hunt_plan(steps, logging_steps)
-    results = trainer_launch.run_trainer(
+    results = trainer_step.run_trainer(
         layout,
         tree,
         sp=True,

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hostsync import results, table
-from hostsync.cost import BOUND, judge
-from hostsync.layout import Layout
-from hostsync.records import HuntResult, HuntSite, HuntTree
+from hostsync.measure.cost import BOUND, judge
+from hostsync.workspace import results, table
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.records import HuntResult, HuntSite, HuntTree
 
 
 @dataclass

@@ -21,18 +21,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hostsync import launchers
-from hostsync.cases import Case
-from hostsync.errors import WorkspaceError
-from hostsync.launchers import ENGINE_SRC, Run, RunFailed, Start, World, world_dir
-from hostsync.layout import Layout
-from hostsync.nodes import SINGLE, NodeLayout, shares_of
+from hostsync.launch import launchers
+from hostsync.launch.launchers import ENGINE_SRC, Run, RunFailed, Start, World, world_dir
+from hostsync.launch.nodes import SINGLE, NodeLayout, shares_of
 from hostsync.profiling import nsys
 from hostsync.profiling.nsys import NsysFailed
 from hostsync.profiling.traces import analyse_trace, combine_ranks, load_trace
 from hostsync.rank.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV
-from hostsync.records import Capture, Device, Launcher, ProfiledRank
 from hostsync.upstream.trees import Tree
+from hostsync.workspace.cases import Case
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.records import Capture, Device, Launcher, ProfiledRank
 
 log = logging.getLogger(__name__)
 

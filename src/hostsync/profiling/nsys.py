@@ -31,11 +31,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hostsync.errors import WorkspaceError, last_line
-from hostsync.launchers import NODE_FIELD, RUN_DIR_FIELD
+from hostsync.launch.launchers import NODE_FIELD, RUN_DIR_FIELD
 from hostsync.profiling.traces import TraceEvent, analyse_events, combine_ranks
 from hostsync.rank.protocol import MEASURED_RANGE, PROFILED_RANGE
-from hostsync.records import NsysFigures
+from hostsync.workspace.errors import WorkspaceError, last_line
+from hostsync.workspace.records import NsysFigures
 
 # Each node's report, in the folder its agent runs in.
 REPORT = "capture"

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hostsync import results, table
-from hostsync.errors import WorkspaceError
-from hostsync.layout import Layout
 from hostsync.profiling.traces import CUDA_CALLS, tidy
 from hostsync.rank.protocol import SYNC_OP
-from hostsync.records import Capture, ProfileResult, RegionLabels
+from hostsync.workspace import results, table
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.records import Capture, ProfileResult, RegionLabels
 
 
 def cuda_columns(result: ProfileResult) -> bool:

@@ -19,10 +19,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
-from hostsync.codec import Json
-from hostsync.errors import WorkspaceError
+from hostsync.detector.codec import Json
 from hostsync.rank.protocol import EXCLUDED_RANGE, MEASURED_RANGE, SYNC_OP, SYNC_OPS
-from hostsync.records import StepFigures, Timeline
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.records import StepFigures, Timeline
 
 # The CUDA calls that make the host wait for the device (a copy to pageable host memory waits
 # too, whichever call queued it).

@@ -12,7 +12,7 @@ Nothing but imports happens before a fork: a rank script starts no process group
 no GPU at import, and PYTORCH_NVML_BASED_CUDA_CHECK keeps torch's CUDA probe (DeepSpeed picks
 its accelerator at import) from creating a CUDA context that a fork cannot inherit.
 
-The plan, written by `hostsync.launchers`, is a `records.ForkPlan`: the script, its worlds
+The plan, written by `hostsync.launch.launchers`, is a `records.ForkPlan`: the script, its worlds
 (ranks, run folder, arguments, variables), whether to keep going, the snippet. Each rank calls
 the script's `main` (its `rank_entry`) with its world's variables set. A failed world stops the
 plan unless `keep_going` (independent runs, such as the census's setups). Exit status: 0, or
@@ -49,9 +49,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from hostsync.codec import load, write_file
+from hostsync.detector.codec import load, write_file
 from hostsync.rank.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, free_port
-from hostsync.records import ForkPlan, ForkSnippet, ForkWorld, SharedForkPlan, SnippetExit
+from hostsync.workspace.records import ForkPlan, ForkSnippet, ForkWorld, SharedForkPlan, SnippetExit
 
 
 def import_script(path: Path) -> ModuleType:

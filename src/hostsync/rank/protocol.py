@@ -16,8 +16,8 @@ import traceback
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from hostsync.codec import dump, write_file
-from hostsync.records import RankReport
+from hostsync.detector.codec import dump, write_file
+from hostsync.workspace.records import RankReport
 
 RUN_DIR_ENV = "HOSTSYNC_RUN_DIR"
 TREE_SRC_ENV = "HOSTSYNC_TREE_SRC"
@@ -35,8 +35,8 @@ PROFILED_RANGE = "hostsync.profiled"
 
 
 def repro_parser(description: str, known: Collection[str] = ()) -> argparse.ArgumentParser:
-    """The arguments `hostsync.repro` gives every rank script: `--scenarios a,b` (a list; each
-    one of `known`, when given), `--device cpu|cuda` and `--no-detector` (to time the
+    """The arguments `hostsync.measure.repro` gives every rank script: `--scenarios a,b` (a list;
+    each one of `known`, when given), `--device cpu|cuda` and `--no-detector` (to time the
     detector). A script adds its own before it parses."""
 
     def scenario_list(text: str) -> list[str]:

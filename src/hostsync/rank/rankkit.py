@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from hostsync.codec import dump
+from hostsync.detector.codec import dump
 from hostsync.rank.protocol import EXCLUDED_RANGE, MEASURED_RANGE, PROFILED_RANGE, RUN_DIR_ENV
-from hostsync.records import ProfiledRank
+from hostsync.workspace.records import ProfiledRank
 
 VOCAB, LAYERS, HEADS = 128, 2, 4  # four heads: Ulysses splits them over 2 or 4 ranks
 SEQ_LEN = 16

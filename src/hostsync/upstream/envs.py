@@ -28,13 +28,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from hostsync import pin as pinning
-from hostsync.cases import Release
-from hostsync.codec import RecordError, read_file, write_file
-from hostsync.errors import WorkspaceError, last_line
-from hostsync.layout import Layout
-from hostsync.projects import PROJECTS, Project
-from hostsync.records import EnvRecord
+from hostsync.detector.codec import RecordError, read_file, write_file
 from hostsync.upstream.sdists import (
     egg_info_requires,
     fetch_sdist,
@@ -43,6 +37,12 @@ from hostsync.upstream.sdists import (
     published,
     requires_dist,
 )
+from hostsync.workspace import pin as pinning
+from hostsync.workspace.cases import Release
+from hostsync.workspace.errors import WorkspaceError, last_line
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.projects import PROJECTS, Project
+from hostsync.workspace.records import EnvRecord
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from hostsync.codec import RecordError, read_file, write_file
-from hostsync.errors import WorkspaceError, last_line
-from hostsync.records import GitState
+from hostsync.detector.codec import RecordError, read_file, write_file
+from hostsync.workspace.errors import WorkspaceError, last_line
+from hostsync.workspace.records import GitState
 
 # The committer of the commits the workspace makes itself (imported sdists, applied patches),
 # so that they come out the same on every machine.

@@ -11,9 +11,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from hostsync.errors import WorkspaceError
-from hostsync.records import UpstreamTests
 from hostsync.upstream.git import git, rev
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.records import UpstreamTests
 
 log = logging.getLogger(__name__)
 

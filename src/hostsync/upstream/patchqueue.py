@@ -16,11 +16,6 @@ import re
 import tempfile
 from pathlib import Path
 
-from hostsync.cases import Case
-from hostsync.errors import WorkspaceError
-from hostsync.files import sha256
-from hostsync.layout import Layout
-from hostsync.records import GitState
 from hostsync.upstream import harness
 from hostsync.upstream.git import (
     git,
@@ -30,6 +25,11 @@ from hostsync.upstream.git import (
     write_state,
 )
 from hostsync.upstream.releases import from_sdist, materialise
+from hostsync.workspace.cases import Case
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.files import sha256
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.records import GitState
 
 log = logging.getLogger(__name__)
 

@@ -39,13 +39,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from hostsync.cases import Sdist
-from hostsync.layout import Layout
-from hostsync.projects import PROJECTS, Project
-from hostsync.records import Finding, Presence, SiteLocation
-from hostsync.sites import AllowRule, Site, suffix_matches
+from hostsync.detector.sites import AllowRule, Site, suffix_matches
 from hostsync.upstream.git import git
 from hostsync.upstream.sdists import fetch_sdist
+from hostsync.workspace.cases import Sdist
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.projects import PROJECTS, Project
+from hostsync.workspace.records import Finding, Presence, SiteLocation
 
 # The file of a package's source: its path from the tree's top, and its text.
 Sources = dict[str, str]

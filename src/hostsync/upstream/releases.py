@@ -11,12 +11,12 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from hostsync.cases import Case, Release
-from hostsync.errors import WorkspaceError, last_line
-from hostsync.layout import Layout
-from hostsync.projects import Project
 from hostsync.upstream.git import git, write_state
 from hostsync.upstream.sdists import fetch_sdist, pypi_sdist
+from hostsync.workspace.cases import Case, Release
+from hostsync.workspace.errors import WorkspaceError, last_line
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.projects import Project
 
 log = logging.getLogger(__name__)
 

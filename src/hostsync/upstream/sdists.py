@@ -23,11 +23,11 @@ from pathlib import Path
 
 from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
 
-from hostsync.cases import Sdist
-from hostsync.errors import WorkspaceError
-from hostsync.files import sha256
-from hostsync.layout import Layout
-from hostsync.projects import Project
+from hostsync.workspace.cases import Sdist
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.files import sha256
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.projects import Project
 
 log = logging.getLogger(__name__)
 

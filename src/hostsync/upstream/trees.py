@@ -15,12 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hostsync.cases import Case, Release
-from hostsync.errors import WorkspaceError
-from hostsync.files import sha256
-from hostsync.layout import Layout
-from hostsync.projects import Project
-from hostsync.records import GitState, TreeInfo, TreeRole, UpstreamTests
 from hostsync.upstream import envs, harness
 from hostsync.upstream.git import (
     INTERRUPTED_AM,
@@ -41,6 +35,12 @@ from hostsync.upstream.patchqueue import (
     touches_only_tests,
 )
 from hostsync.upstream.releases import materialise, release_for
+from hostsync.workspace.cases import Case, Release
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.files import sha256
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.projects import Project
+from hostsync.workspace.records import GitState, TreeInfo, TreeRole, UpstreamTests
 
 log = logging.getLogger(__name__)
 

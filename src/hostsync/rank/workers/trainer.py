@@ -1,11 +1,11 @@
 """One rank of a real training run with the Trainer, one of TRL's trainers (SFT, DPO, reward) or
 a plain accelerate loop, set up as users set it.
 
-Started by `hostsync.trainer_launch` (the hunt: `accelerate launch`, DeepSpeed ZeRO, Ulysses SP) or
-by the census (one setup each: ranks forked with the variables torchrun and `accelerate launch`
-give them, or `accelerate launch` itself for SP). It builds a tiny Llama from a config (no
-download), optionally with LoRA adapters or sharded with FSDP2 (the loop), trains it for a few
-steps as a user would, and returns what it saw through `rank_entry`:
+Started by `hostsync.launch.trainer_step` (the hunt: `accelerate launch`, DeepSpeed ZeRO, Ulysses
+SP) or by the census (one setup each: ranks forked with the variables torchrun and `accelerate
+launch` give them, or `accelerate launch` itself for SP). It builds a tiny Llama from a config (no
+download), optionally with LoRA adapters or sharded with FSDP2 (the loop), trains it for a few steps
+as a user would, and returns what it saw through `rank_entry`:
 
 - the loss and grad norm the Trainer logged at each step;
 - with `--detect-steps N`, every host sync of steps 1..N as `hostsync.detector` records it, each
@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 
 from hostsync.detector import CompiledInScope
-from hostsync.projects import PROJECTS
 from hostsync.rank.protocol import SYNC_OP, SYNC_OPS, rank_entry
 from hostsync.rank.rankkit import (
     MODEL_SUMMARY,
@@ -44,7 +43,8 @@ from hostsync.rank.rankkit import (
     trainer_llama,
     training_arguments,
 )
-from hostsync.records import (
+from hostsync.workspace.projects import PROJECTS
+from hostsync.workspace.records import (
     HuntStep,
     LoggedStep,
     ProfiledRead,

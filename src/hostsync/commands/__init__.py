@@ -1,0 +1,1 @@
+"""The commands: one module each, `main(argv) -> int`, importing no other command."""

@@ -1,0 +1,26 @@
+"""The host-sync detector, what other projects install: it imports nothing else of hostsync.
+
+`from hostsync.detector import SyncScope` is the API. The names resolve on first use, so that
+the codec and the site records below it load without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_HOMES = {
+    "SyncScope": "scope",
+    "SyncScopeError": "scope",
+    "CompiledInScope": "scope",
+    "package_path": "scope",
+    "AllowRule": "sites",
+    "Site": "sites",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

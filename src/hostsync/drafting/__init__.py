@@ -1,0 +1,1 @@
+"""What goes upstream: drafts filled from results, and the outbox."""

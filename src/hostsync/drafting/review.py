@@ -1,0 +1,449 @@
+"""`python -m hostsync review`: a case's upstream drafts, filled only from its result files.
+
+The drafts are the case's own templates (`cases/<case>/*.md`, named after what they draft: issue,
+pr, comment, review-comment; the shape upstream's state asks for, in the project's own
+template), with every figure a query over the latest results:
+
+    {{repro:runs[tree=pinned,ranks=2].host_syncs|max}}      a field of the matching rows, reduced
+    {{repro:snippet.output.'5.14.0'}}                       a value by its path (quote odd keys)
+    {{case:upstream.pull_request}}                          the case card
+    {{series:added[path=tests/test_x.py].text}}             a file the series adds, whole
+    {{snippet:code}}                                        the case's one-process snippet
+    {{bisect:sites[project=deepspeed].first}}              the first release with the site
+    {{gpu:figures[tree=pinned].dtoh_copies}}                GPU evidence, where there is some
+
+A path walks dicts by key and maps over lists; `[key=value,...]` keeps the list items that
+match. Reducers: first (the default), last, max, min, sum, count, join, and a number n: the n-th
+value (`|2`). Results measured against
+another pin.toml, card, patch series or case script (the snippet an issue quotes among them) are
+stale: `review` names them and refuses, or reruns their commands with `--rerun`; a result of
+another case, one that measured nothing or a proof that failed is refused outright. A bisect and
+GPU evidence (`gpu` results, made by `gpu/case_on_gpu.py` on a GPU machine and copied into
+profiles/<case>/) are optional: cited when fresh, left out with a warning when stale. Each draft
+is checked before it is written (`hostsync.drafting.drafts`): its length, no word of this workspace,
+no figure typed by hand or missing from the results; and its claims against the fix's verdict
+(`hostsync.drafting.claims`). A comment on an open PR whose change the series carries says which
+change its figures are of, the PR's diff or its description (`{{case:upstream.pr_change.follows}}`).
+The same results give byte-identical drafts. `--refresh-reference` also makes
+`profiles/<case>/reference/` hold exactly the results the drafts cite, for committing together;
+without it nothing tracked is touched. Where profiles/<case>/ holds no result of its own (a fresh
+clone), the drafts cite the committed reference set, and say so. A figure no result holds is refused
+naming what produces it (`nox -s bisect`, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hostsync.commands.options import add_case, chosen_cases
+from hostsync.drafting import drafts
+from hostsync.drafting.claims import check_claims
+from hostsync.measure import provenance
+from hostsync.upstream import patchqueue
+from hostsync.workspace import results
+from hostsync.workspace.cases import Case
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.records import (
+    BisectResult,
+    GpuResult,
+    ProfileResult,
+    ReproResult,
+    Result,
+    TestPatchResult,
+    Verdict,
+)
+
+log = logging.getLogger(__name__)
+
+KINDS: tuple[type[Result], ...] = (ReproResult, TestPatchResult, ProfileResult)
+# Cited where the case has one; a draft that cites a figure none holds fails its self-check.
+OPTIONAL_KINDS: tuple[type[Result], ...] = (BisectResult, GpuResult)
+# Made on a GPU machine: left out with a warning when stale, as no CPU session can remake it.
+MADE_ELSEWHERE: tuple[type[Result], ...] = (GpuResult,)
+# What a placeholder can cite: the results above, the card, the snippet, the series' new files.
+SOURCES = (*(kind.KIND for kind in KINDS + OPTIONAL_KINDS), "case", "snippet", "series")
+REFERENCE = "reference"
+# What a comment on an open PR cites to say which of the PR's changes its figures are of.
+PR_CHANGE_FOLLOWS = "upstream.pr_change.follows"
+PLACEHOLDER = re.compile(r"\{\{\s*(?P<source>\w+):(?P<path>[^|}]+?)(?:\|(?P<reduce>\w+))?\s*\}\}")
+SEGMENT = re.compile(r"(?:'(?P<quoted>[^']*)'|(?P<name>[^.\[\]']+))(?:\[(?P<filters>[^\]]*)\])?\.?")
+REDUCERS: dict[str, Callable[[list[Any]], Any]] = {
+    "max": max,
+    "min": min,
+    "sum": sum,
+    "first": lambda values: values[0],
+    "last": lambda values: values[-1],
+    "count": len,
+    "join": lambda values: ", ".join(str(v) for v in values),
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """One result file the drafts cite."""
+
+    kind: str
+    path: Path
+    result: Result
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The result as its file holds it: what the placeholders query."""
+        return self.result.document()
+
+
+# --- the results, fresh --------------------------------------------------------------------------
+
+
+def results_folder(layout: Layout) -> Path:
+    """Where the drafts' results are read: profiles/<case>/, or, when it holds none of the
+    results every draft needs (a fresh clone), the committed reference set, whole."""
+    reference = layout.profiles / REFERENCE
+    own = any(results.latest(layout.profiles, kind) for kind in KINDS)
+    return reference if not own and reference.is_dir() else layout.profiles
+
+
+def latest_sources(layout: Layout, case: Case) -> dict[str, Source]:
+    """The newest result of each kind the drafts cite (a profile only where the card has one,
+    an optional kind where there is one)."""
+    found = {}
+    folder = results_folder(layout)
+    required = KINDS if case.profile else tuple(k for k in KINDS if k is not ProfileResult)
+    for kind in required + OPTIONAL_KINDS:
+        path = results.latest(folder, kind)
+        if path is None and kind in OPTIONAL_KINDS:
+            continue
+        if path is None:
+            raise WorkspaceError(
+                f"no {kind.KIND} result in {folder.relative_to(layout.root)}/: run"
+                f" `nox -s {kind.KIND} -- --case {layout.case}` first"
+            )
+        found[kind.KIND] = _source(layout, kind, path)
+    return found
+
+
+def _source(layout: Layout, kind: type[Result], path: Path) -> Source:
+    source = Source(kind.KIND, path, results.read(path, kind))
+    if source.result.stamp.case != layout.case:  # and its command is that case's: no rerun
+        raise WorkspaceError(
+            f"profiles/{layout.case}/{path.name} is a result of case"
+            f" {source.result.stamp.case}, not {layout.case}: move it to"
+            f" profiles/{source.result.stamp.case}/"
+        )
+    return source
+
+
+def refuse_unusable(layout: Layout, source: Source) -> None:
+    """What a fresh result can still hold that no draft may cite: no runs at all, or a proof
+    that failed or was judged WRONG."""
+    where = f"profiles/{layout.case}/{source.path.name}"
+    result = source.result
+    if isinstance(result, ReproResult) and not result.runs:
+        raise WorkspaceError(f"{where} holds no runs: rerun `nox -s repro -- --case {layout.case}`")
+    if isinstance(result, TestPatchResult):
+        wrong = [
+            f"{c.check} on {c.label}: {c.reason}"
+            for c in result.checks
+            if c.verdict == Verdict.WRONG
+        ]
+        if not result.checks or wrong or not result.ok:
+            said = "; ".join(wrong) or "no check passed"
+            raise WorkspaceError(
+                f"{where} is no passing proof ({said}): mend that and rerun `nox -s test_patch --"
+                f" --case {layout.case}`; a draft never says a failed check passed"
+            )
+
+
+def stale(layout: Layout, sources: dict[str, Source]) -> dict[str, list[str]]:
+    """Each stale source's reasons: pin, card, series or the case's scripts changed."""
+    found = {}
+    for kind, source in sources.items():
+        reasons = provenance.stale_reasons(layout, source.result)
+        if reasons:
+            found[kind] = reasons
+    return found
+
+
+def without_stale_made_elsewhere(layout: Layout, sources: dict[str, Source]) -> dict[str, Source]:
+    """The sources less those made elsewhere gone stale (no session here can rerun them)."""
+    kept = dict(sources)
+    for kind in MADE_ELSEWHERE:
+        source = kept.get(kind.KIND)
+        reasons = source and provenance.stale_reasons(layout, source.result)
+        if reasons:
+            log.warning("not citing stale %s (%s)", source.path.name, ", ".join(reasons))
+            del kept[kind.KIND]
+    return kept
+
+
+def fresh_sources(layout: Layout, case: Case, rerun: bool) -> dict[str, Source]:
+    """The latest results, refused when stale, or first rerun with the commands that made them."""
+    sources = without_stale_made_elsewhere(layout, latest_sources(layout, case))
+    outdated = stale(layout, sources)
+    if outdated and rerun:
+        for kind in outdated:
+            rerun_command(sources[kind])
+        sources = without_stale_made_elsewhere(layout, latest_sources(layout, case))
+        outdated = stale(layout, sources)
+    if outdated:
+        said = "; ".join(
+            f"{sources[kind].path.name} ({', '.join(reasons)})"
+            for kind, reasons in outdated.items()
+        )
+        sessions = " ".join(outdated)
+        raise WorkspaceError(
+            f"stale results of {case.name}: {said}: rerun `nox -s {sessions} -- --case"
+            f" {case.name}`, or `nox -s review -- --case {case.name} --rerun`"
+        )
+    for source in sources.values():
+        refuse_unusable(layout, source)
+    return sources
+
+
+def rerun_command(source: Source) -> None:
+    """Run the command recorded in `source` again, as its own process so that the new result
+    records that command (a failure shows in its output and leaves the result stale)."""
+    argv = shlex.split(source.result.stamp.command)[3:]  # after `python -m hostsync`
+    log.info("rerunning stale %s: python -m hostsync %s", source.path.name, shlex.join(argv))
+    status = subprocess.run([sys.executable, "-m", "hostsync", *argv]).returncode
+    if status != 0:
+        log.warning("`python -m hostsync %s` exited with status %d", shlex.join(argv), status)
+
+
+# --- filling the templates -----------------------------------------------------------------------
+
+
+def segments(path: str) -> list[tuple[str, dict[str, str]]]:
+    """`runs[tree=pinned].host_syncs` as [("runs", {"tree": "pinned"}), ("host_syncs", {})]."""
+    found, position = [], 0
+    while position < len(path):
+        match = SEGMENT.match(path, position)
+        if not match or match.end() == position:
+            raise WorkspaceError(f"cannot read the placeholder path {path!r} at {position}")
+        filters = dict(
+            part.split("=", 1) for part in (match["filters"] or "").split(",") if "=" in part
+        )
+        name = match["quoted"] if match["quoted"] is not None else match["name"]
+        found.append((name, filters))
+        position = match.end()
+    return found
+
+
+def lookup(value: Any, path: list[tuple[str, dict[str, str]]]) -> list[Any]:
+    """The values at `path` under `value`, mapping over lists on the way."""
+    if isinstance(value, list):
+        return [found for item in value for found in lookup(item, path)]
+    if not path:
+        return [] if value is None else [value]
+    (name, filters), rest = path[0], path[1:]
+    if not isinstance(value, dict) or name not in value:
+        return []
+    child = value[name]
+    if filters:
+        items = child if isinstance(child, list) else [child]
+        child = [item for item in items if _matches(item, filters)]
+    return lookup(child, rest)
+
+
+def _matches(item: Any, filters: dict[str, str]) -> bool:
+    return isinstance(item, dict) and all(str(item.get(k)) == v for k, v in filters.items())
+
+
+def figure(match: re.Match, documents: dict[str, Any]) -> str:
+    """One placeholder's text; "not measured" when no result holds it."""
+    source, reduce = match["source"], match["reduce"] or "first"
+    if source not in documents or not (reduce in REDUCERS or reduce.isdecimal()):
+        raise WorkspaceError(
+            f"unknown placeholder {match[0]}: sources are {', '.join(documents)}, reducers"
+            f" {', '.join(REDUCERS)} or a number"
+        )
+    values = lookup(documents[source], segments(match["path"].strip()))
+    if reduce.isdecimal():
+        values = values[int(reduce) - 1 : int(reduce)] if int(reduce) else []
+        reduce = "first"
+    if not values and reduce != "count":
+        return drafts.NOT_MEASURED
+    return number(REDUCERS[reduce](values))
+
+
+def number(value: object) -> str:
+    """A figure as drafts cite it: a float (a mean per step) to the hundredth, no trailing 0."""
+    if isinstance(value, float):
+        return f"{value:.2f}".rstrip("0").rstrip(".")
+    return str(value)
+
+
+def fill(template: str, documents: dict[str, Any]) -> str:
+    return PLACEHOLDER.sub(lambda match: figure(match, documents), template)
+
+
+def made_by(source: str, case: str) -> str:
+    """What produces a source's figures: a session, a GPU machine, or the card and series."""
+    if source == GpuResult.KIND:
+        return "gpu/'s script on a GPU machine (README: GPU evidence)"
+    if source in (kind.KIND for kind in KINDS + OPTIONAL_KINDS):
+        return f"`nox -s {source} -- --case {case}`"
+    return f"nothing: the {source} holds no such value, mend the placeholder"
+
+
+def refuse_unmeasured(template: Path, text: str, found: dict[str, Any], case: str) -> None:
+    """Refuse a template citing a figure no result holds, naming what would produce it."""
+    lacking = sorted(
+        {
+            match["source"]
+            for match in PLACEHOLDER.finditer(text)
+            if figure(match, found) == drafts.NOT_MEASURED
+        }
+    )
+    if lacking:
+        raise WorkspaceError(
+            f"{template.name} cites {', '.join(lacking)} figures no result holds: run"
+            f" {'; '.join(made_by(source, case) for source in lacking)}; or drop them from the"
+            " template"
+        )
+
+
+def refuse_unsaid_pr_change(template: Path, text: str, case: Case) -> None:
+    """A comment on an open PR whose change the series carries says which change its figures
+    are of: the PR's diff, or its description where no diff is on record."""
+    if case.upstream.pr_change is None or drafts.kind(template) not in drafts.COMMENTS:
+        return
+    if not any(
+        match["source"] == "case" and match["path"].strip() == PR_CHANGE_FOLLOWS
+        for match in PLACEHOLDER.finditer(text)
+    ):
+        raise WorkspaceError(
+            f"{template.name} does not say which change of #{case.upstream.pull_request} its"
+            f" figures are of: cite {{{{case:{PR_CHANGE_FOLLOWS}}}}} (the card's"
+            " `[upstream.pr_change]`: its diff, or its description)"
+        )
+
+
+def templates(layout: Layout) -> list[Path]:
+    folder = layout.root / "cases" / layout.case
+    found = sorted(folder.glob("*.md"))
+    if not found:
+        raise WorkspaceError(f"cases/{layout.case}/ holds no draft template (*.md): add them")
+    return found
+
+
+def documents(layout: Layout, case: Case, sources: dict[str, Source]) -> dict[str, Any]:
+    """What the placeholders can query: each result by kind, the card, the snippet's code, and
+    the files the upstream-bound patches add (a new test, shown whole in a draft)."""
+    snippet = layout.repro / case.card.repro.snippet if case.card.repro.snippet else None
+    added = [
+        {"patch": patch.name, "path": path, "text": text}
+        for patch in patchqueue.series(layout)
+        if patch.name not in case.card.tests.workspace_only
+        for path, text in patchqueue.added_files(patch).items()
+    ]
+    absent = {kind.KIND: {} for kind in OPTIONAL_KINDS}
+    return (
+        absent
+        | {kind: source.data for kind, source in sources.items()}
+        | {
+            "case": case.card.to_json(),
+            "snippet": {"code": snippet.read_text().rstrip() if snippet else None},
+            "series": {"added": added},
+        }
+    )
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+
+def refresh_reference(layout: Layout, sources: dict[str, Source]) -> list[str]:
+    """Make profiles/<case>/reference/ hold exactly what the drafts cite (no raw traces); say
+    what changed."""
+    reference = layout.profiles / REFERENCE
+    reference.mkdir(parents=True, exist_ok=True)
+    profile = sources.get(ProfileResult.KIND)
+    folder = results.attachments(profile.path) if profile else None
+    kept = [folder / "summary.md", *sorted(folder.glob("timeline-*.png"))] if folder else []
+    wanted = {s.path.name for s in sources.values()} | ({folder.name} if folder else set())
+    changes = []
+    for entry in sorted(reference.iterdir()):
+        if entry.name not in wanted:
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            changes.append(f"dropped {entry.name}")
+    for source in sources.values():
+        if not (reference / source.path.name).exists():
+            shutil.copyfile(source.path, reference / source.path.name)
+            changes.append(f"added {source.path.name}")
+    for path in kept:
+        if path.exists():
+            (reference / path.parent.name).mkdir(exist_ok=True)
+            shutil.copyfile(path, reference / path.parent.name / path.name)
+    return changes
+
+
+def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]:
+    layout = case.layout
+    sources = fresh_sources(layout, case, rerun)
+    own_results = results_folder(layout) == layout.profiles
+    if not own_results:
+        where = f"profiles/{layout.case}/"
+        log.info(
+            "%s holds no result of its own: citing the committed reference set, %s%s/",
+            where,
+            where,
+            REFERENCE,
+        )
+    found = documents(layout, case, sources)
+    repro = sources.get(ReproResult.KIND)
+    verdicts = repro.result.verdicts if repro else ()
+    filled = {}
+    for template in templates(layout):
+        text = template.read_text()
+        drafts.check_template(template, text)
+        refuse_unmeasured(template, text, found, layout.case)
+        refuse_unsaid_pr_change(template, text, case)
+        filled[template.name] = drafts.reflow(fill(text, found))
+        drafts.check_draft(template.name, drafts.kind(template), filled[template.name])
+        check_claims(template.name, filled[template.name], verdicts, GpuResult.KIND in sources)
+    if own_results and refresh:  # only a set whose drafts passed becomes the reference
+        for change in refresh_reference(layout, sources):
+            log.info("profiles/%s/%s: %s", layout.case, REFERENCE, change)
+    layout.issue_drafts.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in filled.items():
+        target = layout.issue_drafts / name
+        target.write_text(text.replace(drafts.TEMPLATE_MARK + "\n", ""))
+        written.append(target)
+    return written
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hostsync review",
+        description="Write a case's upstream drafts into issue_drafts/<case>/, from the latest"
+        " repro, test_patch and profile results (and bisect, where there is one) only.",
+    )
+    add_case(parser)
+    parser.add_argument(
+        "--rerun",
+        action="store_true",
+        help="rerun the commands of stale results (pin.toml, the card, a patch or a script"
+        " changed)",
+    )
+    parser.add_argument(
+        "--refresh-reference",
+        action="store_true",
+        help="also make profiles/<case>/reference/ hold exactly the results the drafts cite",
+    )
+    args = parser.parse_args(argv)
+    for case in chosen_cases(args.case):
+        for path in review(case, rerun=args.rerun, refresh=args.refresh_reference):
+            print(f"wrote {path.relative_to(case.root)}")
+    return 0

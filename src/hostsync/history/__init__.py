@@ -1,0 +1,1 @@
+"""Since when a site is upstream, and what the newest releases change."""

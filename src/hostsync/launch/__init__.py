@@ -1,0 +1,1 @@
+"""How ranks start, on which devices and nodes, and leave nothing behind."""

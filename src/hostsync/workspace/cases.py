@@ -1,0 +1,333 @@
+"""A case: one hidden host sync carried upstream, described by its card `cases/<name>.toml`.
+
+The engine holds no word of any one bug. Everything about one comes from its card: the project
+and release it pins, upstream's own fix when one is released, what upstream knows of it, how its
+reproducer is launched and what it prints, which of its tests must fail on the pinned release,
+and which host-sync sites its fix removes (`[[carries]]`, matched like the hunt's allow rules).
+Its patches, rank scripts, results and drafts live in folders of the same name (see `Layout`).
+
+A card is checked field by field when it is read, before anything runs: a wrong type, an
+unknown key or a value outside its choices is refused in one line naming the card and the field.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hostsync.detector.codec import Json, RecordError, Strict
+from hostsync.detector.sites import AllowRule
+from hostsync.workspace import projects, records
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.records import Launcher, PrChangeSource, TreeRole, UpstreamState
+
+# A case's name is a folder name in four places: plain words only, and none that profiles/
+# keeps for results of no one case.
+NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+RESERVED = ("sites", "watch")
+
+
+@dataclass(frozen=True)
+class Sdist(Strict):
+    url: str
+    size: int
+    sha256: str
+
+    @property
+    def filename(self) -> str:
+        return self.url.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Release(Strict):
+    """One release of the case's project, reachable as a git tag or as its PyPI sdist."""
+
+    version: str
+    tag: str
+    sdist: Sdist
+
+
+@dataclass(frozen=True)
+class PrChange(Strict):
+    """An open PR's own change, carried as `patch` of the series: from its diff, or from its
+    description where no diff is on record, which the comment and the checklist then say."""
+
+    patch: str
+    follows: PrChangeSource
+
+
+@dataclass(frozen=True)
+class Upstream(Strict):
+    """What upstream knows of the bug, and where that was seen: `seen` starts with the date of
+    the newest record read (a thread's last entry, a release), not the day it was read."""
+
+    state: UpstreamState
+    seen: str
+    issue: int = 0
+    pull_request: int = 0
+    reviewers: tuple[str, ...] = ()
+    notes: str = ""
+    # What only the contributor can do for this case before sending (the outbox's checklist).
+    to_do: tuple[str, ...] = ()
+    # An open PR: the patch of the series that carries that PR's own change, so that the figures
+    # are the PR's. Without it the outbox sends nothing: a comment would speak of another variant
+    # than the one under review.
+    pr_change: PrChange | None = None
+    # An open PR that removes the read right before the series' own where the project's defaults
+    # apply, so that until it lands the series' read waits for almost nothing: nothing is sent.
+    gains_after_pr: int = 0
+    # The link to a maintainer's approval in the issue's thread, where the project holds a PR
+    # until there is one (`Project.pr_after_approval`): until then the outbox sends the issue.
+    approved: str = ""
+
+
+@dataclass(frozen=True)
+class Launch(Strict):
+    """One way the reproducer runs: a script of `repro/<case>/`, its launcher and rank counts."""
+
+    script: str
+    launcher: Launcher
+    scenarios: dict[str, str]
+    ranks: tuple[int, ...] = (1,)
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Repro(Strict):
+    """How the reproducer runs and what it shows; `snippet` is the one-process script an issue
+    quotes, run on every tree, and `snippet_output` the pattern of the line it prints."""
+
+    launch: tuple[Launch, ...]
+    columns: tuple[str, ...]
+    trees: tuple[str, ...] = (TreeRole.PINNED.value, TreeRole.PATCHED.value)
+    compare: tuple[str, ...] = ()
+    snippet: str = ""
+    snippet_output: str = ""
+
+
+@dataclass(frozen=True)
+class Tests(Strict):
+    red_on_pinned: tuple[str, ...] = ()
+    # The series' tests as pytest node ids, where they are methods in a file of upstream's beside
+    # its own tests; by default every test of the files the test patches touch.
+    select: tuple[str, ...] = ()
+    # Upstream's test files near the change, or node ids of tests in them.
+    neighbours: tuple[str, ...] = ()
+    # Upstream's test files the series' tests run on (its conftest, its DistributedTest), which
+    # a tree made from an sdist lacks until `test_patch --remote` copies them in.
+    harness: tuple[str, ...] = ()
+    workspace_only: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Profile(Strict):
+    """The profile script, its rank count and scenario, and the card's words for the range it
+    measures and the part measured apart."""
+
+    script: str
+    ranks: int
+    scenario: str
+    measured: str
+    excluded: str
+    launcher: Launcher = Launcher.TORCHRUN
+
+
+@dataclass(frozen=True)
+class LintTool(Strict):
+    """A formatter's version and config as the project's pre-commit config has them, for a tree
+    (an sdist) that lacks that config."""
+
+    version: str
+    config: str = ""
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Carried(Strict):
+    """A site the case's fix removes, matched like an allow rule."""
+
+    file: str
+    function: str | None = None
+    line: int | None = None
+    caller: str | None = None
+    code: str | None = None
+
+
+@dataclass(frozen=True)
+class Card(Strict):
+    title: str
+    project: str
+    pin: Release
+    upstream: Upstream
+    repro: Repro
+    summary: str = ""
+    fixed: Release | None = None
+    tests: Tests = Tests()
+    profile: Profile | None = None
+    lint: dict[str, LintTool] = field(default_factory=dict)
+    carries: tuple[Carried, ...] = ()
+
+
+@dataclass(frozen=True)
+class Case:
+    """A card, read and checked, with its project resolved and its workspace: read once per
+    command (`load`) and handed to everything the command does for the case."""
+
+    name: str
+    card: Card
+    project: projects.Project
+    root: Path
+
+    @property
+    def layout(self) -> Layout:
+        """Where the case's files live."""
+        return Layout(self.root, self.name)
+
+    @property
+    def title(self) -> str:
+        return self.card.title
+
+    @property
+    def pin(self) -> Release:
+        return self.card.pin
+
+    @property
+    def fixed(self) -> Release | None:
+        return self.card.fixed
+
+    @property
+    def upstream(self) -> Upstream:
+        return self.card.upstream
+
+    @property
+    def launches(self) -> tuple[Launch, ...]:
+        return self.card.repro.launch
+
+    @property
+    def trees(self) -> tuple[str, ...]:
+        return self.card.repro.trees
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.card.repro.columns
+
+    @property
+    def compare(self) -> tuple[str, ...]:
+        return self.card.repro.compare
+
+    @property
+    def red_on_pinned(self) -> frozenset[str]:
+        return frozenset(self.card.tests.red_on_pinned)
+
+    @property
+    def profile(self) -> Profile | None:
+        return self.card.profile
+
+    @property
+    def scenarios(self) -> dict[str, str]:
+        return {name: text for launch in self.launches for name, text in launch.scenarios.items()}
+
+    def launch_of(self, scenario: str) -> Launch:
+        """The launch that runs `scenario`: its arguments set the scenario up (a profile's too)."""
+        return next(launch for launch in self.launches if scenario in launch.scenarios)
+
+    @property
+    def carries(self) -> tuple[AllowRule, ...]:
+        """The sites the fix removes, as rules whose reason is the case's name."""
+        return tuple(
+            AllowRule(reason=self.name, **{k: v for k, v in vars(c).items() if v is not None})
+            for c in self.card.carries
+        )
+
+    def tree_name(self, name: str) -> str:
+        """`fixed` stands for upstream's fixed release: `fixed+tests` becomes `5.14.0+tests`."""
+        base, plus, extra = name.partition("+")
+        if base != TreeRole.FIXED:
+            return name
+        if self.fixed is None:
+            raise WorkspaceError(
+                f"case {self.name} has no fixed upstream release: drop the tree {name!r}"
+            )
+        return self.fixed.version + plus + extra
+
+    def role(self, label: str) -> TreeRole:
+        """What the tree `label` (a `tree_name`) is to this case."""
+        base = label.partition("+")[0]
+        if base in (TreeRole.PINNED, TreeRole.PATCHED):
+            return TreeRole(base)
+        if self.fixed is not None and base == self.fixed.version:
+            return TreeRole.FIXED
+        return TreeRole.RELEASE
+
+
+def card_path(root: Path, name: str) -> Path:
+    return root / "cases" / f"{name}.toml"
+
+
+def names(root: Path) -> list[str]:
+    """Every case of the workspace, by name."""
+    return sorted(path.stem for path in (root / "cases").glob("*.toml"))
+
+
+def every(root: Path, loaded: Sequence[Case] = ()) -> tuple[Case, ...]:
+    """Every case of the workspace, each card read once: those already `loaded` (the command's
+    own) are not read again."""
+    return tuple(named(loaded, names(root), root))
+
+
+def named(known: Sequence[Case], wanted: Sequence[str], root: Path) -> list[Case]:
+    """The cases `wanted`, those among `known` not read again; an unknown name is refused as
+    `load` refuses it."""
+    by_name = {case.name: case for case in known}
+    return [by_name[name] if name in by_name else load(root, name) for name in wanted]
+
+
+def load(root: Path, name: str) -> Case:
+    """The card of case `name`; a missing or malformed one is refused in one line."""
+    if not NAME.fullmatch(name) or name in RESERVED:
+        raise WorkspaceError(
+            f"{name!r} is no case name: name one of {', '.join(names(root)) or 'none'}"
+            " (a name, not a path)"
+        )
+    path = card_path(root, name)
+    if not path.exists():
+        known = ", ".join(names(root)) or "none"
+        raise WorkspaceError(f"no case {name!r} (cases/{name}.toml): the cases are {known}")
+    where = f"cases/{name}.toml"
+    try:
+        card = load_card(tomllib.loads(path.read_text()))
+    except tomllib.TOMLDecodeError as error:
+        raise WorkspaceError(f"{where} is not valid TOML ({error}): fix the card") from None
+    except RecordError as error:
+        raise WorkspaceError(f"{where}: {error}: fix the card") from None
+    try:
+        project = projects.get(card.project)
+    except WorkspaceError as error:
+        raise WorkspaceError(f"{where}: project: {error}") from None
+    return Case(name, card, project, root)
+
+
+def load_card(data: Json) -> Card:
+    """A card's table, its types checked, then what types cannot say."""
+    card = records.load(Card, data, "")
+    if not card.repro.launch:
+        raise RecordError("repro.launch", "names no launch: add a [[repro.launch]] table")
+    for number, launch in enumerate(card.repro.launch):
+        where = f"repro.launch[{number}]"
+        if not launch.ranks or any(n < 1 for n in launch.ranks):
+            raise RecordError(f"{where}.ranks", "must list rank counts of at least 1")
+        if not launch.scenarios:
+            raise RecordError(f"{where}.scenarios", "names no scenario")
+    if bool(card.repro.snippet) != bool(card.repro.snippet_output):
+        raise RecordError("repro.snippet", "comes with snippet_output, the line it prints")
+    scenarios = [name for launch in card.repro.launch for name in launch.scenarios]
+    if card.profile and card.profile.scenario not in scenarios:
+        raise RecordError("profile.scenario", f"must be one of {', '.join(scenarios)}")
+    for base in (tree.partition("+")[0] for tree in card.repro.trees):
+        if base == TreeRole.FIXED and card.fixed is None:
+            raise RecordError("repro.trees", "names `fixed`, but the card has no [fixed]")
+    return card
