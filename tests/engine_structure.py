@@ -1,6 +1,7 @@
-"""The engine's structure, read from its source: its import graph by the README's floors, and
-the signatures that take or return untyped data. `python tests/engine_structure.py` prints the
-figures; tests/test_structure.py holds the floors and the cycles to zero."""
+"""The engine's structure, read from its source: its import graph by the floors of
+docs/architecture.md, and the signatures that take or return untyped data. `python
+tests/engine_structure.py` prints the figures; tests/test_structure.py holds the floors and the
+cycles to zero."""
 
 from __future__ import annotations
 
@@ -43,9 +44,9 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def floors() -> list[list[str]]:
-    """The first column of each row of the README's engine table, as module names or package
-    prefixes (`upstream/` stands for every module under it), bottom floor first."""
-    text = (ROOT / "README.md").read_text()
+    """The first column of each row of the engine table, as module names or package prefixes
+    (`upstream/` stands for every module under it), bottom floor first."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
     rows = text[text.index(TABLE_OPENS) :].split("\n\n")[1].splitlines()[2:]
     return [
         [
@@ -226,6 +227,40 @@ def launcher_comparisons(source: str) -> list[int]:
     ]
 
 
+def commands() -> set[str]:
+    """The modules the command table of `__main__.py` names (`"hostsync.commands.repro:main"`)."""
+    tree = ast.parse((ENGINE / "__main__.py").read_text())
+    targets = [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and ":" in node.value
+    ]
+    return {target.split(":")[0] for target in targets if target.startswith("hostsync.")}
+
+
+def command_imports() -> list[str]:
+    """Each import of one command by another: what two commands share belongs to a layer."""
+    named, graph = commands(), import_graph()
+    return [
+        f"{module} imports {imported}"
+        for module in sorted(named)
+        for imported in sorted(graph.get(module, set()) & named)
+    ]
+
+
+def detector_escapes() -> list[str]:
+    """Each import from the detector package into the rest of the workspace: the wheel's
+    plugin loads the detector alone."""
+    inside = "hostsync.detector"
+    return [
+        f"{module} imports {imported}"
+        for module, imported_modules in sorted(import_graph().items())
+        if module == inside or module.startswith(inside + ".")
+        for imported in sorted(imported_modules)
+        if not (imported == inside or imported.startswith(inside + ".")) and imported != "hostsync"
+    ]
+
+
 def back_edges() -> list[str]:
     """Each import that climbs from a module's floor to a higher one."""
     table = floors()
@@ -246,6 +281,10 @@ def main() -> int:
         print("\n".join(untyped))
     print(f"modules: {len(graph)}, imports between them: {sum(map(len, graph.values()))}")
     print(f"floors: {len(floors())}, back-edges: {len(back_edges())}, cycles: {len(cycles(graph))}")
+    print(
+        f"commands: {len(commands())}, imports between them: {len(command_imports())},"
+        f" detector imports outside it: {len(detector_escapes())}"
+    )
     print(f"untyped signatures: {len(untyped)} of {total} functions (--list names them)")
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -180,6 +181,19 @@ def test_loading_the_plugin_imports_no_torch(tmp_path):
     assert run.stdout.strip() == "[]", run.stderr[-2000:]
 
 
+def test_the_plugin_and_its_detector_load_nothing_else_of_the_package(tmp_path):
+    """What another project installs is the detector: its plugin and scope stand alone."""
+    run = run_python(
+        "import sys, hostsync.detector.pytest_plugin, hostsync.detector.scope;"
+        " print(sorted(m for m in sys.modules if m.startswith('hostsync')"
+        " and not m.startswith('hostsync.detector')))",
+        str(SOURCE),
+        tmp_path,
+    )
+
+    assert run.stdout.strip() == "['hostsync']", run.stderr[-2000:]
+
+
 def test_the_installed_package_registers_the_plugin_for_any_project(tmp_path):
     """Built offline from the checkout and installed into a folder: a project's pytest run picks
     the plugin up by its entry point, without -p."""
@@ -187,9 +201,11 @@ def test_the_installed_package_registers_the_plugin_for_any_project(tmp_path):
     checkout.mkdir()
     for name in ("pyproject.toml", "README.md"):
         (checkout / name).write_bytes((SOURCE.parent / name).read_bytes())
-    (checkout / "src" / "hostsync").mkdir(parents=True)
-    for module in (SOURCE / "hostsync").glob("*.py"):
-        (checkout / "src" / "hostsync" / module.name).write_bytes(module.read_bytes())
+    shutil.copytree(
+        SOURCE / "hostsync",
+        checkout / "src" / "hostsync",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     subprocess.run(

@@ -1,12 +1,16 @@
 """The engine's imports, read from its source: each module imports only from its own floor and
-the floors below it (the README's engine table, bottom up), and no import cycle exists, so that
-a lower floor can be read, tested and changed without the ones above it."""
+the floors below it (docs/architecture.md, bottom up), no import cycle exists, no command imports
+another and the detector imports nothing outside its package, so that a lower floor can be read,
+tested and changed without the ones above it."""
 
 from __future__ import annotations
 
 from engine_structure import (
     back_edges,
+    command_imports,
+    commands,
     cycles,
+    detector_escapes,
     engine_modules,
     floor_of,
     floors,
@@ -31,6 +35,15 @@ def test_no_engine_module_imports_from_a_floor_above_its_own() -> None:
 
 def test_the_engine_has_no_import_cycle() -> None:
     assert cycles(import_graph()) == []
+
+
+def test_no_command_imports_another() -> None:
+    assert len(commands()) >= 10
+    assert command_imports() == []
+
+
+def test_the_detector_imports_nothing_outside_its_package() -> None:
+    assert detector_escapes() == []
 
 
 def test_the_checks_see_a_back_edge_and_a_cycle() -> None:

@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from hostsync.detector.ops import OpCall
-from hostsync.workspace.records import DeviceWork
+from hostsync.detector.records import DeviceWork
 
 _aten = torch.ops.aten
 # Operators that make or describe tensors without running a kernel on a device.

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hostsync.workspace.records import Record
+from hostsync.detector.codec import Record
 
 SCHEMA = 1
 

@@ -73,8 +73,8 @@ from torch.utils._python_dispatch import (
 
 from hostsync.detector import ops
 from hostsync.detector.accounting import Accounting
+from hostsync.detector.records import Cost, DeviceWork, SiteCost
 from hostsync.detector.sites import COMPILED, AllowRule, Site, require_reason
-from hostsync.workspace.records import Cost, DeviceWork, SiteCost
 
 __all__ = [
     "COMPILED",
