@@ -17,7 +17,7 @@ import pytest
 
 # Loaded before any in-process run: pytester drops the modules a run imports first, and torch
 # cannot be loaded twice in one process.
-import hostsync.detector  # noqa: F401
+import hostsync.detector.scope  # noqa: F401
 
 pytest_plugins = ["pytester"]
 
@@ -217,7 +217,7 @@ def test_the_installed_package_registers_the_plugin_for_any_project(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("hostsync-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         (entry_points,) = [name for name in archive.namelist() if name.endswith("entry_points.txt")]
-        assert "[pytest11]\nhostsync.pytest_plugin = hostsync.detector.pytest_plugin" in (
+        assert "[pytest11]\nhostsync.detector.pytest_plugin = hostsync.detector.pytest_plugin" in (
             archive.read(entry_points).decode()
         )
     site = tmp_path / "site"

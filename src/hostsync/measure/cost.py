@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hostsync.detector.records import Cost
 from hostsync.measure import provenance
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import (
-    Cost,
     CostComparison,
     FixJudgement,
     FixVerdict,
