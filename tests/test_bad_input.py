@@ -21,6 +21,7 @@ import pytest
 from local_index import make_sdist, serving
 
 from hostsync.commands import options
+from hostsync.commands import repro as repro_command
 from hostsync.drafting import review
 from hostsync.launch import launchers
 from hostsync.launch.launchers import Run, RunFailed, Start, World, run_group
@@ -163,7 +164,7 @@ def test_a_release_without_requires_dist_is_read_from_its_egg_info(tmp_path: Pat
 @pytest.mark.parametrize("value", ["1e9", "inf", "nan", "-inf"])
 def test_a_timeout_that_is_no_run_length_is_refused(value: str, capsys) -> None:
     with pytest.raises(SystemExit):
-        repro.parser().parse_args(["--timeout", value])
+        repro_command.parser().parse_args(["--timeout", value])
 
     assert "--timeout" in capsys.readouterr().err
 

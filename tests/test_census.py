@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 
 from hostsync.census import report, setups
+<<<<<<< HEAD
 from hostsync.commands import census as command
+=======
+from hostsync.census.run import census_cases
+>>>>>>> h-commands
 from hostsync.detector.records import Cost, DeviceWork
 from hostsync.rank import rankkit
 from hostsync.workspace import cases, results, table
@@ -114,7 +118,7 @@ def test_the_preference_texts_tokenize_to_real_words_as_trl_joins_them() -> None
 
 
 def test_the_fixed_column_stacks_every_case_at_the_newest_release_of_its_project() -> None:
-    names = [case.name for case in command.census_cases(cases.every(ROOT))]
+    names = [case.name for case in census_cases(cases.every(ROOT))]
 
     assert names[0] in {"trainer-nan-filter", "trainer-grad-norm"}  # transformers first
     assert "sp-loss" not in names  # 5.13.1, fixed upstream since

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from hostsync.commands import options
+from hostsync.commands import repro as repro_command
 from hostsync.drafting import drafts, review
-from hostsync.measure import provenance, repro
+from hostsync.measure import provenance
 from hostsync.upstream import envs
 from hostsync.upstream.patchqueue import series
 from hostsync.workspace import cases, projects, results
@@ -88,7 +89,7 @@ def test_a_case_is_added_by_adding_files(workspace: Layout) -> None:
 @pytest.mark.parametrize("value", ["-1", "0", "soon"])
 def test_a_timeout_that_is_no_positive_number_is_refused(value: str, capsys) -> None:
     with pytest.raises(SystemExit):
-        repro.parser().parse_args(["--timeout", value])
+        repro_command.parser().parse_args(["--timeout", value])
 
     assert "is no positive number of seconds" in capsys.readouterr().err
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from hostsync.commands import hunt as command
+from hostsync.commands import hunt as hunt_command
 from hostsync.detector.records import Cost, DeviceWork
 from hostsync.detector.sites import AllowRule
 from hostsync.hunt import allowlist, measure, report
+from hostsync.hunt.run import check_stack, stacked
 from hostsync.launch import trainer_step
 from hostsync.upstream.git import git
 from hostsync.upstream.patchqueue import series
@@ -330,7 +331,7 @@ def test_a_bad_allow_list_is_refused_in_one_line(tmp_path: Path, text: str, comp
 
 def test_too_few_steps_are_refused_before_anything_runs() -> None:
     with pytest.raises(WorkspaceError, match="use --steps 6 or more"):
-        command.main(["--steps", "3"])
+        hunt_command.main(["--steps", "3"])
 
 
 def test_the_profiled_step_and_its_twin_share_both_cycles() -> None:
@@ -445,18 +446,18 @@ def test_cases_of_two_releases_are_not_stacked_on_one_tree(workspace: Layout) ->
 
     # sp-loss pins transformers 5.13.1, trainer-nan-filter 5.24.0: refused before any download.
     with pytest.raises(WorkspaceError, match="trainer-nan-filter pin another project or release"):
-        command.stacked(made.case_of(workspace), tree, [cases.load(ROOT, "trainer-nan-filter")])
+        stacked(made.case_of(workspace), tree, [cases.load(ROOT, "trainer-nan-filter")])
 
 
 def test_a_stack_of_the_same_project_without_the_patched_tree_is_refused(
     workspace: Layout,
 ) -> None:
-    args = command.parser().parse_args(["--trees", "pinned", "--stack", "trainer-grad-norm"])
+    args = hunt_command.parser().parse_args(["--trees", "pinned", "--stack", "trainer-grad-norm"])
     case = cases.load(workspace.root, "trainer-nan-filter")
     stack = [cases.load(workspace.root, "trainer-grad-norm")]
 
     with pytest.raises(WorkspaceError, match="add patched to --trees"):
-        command.check_stack(case, stack, command.settings_from(args))
+        check_stack(case, stack, hunt_command.settings_from(args))
 
 
 def test_the_hunt_reads_every_card_once(workspace: Layout) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from local_index import make_sdist, serving
 
+from hostsync.commands import test_patch as proof_command
 from hostsync.launch.launchers import Run
 from hostsync.measure import linters, provenance
 from hostsync.measure import test_patch as patch_proof
@@ -268,7 +269,7 @@ def test_the_proof_runs_the_file_the_test_patch_adds() -> None:
 
 def test_a_release_number_is_required() -> None:
     with pytest.raises(WorkspaceError, match=r"'5\.12' is no release number"):
-        patch_proof.main(["--release", "5.12"])
+        proof_command.main(["--release", "5.12"])
 
 
 # --- another release, judged from its source ----------------------------------------------------
@@ -543,7 +544,7 @@ def test_a_repository_without_tests_is_refused_in_one_line(tmp_path: Path) -> No
 
 def test_test_patch_refuses_a_remote_that_is_no_repository(tmp_path: Path) -> None:
     with pytest.raises(WorkspaceError, match="is no git repository: give a local clone"):
-        patch_proof.main(["--case", "ds-ulysses-seqlen", "--remote", str(tmp_path)])
+        proof_command.main(["--case", "ds-ulysses-seqlen", "--remote", str(tmp_path)])
 
 
 @pytest.fixture

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from hostsync.commands import profile as command
+from hostsync.commands import profile as profile_command
 from hostsync.launch.launchers import RunHung, run_group
 from hostsync.profiling import capture as capturing
 from hostsync.profiling import nsys, report, traces
+from hostsync.profiling.run import profile_case
 from hostsync.rank.protocol import EXCLUDED_RANGE, MEASURED_RANGE, SYNC_OP
 from hostsync.upstream.trees import prepare_tree
 from hostsync.workspace import cases, results
@@ -301,7 +302,7 @@ def test_no_nsys_agent_outlives_a_launch_killed_at_its_timeout(tmp_path: Path) -
 @needs_nsys
 def test_nsys_on_a_cpu_records_the_measured_ranges_and_zero_cuda(workspace: Layout) -> None:
     """`profile --case sp-loss --profiler nsys --device cpu` on the pinned tree."""
-    args = command.parser().parse_args(
+    args = profile_command.parser().parse_args(
         [
             "--case",
             "sp-loss",
@@ -318,7 +319,7 @@ def test_nsys_on_a_cpu_records_the_measured_ranges_and_zero_cuda(workspace: Layo
         ]
     )
 
-    command.profile_case(command.settings_for(made.case_of(workspace), args))
+    profile_case(profile_command.settings_for(made.case_of(workspace), args))
 
     path = results.latest(workspace.profiles, ProfileResult)
     (captured,) = results.read(path, ProfileResult).captures

@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-from hostsync.measure.survey import SurveySpec, parser, survey
+from hostsync.commands.survey import parser
+from hostsync.measure.survey import SurveySpec, survey
 from hostsync.upstream.trees import Tree
 from hostsync.workspace.cases import Sdist
 from hostsync.workspace.projects import Project, RuffLint

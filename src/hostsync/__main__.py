@@ -27,12 +27,15 @@ COMMANDS = {
         "the environment the commands run in (built if needed)",
     ),
     "test-patch": (
-        "hostsync.measure.test_patch:main",
+        "hostsync.commands.test_patch:main",
         "the series' tests: red on pinned, green patched",
     ),
-    "repro": ("hostsync.measure.repro:main", "a case's reproducer on real processes, tree by tree"),
+    "repro": (
+        "hostsync.commands.repro:main",
+        "a case's reproducer on real processes, tree by tree",
+    ),
     "bench": (
-        "hostsync.measure.bench:main",
+        "hostsync.commands.bench:main",
         "time the reproducer cold and warm, and the detector cost",
     ),
     "hunt": (
@@ -47,18 +50,21 @@ COMMANDS = {
         "hostsync.commands.profile:main",
         "before/after profiles of a case's measured code",
     ),
-    "review": ("hostsync.drafting.review:main", "a case's upstream drafts, from its result files"),
+    "review": ("hostsync.commands.review:main", "a case's upstream drafts, from its result files"),
     "outbox": (
-        "hostsync.drafting.outbox:main",
+        "hostsync.commands.outbox:main",
         "what would be sent upstream, as the contributor's",
     ),
     "bisect": (
-        "hostsync.history.bisect:main",
+        "hostsync.commands.bisect:main",
         "since which release a site is there (and which commit)",
     ),
-    "watch": ("hostsync.history.watch:main", "the newest releases against the pins and every case"),
+    "watch": (
+        "hostsync.commands.watch:main",
+        "the newest releases against the pins and every case",
+    ),
     "survey": (
-        "hostsync.measure.survey:main",
+        "hostsync.commands.survey:main",
         "a project's own tests without and with the pytest plugin: outcomes, cost, sites",
     ),
 }

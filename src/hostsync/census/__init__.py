@@ -2,11 +2,13 @@
 
 - `setups`: `census.toml`, one table per setup (trainer, ranks, ZeRO stage, precision, SP,
   accumulation, checkpointing, packing, LoRA, logging and evaluation), read and checked;
-- `command`: each setup run through the hunt's machinery (`hunt.measure.summarize`, the
+- `run`: each setup run through the hunt's machinery (`hunt.measure.summarize`, the
   allow-list, the cases' `[[carries]]`) on the newest release each case pins, as published and
   with every carried fix stacked on one tree per project;
 - `report`: one report, Markdown, JSON and a heat map (setups x sites, reads per optimizer
   step), every site ranked by its reads per step summed over the setups, with its verdict.
+
+Its command line is `hostsync.commands.census`.
 
 Writes profiles/census/census-<stamp>.json (`records.CensusResult`) with census-<stamp>.md and
 census-<stamp>.png beside it, and regenerates profiles/census/census.md from the newest.

@@ -10,19 +10,10 @@ from hostsync.launch import launchers, nodes
 from hostsync.launch.launchers import DEFAULT_TIMEOUT_S
 from hostsync.workspace import cases
 from hostsync.workspace.cases import Case
-from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.pin import load as load_pin
 
 ALL_CASES = "all"
-
-
-def comma_list(text: str, option: str) -> list[str]:
-    """`--trees pinned,patched` and the like: the items, refusing an empty list."""
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
-        raise WorkspaceError(f"empty {option} list: give comma-separated values")
-    return items
 
 
 def add_case(parser: argparse.ArgumentParser) -> None:

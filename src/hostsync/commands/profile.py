@@ -1,12 +1,10 @@
-"""The `profile` command line: one profile per case, settings read once."""
+"""`python -m hostsync profile`: before/after profiles of a case's measured code, tree by tree
+(`hostsync.profiling`), settings read once, one profile per case."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import shutil
-import sys
-from dataclasses import replace
 
 from hostsync.commands.options import (
     ALL_CASES,
@@ -15,20 +13,15 @@ from hostsync.commands.options import (
     add_nodes,
     add_timeout,
     chosen_cases,
-    comma_list,
     node_layout,
 )
-from hostsync.launch import devices
-from hostsync.launch.nodes import SINGLE, NodeLayout, clear_stale, node_0_first
-from hostsync.measure import provenance
-from hostsync.profiling.capture import ProfileSettings, capture_with_fallback, choose_profiler
-from hostsync.profiling.report import publish, summary_table
-from hostsync.upstream.trees import infos, prepare_trees
-from hostsync.workspace import locks, table
+from hostsync.launch.nodes import SINGLE, NodeLayout, clear_stale
+from hostsync.profiling.capture import ProfileSettings
+from hostsync.profiling.run import profile_case
+from hostsync.workspace import locks
 from hostsync.workspace.cases import Case
 from hostsync.workspace.errors import WorkspaceError
-from hostsync.workspace.records import ProfiledScenario, ProfileResult, RegionLabels
-from hostsync.workspace.results import attachments
+from hostsync.workspace.values import comma_list
 
 log = logging.getLogger(__name__)
 
@@ -83,54 +76,6 @@ def settings_for(
         args.timeout,
         nodes,
     )
-
-
-def profile_case(settings: ProfileSettings) -> None:
-    case = settings.case
-    layout = case.layout
-    measured_against = provenance.inputs(layout)
-    trees = node_0_first(
-        settings.nodes,
-        f"trees of {case.name}",
-        settings.timeout,
-        lambda: prepare_trees(case, list(settings.trees)),
-    )
-    device = devices.resolve_device(
-        settings.device, settings.nodes.ranks_here(settings.ranks), trees[0].python
-    )
-    # What `auto` resolved to on this machine, for the captures.
-    settings = replace(settings, device=device, profiler=choose_profiler(settings.profiler, device))
-    notes = [
-        f"{name}: not profiled, the series is empty (the patched tree would equal pinned)"
-        for name in settings.trees
-        if case.tree_name(name) not in {tree.label for tree in trees}
-    ]
-    staging = layout.new_run_dir("profile")
-    (staging / "artifacts").mkdir()
-    captures = [capture_with_fallback(layout, tree, staging, settings, notes) for tree in trees]
-    if not settings.nodes.writes_results:
-        shutil.rmtree(staging)
-        print(f"node {settings.nodes.rank}: node 0 writes the profile", file=sys.stderr)
-        return
-    result = ProfileResult(
-        stamp=provenance.stamp(layout, measured_against),
-        environment=devices.describe(trees[0].python),
-        trees=infos(layout, trees),
-        setting=ProfiledScenario(settings.scenario, settings.ranks),
-        labels=RegionLabels(case.profile.measured, case.profile.excluded),
-        warmup_steps=settings.warmup,
-        steps=settings.steps,
-        notes=tuple(notes),
-        captures=tuple(captures),
-    )
-    path = publish(layout, result, staging)
-    shutil.rmtree(staging)
-    table_headers, rows = summary_table(result)
-    print(table.text(table_headers, rows))
-    for note in notes:
-        print(f"note: {note}")
-    folder = attachments(path).relative_to(layout.root)
-    print(f"wrote {path.relative_to(layout.root)} and {folder}/", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:

@@ -30,12 +30,10 @@ The committed patches keep a neutral author; nothing is sent from here.
 
 from __future__ import annotations
 
-import argparse
 import re
 import tempfile
 from pathlib import Path
 
-from hostsync.commands.options import add_case, chosen_cases
 from hostsync.drafting import drafts, review
 from hostsync.upstream.git import git
 from hostsync.upstream.patchqueue import (
@@ -46,7 +44,6 @@ from hostsync.upstream.patchqueue import (
     series,
     touches_only_tests,
 )
-from hostsync.workspace import locks
 from hostsync.workspace.cases import Case, PrChange
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
@@ -357,21 +354,3 @@ def outbox(case: Case) -> Path:
         checklist(case, kinds, notes, sent, first, identity, held, asks_system_info)
     )
     return target
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m hostsync outbox",
-        description="Write what would be sent upstream for a case into issue_drafts/<case>/outbox/:"
-        " its drafts, its patches as the contributor's commits, the files to attach, and what"
-        " only the contributor can do; or nothing-to-send.md, saying why.",
-    )
-    add_case(parser)
-    args = parser.parse_args(argv)
-    for case in chosen_cases(args.case):
-        with locks.case(case.layout):
-            target = outbox(case)
-        for path in sorted(target.rglob("*")):
-            if path.is_file():
-                print(f"wrote {path.relative_to(case.root)}")
-    return 0

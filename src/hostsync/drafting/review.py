@@ -33,7 +33,6 @@ naming what produces it (`nox -s bisect`, ...).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import re
 import shlex
@@ -45,7 +44,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hostsync.commands.options import add_case, chosen_cases
 from hostsync.drafting import drafts
 from hostsync.drafting.claims import check_claims
 from hostsync.measure import provenance
@@ -422,28 +420,3 @@ def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]
         target.write_text(text.replace(drafts.TEMPLATE_MARK + "\n", ""))
         written.append(target)
     return written
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m hostsync review",
-        description="Write a case's upstream drafts into issue_drafts/<case>/, from the latest"
-        " repro, test_patch and profile results (and bisect, where there is one) only.",
-    )
-    add_case(parser)
-    parser.add_argument(
-        "--rerun",
-        action="store_true",
-        help="rerun the commands of stale results (pin.toml, the card, a patch or a script"
-        " changed)",
-    )
-    parser.add_argument(
-        "--refresh-reference",
-        action="store_true",
-        help="also make profiles/<case>/reference/ hold exactly the results the drafts cite",
-    )
-    args = parser.parse_args(argv)
-    for case in chosen_cases(args.case):
-        for path in review(case, rerun=args.rerun, refresh=args.refresh_reference):
-            print(f"wrote {path.relative_to(case.root)}")
-    return 0

@@ -15,25 +15,22 @@ newest: what a contributor reads in a minute.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from packaging.version import Version
 
-from hostsync.commands.hunt import DEFAULT_STEPS
-from hostsync.commands.options import add_timeout, comma_list
 from hostsync.detector.sites import AllowRule
 from hostsync.history.bisect import Reader, case_targets
 from hostsync.hunt.allowlist import carried_rules, load_allowlist
 from hostsync.hunt.measure import hunt_tree
+from hostsync.hunt.run import DEFAULT_STEPS
 from hostsync.measure import judge, provenance, test_patch
 from hostsync.upstream import presence, sdists
 from hostsync.upstream.patchqueue import PatchDoesNotApply, series
 from hostsync.upstream.trees import checkout_tree, prepare_tree
-from hostsync.workspace import cases, locks, pin, results
-from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace import cases, locks, pin
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import PROJECTS, DeepSpeedSetup, Project
 from hostsync.workspace.records import (
@@ -184,52 +181,6 @@ def watch(layout: Layout, settings: WatchSettings) -> WatchResult:
 
 def _hunted(watched: ProjectWatch, said: str, sites: tuple[HuntSite, ...] = ()) -> ProjectWatch:
     return dataclasses.replace(watched, hunt=said, new_sites=sites)
-
-
-def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m hostsync watch",
-        description="The newest release of each project on the package index against the pins:"
-        " each case's sites there, whether its series applies, and (asked) its tests and the"
-        " hunt's new sites. Writes a short Markdown digest.",
-    )
-    parser.add_argument(
-        "--tests",
-        action="store_true",
-        help="also run each case's tests on its project's newest release, and its"
-        " sites there under the detector, as test-patch --release does (a tree"
-        " and an environment each)",
-    )
-    parser.add_argument(
-        "--hunt",
-        action="store_true",
-        help="also hunt each project's pinned and newest release through the"
-        " training step and list the sites new in the newest (expensive)",
-    )
-    parser.add_argument(
-        "--setups",
-        default=",".join(DEFAULT_HUNT_SETUPS),
-        help="the DeepSpeed setups --hunt runs (default: %(default)s)",
-    )
-    add_timeout(parser, "one pytest or training run")
-    return parser
-
-
-def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    setups = tuple(DeepSpeedSetup.parse(text) for text in comma_list(args.setups, "--setups"))
-    if args.setups != parser().get_default("setups") and not args.hunt:
-        raise WorkspaceError("--setups chooses what --hunt runs: add --hunt")
-    layout = Layout()
-    result = watch(layout, WatchSettings(args.tests, args.hunt, setups, args.timeout))
-    path = results.write(layout.watch, result, keep_elsewhere=layout.unsaved)
-    markdown = results.write_markdown(
-        path, WatchResult, lambda made, at: digest(made, str(at.relative_to(layout.root)))
-    )
-    print(digest(result, str(path.relative_to(layout.root))), end="")
-    for written in [path, *markdown]:
-        print(f"wrote {written.relative_to(layout.root)}")
-    return 0
 
 
 # --- the digest ----------------------------------------------------------------------------------

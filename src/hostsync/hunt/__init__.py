@@ -8,7 +8,9 @@
   the sites a case's fix removes (its card's `[[carries]]`), set apart from the candidates;
 - `report`: the Markdown report, trees compared site by site (matched on file, function and
   code line, since line numbers move between releases);
-- `command`: the command line.
+- `run`: a case's hunt, its trees prepared (the fixes of `--stack` on them), hunted and written.
+
+Its command line is `hostsync.commands.hunt`.
 
 Writes profiles/<case>/hunt-<stamp>.json (`records.HuntResult`, never overwritten) with the
 Markdown report beside it, and regenerates profiles/<case>/hunt.md from the newest result.

@@ -21,7 +21,6 @@ run.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -29,15 +28,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from hostsync.commands.options import add_case, add_device, add_timeout, chosen_cases
 from hostsync.launch import devices
 from hostsync.launch.launchers import ENGINE_SRC, RankResults
 from hostsync.measure import provenance, repro
 from hostsync.upstream.trees import infos, prepare_tree, prepare_trees
-from hostsync.workspace import cases, locks, results, table
+from hostsync.workspace import cases, results, table
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import BenchResult, DetectorTruth, FamilyTruth
+from hostsync.workspace.records import BenchResult, DetectorTruth, FamilyTruth, Provenance
 
 
 def call_seconds(rank_results: RankResults) -> list[float]:
@@ -181,37 +180,6 @@ def print_detector(truth: DetectorTruth, op_us: dict[str, dict[str, float]]) -> 
         )
 
 
-def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m hostsync bench",
-        description="Print the reproducer's wall time, cold and warm, and the sync detector's"
-        " overhead against the same runs without it.",
-    )
-    add_case(parser)
-    parser.add_argument("--tree", default="pinned", help="tree to run (default: %(default)s)")
-    parser.add_argument(
-        "--warm-runs",
-        type=int,
-        default=3,
-        help="warm runs with the detector, and as many without (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--repeat",
-        type=int,
-        default=1,
-        help="times each run goes through the scenarios, for more loss calls (default: 1)",
-    )
-    add_device(parser)
-    add_timeout(parser, "one run")
-    parser.add_argument(
-        "--detector-only",
-        action="store_true",
-        help="only the detector's precision, recall and cost per operation (no multi-rank runs)",
-    )
-    parser.add_argument("--write", action="store_true", help="keep the figures in profiles/")
-    return parser
-
-
 ENV_CHECK, TREES_UP_TO_DATE, TOTAL = "environment check", "trees brought up to date", "total"
 # The ways `repro` has run a case's trees, oldest first (`repro.measure`'s options): each snippet
 # in an interpreter of its own; an interpreter per tree, the snippet forked from it; the trees of
@@ -282,37 +250,32 @@ def print_whole_repro(case: cases.Case, by_path: dict[str, dict[str, float]]) ->
     )
 
 
-def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    (case,) = chosen_cases(args.case)
-    layout = case.layout
-    measured_against = provenance.inputs(layout)
-    truth, op_us = detector_truth(), intercepted_op_us()
-    if args.detector_only:
-        print_detector(truth, op_us)
-        if args.write:
-            result = BenchResult(provenance.stamp(layout, measured_against), truth, op_us)
-            path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
-            print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
-        return 0
-    with locks.case(layout):
-        return bench_runs(case, args, truth, op_us, measured_against)
+@dataclass(frozen=True)
+class BenchSettings:
+    """What `bench` was asked, read once from the command line."""
+
+    tree: str
+    warm_runs: int
+    repeat: int
+    device: str
+    timeout: float
+    write: bool
 
 
 def bench_runs(
     case: cases.Case,
-    args: argparse.Namespace,
+    settings: BenchSettings,
     truth: DetectorTruth,
     op_us: dict[str, dict[str, float]],
-    measured_against,
+    measured_against: Provenance,
 ) -> int:
     """The reproducer's wall times, cold and warm, with the detector and without."""
     layout = case.layout
     spec = case.launches[0]
     sp_size = spec.ranks[0]
-    tree = prepare_tree(case, args.tree)
-    device = devices.resolve_device(args.device, sp_size, tree.python)
-    scenarios = list(spec.scenarios) * args.repeat
+    tree = prepare_tree(case, settings.tree)
+    device = devices.resolve_device(settings.device, sp_size, tree.python)
+    scenarios = list(spec.scenarios) * settings.repeat
 
     def run(detector: bool, env: dict[str, str] | None = None) -> tuple[float, RankResults]:
         started = time.perf_counter()
@@ -323,7 +286,7 @@ def bench_runs(
             [sp_size],
             scenarios,
             device=device,
-            timeout=args.timeout,
+            timeout=settings.timeout,
             detector=detector,
             env=env,
         )
@@ -335,22 +298,22 @@ def bench_runs(
         cold_s, _ = run(detector=True, env={"TORCH_EXTENSIONS_DIR": empty_cache})
     wall_s: dict[bool, list[float]] = {True: [], False: []}
     call_s: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(args.warm_runs):
+    for _ in range(settings.warm_runs):
         for detector in (True, False):  # interleaved, so drift on a shared machine hits both
             seconds, ranks = run(detector)
             wall_s[detector].append(seconds)
             call_s[detector] += call_seconds(ranks)
 
     by_path = {
-        path: whole_repro_phases(layout, case, args.device, args.timeout, path=path)
+        path: whole_repro_phases(layout, case, settings.device, settings.timeout, path=path)
         for path in PATHS
     }
     wall = {detector: statistics.median(s) for detector, s in wall_s.items()}
     call_ms = {d: 1000 * statistics.median(s) if s else None for d, s in call_s.items()}
     print(
         f"bench: {case.name}, {tree.label} ({tree.project.name} {tree.version}), {sp_size}"
-        f" rank(s), {device}, {len(scenarios)} scenario(s) per run, {args.warm_runs} warm run(s)"
-        f" each way, {len(call_s[True])} timed calls each way"
+        f" rank(s), {device}, {len(scenarios)} scenario(s) per run, {settings.warm_runs} warm"
+        f" run(s) each way, {len(call_s[True])} timed calls each way"
     )
     print(f"cold run (empty extensions cache, detector on): {cold_s:.1f} s")
     print_whole_repro(case, by_path)
@@ -380,7 +343,7 @@ def bench_runs(
         )
     )
     print_detector(truth, op_us)
-    if args.write:
+    if settings.write:
         runs = {
             "trees": {label: info.to_json() for label, info in infos(layout, [tree]).items()},
             "ranks": sp_size,

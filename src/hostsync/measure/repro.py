@@ -21,35 +21,24 @@ Writes `profiles/<case>/repro-<stamp>.json` (`records.ReproResult`).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import re
 import shutil
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hostsync.commands.options import (
-    add_case,
-    add_device,
-    add_nodes,
-    add_timeout,
-    chosen_cases,
-    comma_list,
-    node_layout,
-)
 from hostsync.detector.codec import RecordError
 from hostsync.launch import devices, launchers, trainer_step
 from hostsync.launch.launchers import RankResults, Run, RunFailed, Snippet, Start, World, run_group
-from hostsync.launch.nodes import SINGLE, NodeLayout, clear_stale, node_0_first, shares_of
+from hostsync.launch.nodes import SINGLE, NodeLayout, node_0_first, shares_of
 from hostsync.measure import cost, provenance
 from hostsync.rank.protocol import free_port
 from hostsync.upstream.trees import Tree, infos, prepare_trees
-from hostsync.workspace import locks, results, table
+from hostsync.workspace import table
 from hostsync.workspace.cases import Case, Launch
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.files import sha256
@@ -67,6 +56,7 @@ from hostsync.workspace.records import (
     TrainerComparison,
     is_site_list,
 )
+from hostsync.workspace.values import comma_list
 
 T = TypeVar("T")
 
@@ -582,36 +572,7 @@ def repro_case(case: Case, settings: ReproSettings) -> ReproResult:
     )
 
 
-# --- command line ---------------------------------------------------------------------------------
-
-
-def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m hostsync repro",
-        description="Run a case's reproducer on real processes, tree by tree: host syncs by"
-        " source line, and the figures that show the fix changes nothing else.",
-    )
-    add_case(parser)
-    parser.add_argument(
-        "--trees",
-        help="pinned, patched, fixed (upstream's fixed release), a release like 5.14.0,"
-        " NAME+tests, NAME+series (default: the case card's)",
-    )
-    parser.add_argument("--scenarios", help="comma-separated (default: all of the case's)")
-    parser.add_argument(
-        "--ranks", help="only these process counts of the card's, e.g. 2 (default: all of them)"
-    )
-    add_device(parser)
-    add_timeout(parser, "one run")
-    add_nodes(parser)
-    parser.add_argument(
-        "--trainer",
-        action="store_true",
-        help="also the full Trainer path (transformers trees): accelerate launch + DeepSpeed ZeRO"
-        " 1 + Ulysses SP, two steps per tree, each step's loss against the same training without"
-        " SP",
-    )
-    return parser
+# --- the scenarios and rank counts asked for ------------------------------------------------------
 
 
 def parse_scenarios(case: Case, text: str | None) -> list[str]:
@@ -639,29 +600,3 @@ def parse_ranks(case: Case, text: str | None) -> list[int]:
             " processes (its card's repro.launch.ranks)"
         )
     return [int(item) for item in found]
-
-
-def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    settings = ReproSettings(
-        trees=tuple(comma_list(args.trees, "--trees")) if args.trees else None,
-        scenarios=args.scenarios,
-        ranks=args.ranks,
-        device=args.device,
-        timeout=args.timeout,
-        trainer=args.trainer,
-        nodes=node_layout(args),
-    )
-    clear_stale(settings.nodes)
-    for case in chosen_cases(args.case):
-        layout = case.layout
-        with locks.case(layout, settings.nodes.rank):
-            result = repro_case(case, settings)
-            print(f"case {case.name}: {case.title}")
-            print(report(case, result))
-            if not settings.nodes.writes_results:
-                print(f"node {settings.nodes.rank}: node 0 writes the result", file=sys.stderr)
-                continue
-            path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
-        print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
-    return 0

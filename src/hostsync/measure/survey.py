@@ -13,7 +13,6 @@ from there.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import resource
@@ -32,14 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hostsync import detector
-from hostsync.commands.options import add_timeout, positive_count
 from hostsync.detector.baseline import Baseline, BaselineEntry
 from hostsync.detector.sites import COMPILED
 from hostsync.launch import devices, launchers
 from hostsync.measure.test_patch import read_junit
 from hostsync.upstream.sdists import fetch_sdist
 from hostsync.upstream.trees import Tree
-from hostsync.workspace import projects, results
+from hostsync.workspace import projects
 from hostsync.workspace.cases import Sdist
 from hostsync.workspace.errors import WorkspaceError, last_line
 from hostsync.workspace.files import sha256
@@ -100,66 +98,23 @@ def load_spec(root: Path, project: str) -> SurveySpec:
         raise WorkspaceError(f"{FILE}: {error}: fix the table") from None
 
 
-def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m hostsync survey",
-        description="Run a slice of a project's own tests without the pytest plugin, in report"
-        " mode and gated by the baseline the report wrote: same outcomes (asserted), the"
-        " plugin's cost as median ratios over interleaved rounds, the top sites.",
-    )
-    parser.add_argument("--project", required=True, help=f"a project of {FILE}")
-    parser.add_argument(
-        "--tests",
-        metavar="ARGS",
-        help="the pytest arguments that choose the tests, from the sdist's root, as one string:"
-        f" 'tests/test_x.py -k lora' (default: the slice of {FILE})",
-    )
-    parser.add_argument(
-        "--rounds",
-        type=positive_count,
-        default=ROUNDS,
-        metavar="N",
-        help="rounds of interleaved runs (off, report, gate), the ratios being their medians"
-        " (default: %(default)s)",
-    )
-    add_timeout(parser, "one run of the slice")
-    return parser
+def origin(sdist: Sdist) -> str:
+    return f"PyPI sdist {sdist.filename} (sha256 {sdist.sha256})"
 
 
-def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    layout = Layout(case=SURVEY)
-    spec = load_spec(layout.root, args.project)
-    project = projects.get(args.project)
-    root = unpacked(layout, args.project, spec)
-    tree = Tree(
+def release_tree(layout: Layout, name: str, spec: SurveySpec) -> Tree:
+    """The surveyed release as a tree: its verified sdist unpacked, run by this interpreter."""
+    project = projects.get(name)
+    return Tree(
         label=f"{project.name}-{spec.version}",
         role=TreeRole.RELEASE,
-        root=root,
+        root=unpacked(layout, name, spec),
         version=spec.version,
         commit="",
         origin=origin(spec.sdist),
         project=project,
         python=sys.executable,
     )
-    tests = tuple(shlex.split(args.tests)) if args.tests else spec.tests
-    result = survey(layout, tree, spec, tests, args.timeout, args.rounds)
-    json_path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
-    for path in [json_path, *results.write_markdown(json_path, SurveyResult, render)]:
-        print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
-    print(summary(result))
-    if result.differences:
-        print(
-            f"error: the plugin changed {len(result.differences)} outcome(s):"
-            f" {'; '.join(result.differences[:5])}",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
-
-
-def origin(sdist: Sdist) -> str:
-    return f"PyPI sdist {sdist.filename} (sha256 {sdist.sha256})"
 
 
 def unpacked(layout: Layout, name: str, spec: SurveySpec) -> Path:

@@ -14,9 +14,7 @@ it, its checks are "not comparable", which fails nothing.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import re
 import shutil
 import time
 import xml.etree.ElementTree as ElementTree
@@ -26,15 +24,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from hostsync.commands.options import add_case, add_timeout, chosen_cases
 from hostsync.launch.launchers import Run, run_group
 from hostsync.measure import cost, linters, provenance
 from hostsync.measure import judge as judged_run
 from hostsync.upstream import harness, patchqueue, presence
-from hostsync.upstream.git import is_repository, read_state
+from hostsync.upstream.git import read_state
 from hostsync.upstream.releases import from_sdist, release_for
 from hostsync.upstream.trees import Tree, prepare_tree
-from hostsync.workspace import cases, locks, results, table
+from hostsync.workspace import cases, results, table
 from hostsync.workspace.errors import WorkspaceError, last_line
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import (
@@ -508,53 +505,6 @@ def prove_and_report(
     else:
         shutil.rmtree(workdir)
     return (1 if wrong else 0), path
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m hostsync test-patch",
-        description="A case's series tests red on the pinned release, green on the patched tree"
-        " and on upstream's fixed release; upstream's nearby tests; the project's linters.",
-    )
-    add_case(parser)
-    parser.add_argument(
-        "--release",
-        dest="releases",
-        action="append",
-        default=[],
-        metavar="VERSION",
-        help="also try the series on this release of the case's project (repeatable): does it"
-        " apply, how do its tests go",
-    )
-    parser.add_argument(
-        "--remote",
-        type=Path,
-        metavar="PATH",
-        help="a git repository of the case's project (a local clone or mirror): trees made from"
-        " the PyPI sdist, which ships no tests/, get its tests/ (at the pinned tag where it has"
-        " it, else at its newest commit) before the series' test patches apply",
-    )
-    add_timeout(parser, "one pytest run")
-    args = parser.parse_args(argv)
-    for version in args.releases:
-        if not re.fullmatch(r"\d+\.\d+\.\d+(?:(?:a|b|rc)\d+)?", version):
-            raise WorkspaceError(f"--release {version!r} is no release number: use e.g. 5.12.0")
-    if args.remote and not is_repository(args.remote):
-        raise WorkspaceError(
-            f"--remote {args.remote} is no git repository: give a local clone or mirror of the"
-            " project (its git directory)"
-        )
-    status = 0
-    chosen = chosen_cases(args.case)
-    for case in chosen:  # before anything runs: a release PyPI does not have is refused now
-        for version in args.releases:
-            release_for(case, version)
-    for case in chosen:
-        print(f"case {case.name}")
-        with locks.case(case.layout):
-            proved = prove_and_report(case, args.releases, args.timeout, remote=args.remote)
-            status = max(status, proved[0])
-    return status
 
 
 def _safe(label: str) -> str:

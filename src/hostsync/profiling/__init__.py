@@ -4,7 +4,9 @@
   profiler everywhere);
 - `traces`: reads the traces and nsys's tables into per-step figures;
 - `report`: the summary table, `summary.md` and the timeline PNG;
-- `command`: the command line.
+- `run`: a case's profile, its trees captured one by one and the result published.
+
+Its command line is `hostsync.commands.profile`.
 
 `profiles/<case>/profile-<stamp>.json` holds the summary (`records.ProfileResult`); the folder
 beside it the traces (`<tree>-<backend>-ws<N>-rank<R>.trace.json.gz`, open in ui.perfetto.dev),
