@@ -12,11 +12,7 @@ from pathlib import Path
 import pytest
 
 from hostsync.census import report, setups
-<<<<<<< HEAD
-from hostsync.commands import census as command
-=======
 from hostsync.census.run import census_cases
->>>>>>> h-commands
 from hostsync.detector.records import Cost, DeviceWork
 from hostsync.rank import rankkit
 from hostsync.workspace import cases, results, table
