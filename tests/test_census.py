@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hostsync.census import command, report, setups
+from hostsync.census import report, setups
+from hostsync.commands import census as command
+from hostsync.detector.records import DeviceWork
 from hostsync.rank import rankkit
 from hostsync.workspace import cases, results, table
 from hostsync.workspace.errors import WorkspaceError
@@ -21,7 +23,6 @@ from hostsync.workspace.records import (
     CensusSetup,
     CensusTrees,
     Cost,
-    DeviceWork,
     Environment,
     HuntSite,
     HuntTree,

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from hostsync.commands import hunt as command
+from hostsync.detector.records import DeviceWork
 from hostsync.detector.sites import AllowRule
-from hostsync.hunt import allowlist, command, measure, report
+from hostsync.hunt import allowlist, measure, report
 from hostsync.launch import trainer_step
 from hostsync.upstream.git import git
 from hostsync.upstream.patchqueue import series
@@ -22,7 +24,6 @@ from hostsync.workspace.projects import DeepSpeedSetup
 from hostsync.workspace.records import (
     Cost,
     CrossCheck,
-    DeviceWork,
     HuntRank,
     HuntResult,
     HuntSite,

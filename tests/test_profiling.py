@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from hostsync.commands import profile as command
 from hostsync.launch.launchers import RunHung, run_group
 from hostsync.profiling import capture as capturing
-from hostsync.profiling import command, nsys, report, traces
+from hostsync.profiling import nsys, report, traces
 from hostsync.rank.protocol import EXCLUDED_RANGE, MEASURED_RANGE, SYNC_OP
 from hostsync.upstream.trees import prepare_tree
 from hostsync.workspace import cases, results

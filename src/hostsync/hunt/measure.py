@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hostsync.detector.records import DeviceWork
 from hostsync.detector.sites import AllowRule, Site
 from hostsync.hunt.allowlist import reason
 from hostsync.launch import trainer_step
@@ -29,7 +30,6 @@ from hostsync.workspace.projects import DEFAULT_SETUP, PACKAGES, DeepSpeedSetup
 from hostsync.workspace.records import (
     Cost,
     CrossCheck,
-    DeviceWork,
     HuntPlan,
     HuntRank,
     HuntSite,
