@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hostsync.detector.sites import AllowRule, Site
-from hostsync.hunt.allowlist import ACCEPTED, NOT_CARRIED, load_allowlist, reason
+from hostsync.detector.sites import Site
+from hostsync.hunt.allowlist import AllowList, load_allowlist, reason
 from hostsync.hunt.report import reading
 from hostsync.measure.cost import BOUND, judge
 from hostsync.workspace import results, table
@@ -40,17 +40,13 @@ UNDECIDED = (
 )
 
 
-@dataclass(frozen=True)
-class Dispositions:
+# What a report matches candidates on without an allow-list: nothing.
+NO_RULES = AllowList()
+
+
+def dispositions(layout: Layout) -> AllowList:
     """hunt_allowlist.toml's rules as they are now: what the report matches each candidate on."""
-
-    accepted: tuple[AllowRule, ...] = ()
-    not_carried: tuple[AllowRule, ...] = ()
-
-
-def dispositions(layout: Layout) -> Dispositions:
-    path = layout.allowlist
-    return Dispositions(load_allowlist(path, ACCEPTED), load_allowlist(path, NOT_CARRIED))
+    return load_allowlist(layout.allowlist)
 
 
 @dataclass
@@ -85,9 +81,7 @@ class CensusSite:
         return "not carried" if self.not_carried else "candidate"
 
 
-def census_sites(
-    runs: Sequence[HuntTree], rules: Dispositions = Dispositions()
-) -> list[CensusSite]:
+def census_sites(runs: Sequence[HuntTree], rules: AllowList = NO_RULES) -> list[CensusSite]:
     """Every site of any run, ranked by its reads per step summed over the setups today (then
     with every fix), candidates first among equals; each site the census left a candidate with
     the reason of the first of `rules` matching it, if any."""
@@ -100,7 +94,7 @@ def census_sites(
         site = entry.site
         if not (site.carried or site.allowed):
             where = Site(site.file, site.line, site.function, site.code)
-            entry.accepted = reason(rules.accepted, where, site.caller)
+            entry.accepted = reason(rules.allow, where, site.caller)
             entry.not_carried = reason(rules.not_carried, where, site.caller)
     return sorted(
         found.values(),
@@ -153,9 +147,7 @@ def undecided(sites: Sequence[CensusSite]) -> list[CensusSite]:
     return [site for site in sites if site.kind == "candidate"]
 
 
-def render(
-    result: CensusResult, source: str, png: str | None, rules: Dispositions = Dispositions()
-) -> str:
+def render(result: CensusResult, source: str, png: str | None, rules: AllowList = NO_RULES) -> str:
     setups = list(result.setups)
     sites = census_sites(result.runs, rules)
     columns = list(result.columns)
@@ -299,7 +291,7 @@ def _column_text(name: str, trees) -> str:
     return f"*{name}*: {shown}{carried}"
 
 
-def heat_map(result: CensusResult, path: Path, rules: Dispositions = Dispositions()) -> None:
+def heat_map(result: CensusResult, path: Path, rules: AllowList = NO_RULES) -> None:
     """Setups x the top sites, reads per optimizer step today, each cell written in; the
     site labels coloured by verdict (carried, accepted, not carried, candidate)."""
     import matplotlib

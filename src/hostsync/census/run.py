@@ -81,7 +81,7 @@ def run_census(
     timeout: float,
     started: float,
 ) -> CensusResult:
-    rules = load_allowlist(layout.allowlist)
+    rules = load_allowlist(layout.allowlist).allow
     carried = carried_rules(everyone)
     measured_against = inputs(layout, stacked)
     runs, described, python = [], {}, ""

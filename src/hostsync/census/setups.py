@@ -4,26 +4,33 @@ asks of its launch: the worker's arguments, the launcher, the DeepSpeed config."
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from hostsync.launch import launchers
 from hostsync.launch.launchers import LAUNCHERS, World
-from hostsync.workspace import records
+from hostsync.workspace.config import load_toml
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.projects import DeepSpeedSetup, deepspeed_env
-from hostsync.workspace.records import CensusSetup, Launcher, RecordError, TrainerKind
+from hostsync.workspace.records import CensusSetup, Launcher, RecordError, Strict, TrainerKind
 
 FILE = "census.toml"
 
 
 @dataclass(frozen=True)
-class Matrix:
-    """The setups of census.toml by name, and how many optimizer steps each runs."""
+class Matrix(Strict):
+    """census.toml: the setups by name, and how many optimizer steps each runs."""
 
     steps: int
     setups: dict[str, CensusSetup]
+
+    def __post_init__(self) -> None:
+        if self.steps < 3:
+            raise RecordError("steps", "must be 3 or more: the warm-up and steady steps")
+        if not self.setups:
+            raise RecordError("setups", "names no setup: add a [setups.NAME] table")
+        for name, setup in self.setups.items():
+            check(setup, f"setups.{name}")
 
     def chosen(self, names: list[str] | None) -> dict[str, CensusSetup]:
         """The setups `names` (every one not marked `extra` when None), in census.toml's order."""
@@ -39,32 +46,11 @@ class Matrix:
 
 def load(root: Path) -> Matrix:
     """census.toml, every setup checked field by field; refused in one line naming the field."""
-    path = root / FILE
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise WorkspaceError(f"no {FILE} at {root}: restore it from version control") from None
-    except tomllib.TOMLDecodeError as error:
-        raise WorkspaceError(f"{FILE} is not valid TOML ({error}): fix that line") from None
-    unknown = sorted(set(data) - {"steps", "setups"})
-    if unknown or not isinstance(data.get("steps"), int) or data["steps"] < 3:
-        raise WorkspaceError(
-            f"{FILE} holds `steps` (an integer, 3 or more: the warm-up and steady steps) and"
-            f" [setups.NAME] tables only{f', not {unknown}' if unknown else ''}"
-        )
-    setups = {}
-    for name, table in data.get("setups", {}).items():
-        try:
-            setups[name] = check(records.load(CensusSetup, table, name), name)
-        except RecordError as error:
-            raise WorkspaceError(f"{FILE}: setups.{error}: fix the setup") from None
-    if not setups:
-        raise WorkspaceError(f"{FILE} names no setup: add a [setups.NAME] table")
-    return Matrix(data["steps"], setups)
+    return load_toml(root / FILE, Matrix)
 
 
-def check(setup: CensusSetup, name: str) -> CensusSetup:
-    """What types cannot say: the combinations a launch cannot run."""
+def check(setup: CensusSetup, name: str) -> None:
+    """What types cannot say: the combinations a launch cannot run (`name`: the setup's path)."""
     if setup.ranks not in (1, 2):
         raise RecordError(f"{name}.ranks", "must be 1 or 2")
     if setup.zero_stage not in (0, 1, 2, 3):
@@ -84,7 +70,6 @@ def check(setup: CensusSetup, name: str) -> CensusSetup:
     for key in ("batch_size", "gradient_accumulation_steps", "logging_steps"):
         if getattr(setup, key) < 1:
             raise RecordError(f"{name}.{key}", "must be 1 or more")
-    return setup
 
 
 # The setups without SP run from one import of the worker; SP needs a launcher that sets the SP

@@ -1,8 +1,10 @@
 """JSON in and out of frozen dataclasses, field by field: the codec every record and card uses.
 
 `load` checks the type of every field on the way in and raises `RecordError` naming the field's
-path (`runs[3].ranks: ...`), so a bad document is refused where it is read. Standard library
-only: this module is the ground floor of the engine's imports.
+path (`runs[3].ranks: ...`), so a bad document is refused where it is read. What types cannot
+say, a record's `__post_init__` refuses with a `RecordError` naming its own field, and `load`
+names it at the record's path. Standard library only: this module is the ground floor of the
+engine's imports.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Self, TypeVar
 
 Json = Any  # None, bool, int, float, str, list of Json, or dict of str to Json
 R = TypeVar("R", bound="Record")
+T = TypeVar("T")
 # A field's metadata: its keys sit at the top level of the enclosing document.
 FLAT = {"flat": True}
 # A field's metadata: left out of the document while it holds its default.
@@ -51,20 +54,7 @@ class Record:
     def from_json(cls, data: Json, where: str = "") -> Self:
         if not isinstance(data, dict):
             raise RecordError(where, f"expected an object, got {shown(data)}")
-        hints = typing.get_type_hints(cls)
-        values = {}
-        for item in dataclasses.fields(cls):  # type: ignore[arg-type]
-            inner = f"{where}.{item.name}" if where else item.name
-            kind = hints[item.name]
-            if item.metadata.get("flat"):
-                # A flat record reads its own keys; a flat mapping the keys no field claims.
-                unclaimed = {k: v for k, v in data.items() if k not in _claimed(cls)}
-                values[item.name] = load(kind, data if _is_record(kind) else unclaimed, where)
-            elif item.name in data:
-                values[item.name] = load(kind, data[item.name], inner)
-            elif _default(item) is dataclasses.MISSING:
-                raise RecordError(inner, "is missing")
-        return cls(**values)
+        return _made(cls, data, where)
 
 
 def read_file(kind: type[R], path: Path) -> R:
@@ -92,11 +82,44 @@ class Strict(Record):
     @classmethod
     def from_json(cls, data: Json, where: str = "") -> Self:
         if isinstance(data, dict):
-            known = {item.name for item in dataclasses.fields(cls)}  # type: ignore[arg-type]
-            unknown = sorted(set(data) - known)
-            if unknown:
-                raise RecordError(where, f"has unknown keys {unknown}: use {sorted(known)}")
+            _refuse_unknown(cls, data, where)
         return super().from_json(data, where)
+
+
+def _inner(where: str, path: str) -> str:
+    """The path `path` (a field, `launch[0].ranks`) inside the field at `where`."""
+    return f"{where}.{path}" if where and path else where or path
+
+
+def _made(kind: type[T], data: dict[str, Json], where: str) -> T:
+    """A dataclass from the keys of `data` its fields read, each checked; what its own
+    `__post_init__` refuses (a `RecordError` naming a field of its own) is named at `where`."""
+    hints = typing.get_type_hints(kind)
+    values = {}
+    for item in dataclasses.fields(kind):  # type: ignore[arg-type]
+        field_kind = hints[item.name]
+        if item.metadata.get("flat"):
+            # A flat record reads its own keys; a flat mapping the keys no field claims.
+            unclaimed = {k: v for k, v in data.items() if k not in _claimed(kind)}
+            values[item.name] = load(
+                field_kind, data if _is_record(field_kind) else unclaimed, where
+            )
+        elif item.name in data:
+            values[item.name] = load(field_kind, data[item.name], _inner(where, item.name))
+        elif _default(item) is dataclasses.MISSING:
+            raise RecordError(_inner(where, item.name), "is missing")
+    try:
+        return kind(**values)
+    except RecordError as error:
+        raise RecordError(_inner(where, error.where), error.problem) from None
+
+
+def _refuse_unknown(kind: type, data: dict[str, Json], where: str) -> None:
+    """Keys no field of `kind` reads are refused: in a table written by hand, a typo."""
+    known = {item.name for item in dataclasses.fields(kind)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise RecordError(where, f"has unknown keys {unknown}: use {sorted(known)}")
 
 
 def _is_record(kind: Any) -> bool:
@@ -164,7 +187,7 @@ def load(kind: Any, data: Json, where: str) -> Any:
     if origin in (dict, Mapping):
         if not isinstance(data, dict):
             raise RecordError(where, f"expected an object, got {shown(data)}")
-        return {key: load(args[1], value, f"{where}.{key}") for key, value in data.items()}
+        return {key: load(args[1], value, _inner(where, key)) for key, value in data.items()}
     if isinstance(kind, type) and issubclass(kind, StrEnum):
         if data not in {member.value for member in kind}:
             choices = ", ".join(repr(member.value) for member in kind)
@@ -178,17 +201,11 @@ def load(kind: Any, data: Json, where: str) -> Any:
 
 
 def _plain_dataclass(kind: type, data: Json, where: str) -> Any:
+    """A dataclass that is no record (an allow rule) reads as a `Strict` one does."""
     if not isinstance(data, dict):
         raise RecordError(where, f"expected an object, got {shown(data)}")
-    hints = typing.get_type_hints(kind)
-    names = {item.name for item in dataclasses.fields(kind)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise RecordError(where, f"has unknown keys {unknown}")
-    try:
-        return kind(**{k: load(hints[k], v, f"{where}.{k}") for k, v in data.items()})
-    except TypeError as error:
-        raise RecordError(where, str(error)) from None
+    _refuse_unknown(kind, data, where)
+    return _made(kind, data, where)
 
 
 _SCALARS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}

@@ -1,14 +1,16 @@
 """A source line that makes the host wait, and the rules that accept one.
 
 Shared by the detector, which records sites in a rank, and the engine, which judges them (the
-hunt's allow-list, the sites a case's fix removes): standard library only, so that neither side
-needs the other's imports.
+hunt's allow-list, the sites a case's fix removes): the standard library and the codec only, so
+that neither side needs the other's imports.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from hostsync.detector.codec import RecordError
 
 # The event kind of a compiled function's call in a scope that lets it run (the survey's, a
 # baseline's): its syncs are not judged, the call is recorded where it was made.
@@ -41,6 +43,8 @@ class AllowRule:
     code: str | None = None
 
     def __post_init__(self) -> None:
+        if not self.file.strip():
+            raise RecordError("file", "is blank: name the file (a path suffix)")
         require_reason(self.reason)
 
     def matches(self, site: Site, caller: str = "") -> bool:
@@ -62,7 +66,7 @@ def first_match(
 
 def require_reason(reason: str) -> None:
     if not reason.strip():
-        raise ValueError("an allowed sync needs a reason: say why this sync is accepted")
+        raise RecordError("reason", "an allowed sync needs a reason: say why this sync is accepted")
 
 
 def suffix_matches(file: str, suffix: str) -> bool:

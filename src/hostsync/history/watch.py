@@ -129,7 +129,7 @@ def hunt_new_sites(
     if watched.newest == watched.pinned:
         return "the newest release is the pinned one: nothing new to hunt", ()
     layout = home.layout
-    rules = load_allowlist(layout.allowlist)
+    rules = load_allowlist(layout.allowlist).allow
     found: dict[tuple, HuntSite] = {}
     with locks.case(layout):
         trees = [prepare_tree(home, version) for version in (watched.pinned, watched.newest)]
@@ -153,10 +153,7 @@ def hunt_new_sites(
 
 
 def watch(layout: Layout, settings: WatchSettings) -> WatchResult:
-    pins = {
-        requirement.name: requirement.install
-        for requirement in pin.load(layout.pin_file).requirements
-    }
+    pins = pin.load(layout.pin_file).installs
     known = cases.every(layout.root)
     carried = carried_rules(known)
     targets = [target for case in known for target in case_targets(case, None)]

@@ -10,39 +10,28 @@ report shows that reason where it would show a bare candidate.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Iterable
-from dataclasses import fields
+from dataclasses import dataclass
 from pathlib import Path
 
+from hostsync.detector.codec import Strict
 from hostsync.detector.sites import AllowRule, Site, first_match
 from hostsync.workspace.cases import Case
-from hostsync.workspace.errors import WorkspaceError
-
-_RULE_KEYS = {item.name for item in fields(AllowRule)}
-# The tables of hunt_allowlist.toml: sites accepted by design, and candidates not carried.
-ACCEPTED, NOT_CARRIED = "allow", "not_carried"
+from hostsync.workspace.config import load_toml
 
 
-def load_allowlist(path: Path, table: str = ACCEPTED) -> tuple[AllowRule, ...]:
-    """The sites of `path`'s `[[table]]` entries (accepted, or not carried), each a rule with
-    its reason."""
-    if not path.exists():
-        raise WorkspaceError(f"no allow-list at {path}: restore it from version control")
-    try:
-        entries = tomllib.loads(path.read_text()).get(table, [])
-    except tomllib.TOMLDecodeError as error:
-        raise WorkspaceError(f"{path.name} is not valid TOML ({error}): fix that line") from None
-    rules = []
-    for number, entry in enumerate(entries, start=1):
-        unknown = sorted(set(entry) - _RULE_KEYS)
-        where = f"{path.name}, [[{table}]] #{number}"
-        if unknown:
-            raise WorkspaceError(f"{where} has unknown keys {unknown}: use {sorted(_RULE_KEYS)}")
-        if not str(entry.get("file", "")).strip() or not str(entry.get("reason", "")).strip():
-            raise WorkspaceError(f"{where} needs a file and a reason a reviewer can check")
-        rules.append(AllowRule(**entry))
-    return tuple(rules)
+@dataclass(frozen=True)
+class AllowList(Strict):
+    """hunt_allowlist.toml: the sites accepted by design (`allow`), and the candidates read and
+    left as they are (`not_carried`), each a rule with its reason."""
+
+    allow: tuple[AllowRule, ...] = ()
+    not_carried: tuple[AllowRule, ...] = ()
+
+
+def load_allowlist(path: Path) -> AllowList:
+    """hunt_allowlist.toml, every rule checked field by field."""
+    return load_toml(path, AllowList)
 
 
 def carried_rules(everyone: Iterable[Case]) -> tuple[AllowRule, ...]:

@@ -82,7 +82,7 @@ def _hunt(
     case: Case, stack: Sequence[Case], carried: tuple[AllowRule, ...], settings: HuntSettings
 ) -> int:
     layout = case.layout
-    rules = load_allowlist(layout.allowlist)
+    rules = load_allowlist(layout.allowlist).allow
     measured_against = provenance.inputs(layout)
 
     def prepared() -> list[Tree]:

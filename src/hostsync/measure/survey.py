@@ -24,7 +24,6 @@ import sys
 import tarfile
 import tempfile
 import time
-import tomllib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,12 +38,12 @@ from hostsync.upstream.sdists import fetch_sdist
 from hostsync.upstream.trees import Tree
 from hostsync.workspace import projects
 from hostsync.workspace.cases import Sdist
+from hostsync.workspace.config import load_toml
 from hostsync.workspace.errors import WorkspaceError, last_line
 from hostsync.workspace.files import sha256
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import (
     Provenance,
-    RecordError,
     Stamp,
     Strict,
     SurveyMode,
@@ -53,7 +52,6 @@ from hostsync.workspace.records import (
     SurveySite,
     TestOutcome,
     TreeRole,
-    load,
 )
 
 FILE = "surveys.toml"
@@ -80,22 +78,13 @@ class SurveySpec(Strict):
 
 
 def load_spec(root: Path, project: str) -> SurveySpec:
-    """The project's entry of surveys.toml, checked field by field."""
-    path = root / FILE
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise WorkspaceError(f"no {FILE} at {root}: restore it from version control") from None
-    except tomllib.TOMLDecodeError as error:
-        raise WorkspaceError(f"{FILE} is not valid TOML ({error}): fix that line") from None
-    if project not in data:
+    """The project's entry of surveys.toml, every entry checked field by field."""
+    specs = load_toml(root / FILE, dict[str, SurveySpec])
+    if project not in specs:
         raise WorkspaceError(
-            f"{FILE} has no [{project}]: survey one of {', '.join(data)}, or add its table"
+            f"{FILE} has no [{project}]: survey one of {', '.join(specs)}, or add its table"
         )
-    try:
-        return load(SurveySpec, data[project], project)
-    except RecordError as error:
-        raise WorkspaceError(f"{FILE}: {error}: fix the table") from None
+    return specs[project]
 
 
 def origin(sdist: Sdist) -> str:

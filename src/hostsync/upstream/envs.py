@@ -130,12 +130,12 @@ def problems(
     """
     companions = companions or {}
     found = []
-    for requirement in pin.requirements:
-        if requirement.name == project.name:
+    for name, dependency in pin.dependencies.items():
+        if name == project.name:
             continue
-        install = companions.get(requirement.name, requirement.install)
-        wanted = f"=={install}" if exact else requirement.supported
-        found += _unmet(installed, requirement.name, SpecifierSet(wanted, prereleases=True))
+        install = companions.get(name, dependency.install)
+        wanted = f"=={install}" if exact else dependency.supported
+        found += _unmet(installed, name, SpecifierSet(wanted, prereleases=True))
     for text in requires:
         requirement = Requirement(text)
         found += _unmet(installed, requirement.name, requirement.specifier)
@@ -161,8 +161,7 @@ def companions_of_its_day(layout: Layout, project: Project, version: str) -> dic
     or a project pin.toml does not pin, or in a prepared environment (it is what it is)."""
     if prepared():
         return {}
-    pin = pinning.load(layout.pin_file)
-    pinned = {r.name: r.install for r in pin.requirements}
+    pinned = pinning.load(layout.pin_file).installs
     if project.name not in pinned or Version(version) >= Version(pinned[project.name]):
         return {}
     days = {r.version: r.uploaded for r in published(project)}

@@ -13,14 +13,14 @@ unknown key or a value outside its choices is refused in one line naming the car
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hostsync.detector.codec import Json, RecordError, Strict
+from hostsync.detector.codec import RecordError, Strict
 from hostsync.detector.sites import AllowRule
-from hostsync.workspace import projects, records
+from hostsync.workspace import projects
+from hostsync.workspace.config import load_toml
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import Launcher, PrChangeSource, TreeRole, UpstreamState
@@ -95,6 +95,12 @@ class Launch(Strict):
     ranks: tuple[int, ...] = (1,)
     args: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if not self.ranks or any(n < 1 for n in self.ranks):
+            raise RecordError("ranks", "must list rank counts of at least 1")
+        if not self.scenarios:
+            raise RecordError("scenarios", "names no scenario")
+
 
 @dataclass(frozen=True)
 class Repro(Strict):
@@ -107,6 +113,12 @@ class Repro(Strict):
     compare: tuple[str, ...] = ()
     snippet: str = ""
     snippet_output: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.launch:
+            raise RecordError("launch", "names no launch: add a [[repro.launch]] table")
+        if bool(self.snippet) != bool(self.snippet_output):
+            raise RecordError("snippet", "comes with snippet_output, the line it prints")
 
 
 @dataclass(frozen=True)
@@ -170,6 +182,14 @@ class Card(Strict):
     profile: Profile | None = None
     lint: dict[str, LintTool] = field(default_factory=dict)
     carries: tuple[Carried, ...] = ()
+
+    def __post_init__(self) -> None:
+        scenarios = [name for launch in self.repro.launch for name in launch.scenarios]
+        if self.profile and self.profile.scenario not in scenarios:
+            raise RecordError("profile.scenario", f"must be one of {', '.join(scenarios)}")
+        for base in (tree.partition("+")[0] for tree in self.repro.trees):
+            if base == TreeRole.FIXED and self.fixed is None:
+                raise RecordError("repro.trees", "names `fixed`, but the card has no [fixed]")
 
 
 @dataclass(frozen=True)
@@ -298,36 +318,9 @@ def load(root: Path, name: str) -> Case:
         known = ", ".join(names(root)) or "none"
         raise WorkspaceError(f"no case {name!r} (cases/{name}.toml): the cases are {known}")
     where = f"cases/{name}.toml"
-    try:
-        card = load_card(tomllib.loads(path.read_text()))
-    except tomllib.TOMLDecodeError as error:
-        raise WorkspaceError(f"{where} is not valid TOML ({error}): fix the card") from None
-    except RecordError as error:
-        raise WorkspaceError(f"{where}: {error}: fix the card") from None
+    card = load_toml(path, Card, shown=where, what="card")
     try:
         project = projects.get(card.project)
     except WorkspaceError as error:
         raise WorkspaceError(f"{where}: project: {error}") from None
     return Case(name, card, project, root)
-
-
-def load_card(data: Json) -> Card:
-    """A card's table, its types checked, then what types cannot say."""
-    card = records.load(Card, data, "")
-    if not card.repro.launch:
-        raise RecordError("repro.launch", "names no launch: add a [[repro.launch]] table")
-    for number, launch in enumerate(card.repro.launch):
-        where = f"repro.launch[{number}]"
-        if not launch.ranks or any(n < 1 for n in launch.ranks):
-            raise RecordError(f"{where}.ranks", "must list rank counts of at least 1")
-        if not launch.scenarios:
-            raise RecordError(f"{where}.scenarios", "names no scenario")
-    if bool(card.repro.snippet) != bool(card.repro.snippet_output):
-        raise RecordError("repro.snippet", "comes with snippet_output, the line it prints")
-    scenarios = [name for launch in card.repro.launch for name in launch.scenarios]
-    if card.profile and card.profile.scenario not in scenarios:
-        raise RecordError("profile.scenario", f"must be one of {', '.join(scenarios)}")
-    for base in (tree.partition("+")[0] for tree in card.repro.trees):
-        if base == TreeRole.FIXED and card.fixed is None:
-            raise RecordError("repro.trees", "names `fixed`, but the card has no [fixed]")
-    return card

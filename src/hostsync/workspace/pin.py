@@ -3,37 +3,39 @@ from, and the case that commands run when none is named."""
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from hostsync.detector.codec import Strict
+from hostsync.workspace.config import load_toml
 from hostsync.workspace.layout import Layout
 
 
 @dataclass(frozen=True)
-class Requirement:
-    name: str
+class Dependency(Strict):
+    """What a fresh environment installs of a project, and the range a prepared one must meet."""
+
     install: str
     supported: str
 
 
 @dataclass(frozen=True)
-class Pin:
+class Pin(Strict):
+    """pin.toml: the case commands run when none is named, and every environment's dependencies."""
+
     default_case: str
-    requirements: tuple[Requirement, ...]
+    dependencies: dict[str, Dependency]
+
+    @property
+    def installs(self) -> dict[str, str]:
+        """The version a fresh environment installs, by project."""
+        return {name: dependency.install for name, dependency in self.dependencies.items()}
 
     def install_specs(self, replace: dict[str, str] | None = None) -> list[str]:
         """What `pip install` gets in a fresh environment; `replace` pins other versions."""
         replace = replace or {}
-        return [f"{r.name}=={replace.get(r.name, r.install)}" for r in self.requirements]
+        return [f"{name}=={replace.get(name, version)}" for name, version in self.installs.items()]
 
 
 def load(path: Path | None = None) -> Pin:
-    path = path or Layout().pin_file
-    data = tomllib.loads(path.read_text())
-    return Pin(
-        default_case=data["default_case"],
-        requirements=tuple(
-            Requirement(name=name, **spec) for name, spec in data["dependencies"].items()
-        ),
-    )
+    return load_toml(path or Layout().pin_file, Pin)
