@@ -35,7 +35,10 @@ class Matrix(Strict):
     def chosen(self, names: list[str] | None) -> dict[str, CensusSetup]:
         """The setups `names` (every one not marked `extra` when None), in census.toml's order."""
         if names is None:
-            return {name: s for name, s in self.setups.items() if not s.extra}
+            found = {name: s for name, s in self.setups.items() if not s.extra}
+            if not found:
+                raise WorkspaceError(f"every setup of {FILE} is extra: name some with --setups")
+            return found
         unknown = [name for name in names if name not in self.setups]
         if unknown:
             raise WorkspaceError(

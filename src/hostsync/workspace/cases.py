@@ -168,6 +168,10 @@ class Carried(Strict):
     caller: str | None = None
     code: str | None = None
 
+    def __post_init__(self) -> None:
+        if not self.file.strip():
+            raise RecordError("file", "is blank: name the file (a path suffix) the fix changes")
+
 
 @dataclass(frozen=True)
 class Card(Strict):
