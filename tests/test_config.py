@@ -21,6 +21,7 @@ from hostsync.workspace.layout import ROOT
 # Each file, and how its readers read it from a workspace at `root`.
 READERS: dict[str, Callable[[Path], object]] = {
     "cases/sp-loss.toml": lambda root: cases.load(root, "sp-loss"),
+    "cases/trainer-nan-filter.toml": lambda root: cases.load(root, "trainer-nan-filter").carries,
     "pin.toml": lambda root: pin.load(root / "pin.toml"),
     "census.toml": setups.load,
     "surveys.toml": lambda root: survey.load_spec(root, "peft"),
@@ -183,3 +184,22 @@ def test_every_committed_file_a_person_edits_loads() -> None:
     assert matrix.steps >= 3 and matrix.setups
     assert "peft" in surveys
     assert rules.allow and rules.not_carried
+
+
+def test_a_carried_site_with_a_blank_file_is_refused_naming_the_card(tmp_path: Path) -> None:
+    message = refusal(
+        tmp_path,
+        "cases/trainer-nan-filter.toml",
+        r'(\[\[carries\]\]\nfile = )"[^"]*"',
+        r'\1""',
+    )
+    assert message.startswith("cases/trainer-nan-filter.toml: carries[0].file: is blank")
+
+
+def test_a_census_whose_every_setup_is_extra_asks_for_setups(tmp_path: Path) -> None:
+    text = (ROOT / "census.toml").read_text().replace("extra = true\n", "")
+    text = re.sub(r"(\[setups\.[^\]]+\]\n)", r"\1extra = true\n", text)
+    (tmp_path / "census.toml").write_text(text)
+    matrix = setups.load(tmp_path)
+    with pytest.raises(WorkspaceError, match=r"every setup of census.toml is extra: name some"):
+        matrix.chosen(None)
