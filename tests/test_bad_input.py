@@ -435,7 +435,7 @@ def entry_point(layout: Layout, how: str) -> list[str]:
     return [nox, "-f", str(layout.root / "noxfile.py"), "-s", "repro", "--"]
 
 
-# What the README promises: every process gone this long after Ctrl-C, on a loaded machine too.
+# docs/sessions.md's promise: every process gone this long after Ctrl-C, on a loaded machine too.
 STOPPED_WITHIN_S = 10.0
 
 

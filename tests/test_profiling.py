@@ -265,7 +265,7 @@ def test_nsys_needs_libnvtoolsext_on_a_cpu_and_auto_keeps_to_gpus(monkeypatch) -
 
 needs_nsys = pytest.mark.skipif(
     shutil.which("nsys") is None or ctypes.util.find_library("nvToolsExt") is None,
-    reason="needs Nsight Systems and libnvToolsExt (the README's optional install)",
+    reason="needs Nsight Systems and libnvToolsExt (docs/nsight.md's optional install)",
 )
 
 

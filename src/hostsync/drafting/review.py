@@ -289,7 +289,7 @@ def fill(template: str, documents: dict[str, Any]) -> str:
 def made_by(source: str, case: str) -> str:
     """What produces a source's figures: a session, a GPU machine, or the card and series."""
     if source == GpuResult.KIND:
-        return "gpu/'s script on a GPU machine (README: GPU evidence)"
+        return "gpu/'s script on a GPU machine (docs/gpu.md)"
     if source in (kind.KIND for kind in KINDS + OPTIONAL_KINDS):
         return f"`nox -s {source} -- --case {case}`"
     return f"nothing: the {source} holds no such value, mend the placeholder"

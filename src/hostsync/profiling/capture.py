@@ -187,7 +187,7 @@ def _nsys_capture(
     reports = nsys.reports_in(folder)
     if not reports:
         raise NsysFailed(
-            "nsys recorded no .nsys-rep report (only a .qdstrm, or nothing: see the README on"
+            "nsys recorded no .nsys-rep report (only a .qdstrm, or nothing: see docs/nsight.md on"
             " installing Nsight Systems)"
         )
     tables = nsys.tables()
@@ -228,12 +228,12 @@ def choose_profiler(requested: str, device: Device) -> str:
         return NSYS if found and device == Device.CUDA else TORCH
     if requested == NSYS and not found:
         raise WorkspaceError(
-            "--profiler nsys: no nsys on the PATH; install Nsight Systems (see the README) or use"
-            " --profiler torch"
+            "--profiler nsys: no nsys on the PATH; install Nsight Systems (see docs/nsight.md)"
+            " or use --profiler torch"
         )
     if requested == NSYS and device != Device.CUDA and not ctypes.util.find_library("nvToolsExt"):
         raise WorkspaceError(
             "--profiler nsys on a CPU needs libnvToolsExt for the ranks' NVTX ranges: install"
-            " libnvtoolsext1 (see the README), or use --profiler torch"
+            " libnvtoolsext1 (see docs/nsight.md), or use --profiler torch"
         )
     return requested
