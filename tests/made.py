@@ -23,7 +23,7 @@ from hostsync.workspace.records import (
     Decided,
     Environment,
     Finding,
-    FixJudgement,
+    FixAssessment,
     FixVerdict,
     HuntResult,
     HuntSetup,
@@ -35,7 +35,7 @@ from hostsync.workspace.records import (
     RegionLabels,
     ReleaseEvidence,
     ReproResult,
-    RunRow,
+    ScenarioRow,
     SiteHistory,
     SnippetRuns,
     StepFigures,
@@ -102,13 +102,13 @@ def stamp(layout: Layout):
     return provenance.stamp(layout, provenance.inputs(layout))
 
 
-def row(tree: str, ranks: int, syncs: int, scenario: str = "all_tokens") -> RunRow:
-    return RunRow(tree, "sp_loss.py", ranks, scenario, host_syncs=syncs)
+def row(tree: str, ranks: int, syncs: int, scenario: str = "all_tokens") -> ScenarioRow:
+    return ScenarioRow(tree, "sp_loss.py", ranks, scenario, host_syncs=syncs)
 
 
 def verdict(stalls: tuple[float, float], kernels: tuple[float, float]) -> CostComparison:
     """The fix judged on the scenario `repro` runs, from stalls and kernels per step."""
-    judged = FixJudgement(
+    judged = FixAssessment(
         FixVerdict.SAVES_STALLS, stalls, stalls, kernels, (0.0, 0.0), (0.0, 0.0), "", ""
     )
     return CostComparison("sp_loss.py", 2, "all_tokens", "pinned", "patched", judged)
@@ -116,7 +116,7 @@ def verdict(stalls: tuple[float, float], kernels: tuple[float, float]) -> CostCo
 
 def repro(
     layout: Layout,
-    runs: tuple[RunRow, ...],
+    runs: tuple[ScenarioRow, ...],
     snippet_output: dict[str, str] | None = None,
     verdicts: tuple[CostComparison, ...] = (),
 ) -> ReproResult:

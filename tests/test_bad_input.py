@@ -24,7 +24,7 @@ from hostsync.commands import options
 from hostsync.commands import repro as repro_command
 from hostsync.drafting import review
 from hostsync.launch import launchers
-from hostsync.launch.launchers import Run, RunFailed, Start, World, run_group
+from hostsync.launch.launchers import LaunchPlan, Run, RunFailed, World, run_group
 from hostsync.measure import repro
 from hostsync.upstream import envs, sdists
 from hostsync.upstream.trees import Tree
@@ -273,7 +273,9 @@ def test_a_rank_that_breaks_the_contract_is_named_and_its_result_kept(tmp_path: 
     (root / "src" / "transformers" / "__init__.py").write_text("")
     tree = Tree("t", TreeRole.RELEASE, root, "0", "", "", get("transformers"), sys.executable)
     run = Run(tmp_path / "run", tree, Layout(tmp_path))
-    (ranks,) = launchers.start(Launcher.FORK, run, Start(script, (World(2, ()),), Device.CPU, 120))
+    (ranks,) = launchers.run_worlds(
+        Launcher.FORK, run, LaunchPlan(script, (World(2, ()),), Device.CPU, 120)
+    )
 
     with pytest.raises(RunFailed, match=r"rank 0 returned no `runs` list, not one row for each"):
         repro.check_contract(ranks, ["a"], run.run_dir)

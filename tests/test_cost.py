@@ -14,10 +14,10 @@ import torch
 from hostsync.detector import SyncScope
 from hostsync.drafting.claims import check_claims
 from hostsync.measure import cost
-from hostsync.measure.cost import BOUND, compare_costs, judge, verdict_table
+from hostsync.measure.cost import BOUND, assess, compare_costs, verdict_table
 from hostsync.workspace import results
 from hostsync.workspace.errors import WorkspaceError
-from hostsync.workspace.records import CostComparison, FixVerdict, RunRow
+from hostsync.workspace.records import CostComparison, FixVerdict, ScenarioRow
 
 import made
 from conftest import make_workspace
@@ -65,12 +65,12 @@ def scale_only(grads: list[torch.Tensor]) -> None:
         g.mul_(0.5)
 
 
-def measured(step) -> RunRow:
+def measured(step) -> ScenarioRow:
     grads = gradients()
     with SyncScope(account=True) as scope:
         for _ in range(2):
             step(grads)
-    return RunRow("tree", "python", 1, "step", costs=(scope.cost(steps=2),))
+    return ScenarioRow("tree", "python", 1, "step", costs=(scope.cost(steps=2),))
 
 
 @pytest.mark.parametrize(
@@ -83,12 +83,12 @@ def measured(step) -> RunRow:
     ],
 )
 def test_each_fix_is_judged_by_stalls_saved_against_work_added(pinned, patched, verdict):
-    judgement = judge(measured(pinned).cost, measured(patched).cost)
+    judgement = assess(measured(pinned).cost, measured(patched).cost)
     assert judgement.verdict == verdict, judgement
 
 
 def test_a_fix_that_removes_the_read_but_multiplies_every_step_costs_more_naming_why():
-    judgement = judge(measured(clip_with_if).cost, measured(clip_always_multiplying).cost)
+    judgement = assess(measured(clip_with_if).cost, measured(clip_always_multiplying).cost)
 
     assert judgement.stalls == (1.0, 0.0)
     assert judgement.kernels[1] > judgement.kernels[0]
@@ -97,12 +97,12 @@ def test_a_fix_that_removes_the_read_but_multiplies_every_step_costs_more_naming
 
 def test_trees_are_compared_with_the_first_per_scenario_and_printed_with_the_bound():
     pinned = measured(log_twice)
-    patched = RunRow("patched", "python", 1, "step", costs=measured(log_once).costs)
+    patched = ScenarioRow("patched", "python", 1, "step", costs=measured(log_once).costs)
     (compared,) = compare_costs([pinned, patched])
 
     assert (compared.before, compared.after) == ("tree", "patched")
     assert compared.judgement.verdict == FixVerdict.CLEANUP
-    assert RunRow.from_json(patched.to_json()) == patched
+    assert ScenarioRow.from_json(patched.to_json()) == patched
     printed = verdict_table([compared])
     assert "tree -> patched" in printed and "2 -> 1" in printed
     assert printed.endswith(f"per step, every rank's together; verdict bound: {BOUND}")
@@ -113,7 +113,10 @@ def test_trees_are_compared_with_the_first_per_scenario_and_printed_with_the_bou
 
 def compared(pinned, patched) -> CostComparison:
     return compare_costs(
-        [measured(pinned), RunRow("patched", "python", 1, "step", costs=measured(patched).costs)]
+        [
+            measured(pinned),
+            ScenarioRow("patched", "python", 1, "step", costs=measured(patched).costs),
+        ]
     )[0]
 
 

@@ -14,23 +14,23 @@ import pytest
 import torch
 
 from hostsync.detector import SyncScope, SyncScopeError, ops
-from hostsync.detector.truth import CASES, UNDECIDED, score
+from hostsync.detector.truth import EXAMPLES, UNDECIDED, score
 
 pytestmark = pytest.mark.filterwarnings("ignore:To copy construct from a tensor")
 
 
 def test_the_suite_is_large_and_every_case_says_where_its_truth_comes_from():
-    assert len(CASES) >= 80
-    assert len({case.name for case in CASES}) == len(CASES)
-    assert all(case.source.strip() for case in CASES)
-    syncing = [case for case in CASES if case.expected()]
-    assert len(syncing) >= 40 and len(CASES) - len(syncing) >= 30
+    assert len(EXAMPLES) >= 80
+    assert len({case.name for case in EXAMPLES}) == len(EXAMPLES)
+    assert all(case.source.strip() for case in EXAMPLES)
+    syncing = [case for case in EXAMPLES if case.expected()]
+    assert len(syncing) >= 40 and len(EXAMPLES) - len(syncing) >= 30
 
 
 def test_an_undecided_case_says_why_and_is_not_scored():
     assert UNDECIDED
-    assert all(case.source.strip() and case not in CASES for case in UNDECIDED)
-    assert not {case.name for case in UNDECIDED} & {case.name for case in CASES}
+    assert all(case.source.strip() and case not in EXAMPLES for case in UNDECIDED)
+    assert not {case.name for case in UNDECIDED} & {case.name for case in EXAMPLES}
 
 
 def test_the_detector_finds_every_labelled_sync_at_its_line_and_nothing_else():

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hostsync.launch import nodes
-from hostsync.launch.launchers import Run, Start, World, torchrun_command
+from hostsync.launch.launchers import LaunchPlan, Run, World, torchrun_command
 from hostsync.launch.nodes import NodeLayout, Pool
 from hostsync.measure import repro
 from hostsync.workspace import cases, locks
@@ -123,7 +123,9 @@ def test_torchrun_joins_the_c10d_rendezvous_with_this_nodes_share() -> None:
 
 
 def test_a_wrapped_command_names_each_agents_own_folder(tmp_path: Path) -> None:
-    what = Start(Path("r.py"), (World(2, ()),), Device.CPU, 1, wrap=("nsys", "-o", "{run_dir}/c"))
+    what = LaunchPlan(
+        Path("r.py"), (World(2, ()),), Device.CPU, 1, wrap=("nsys", "-o", "{run_dir}/c")
+    )
     run = Run(tmp_path / "node-1", tree=None)  # type: ignore[arg-type]
 
     assert what.wrapped(run, ["torchrun"]) == ["nsys", "-o", f"{tmp_path}/node-1/c", "torchrun"]

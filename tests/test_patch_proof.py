@@ -25,7 +25,7 @@ from hostsync.measure.test_patch import (
     PASSED,
     SKIPPED,
     WRONG,
-    judge,
+    verdict_of,
 )
 from hostsync.upstream import harness, sdists, trees
 from hostsync.upstream.git import git, read_state, rev
@@ -76,7 +76,7 @@ def fake_tree(root: Path, files: dict[str, str]) -> Tree:
 def test_everything_passing_on_the_pinned_tree_proves_nothing(tmp_path: Path) -> None:
     report = junit(tmp_path, case(SYNC_TEST) + case(ALL_MASKED_TEST) + case(GUARD_TEST))
 
-    verdict, reason = judge(RED, patch_proof.read_junit(report), returncode=0)
+    verdict, reason = verdict_of(RED, patch_proof.read_junit(report), returncode=0)
 
     assert verdict == WRONG
     assert f"{SYNC_TEST} passed: it proves nothing" in reason
@@ -90,7 +90,7 @@ def test_the_bug_failing_on_assertions_is_the_expected_red(tmp_path: Path) -> No
     )
 
     tests = patch_proof.read_junit(report)
-    verdict, reason = judge(RED, tests, returncode=1)
+    verdict, reason = verdict_of(RED, tests, returncode=1)
 
     assert verdict == OK, reason
     assert Case(SYNC_TEST, FAILED, "AssertionError: 3 != 0 : uneven_tokens, rank 0") in tests
@@ -122,7 +122,7 @@ def test_the_bug_failing_on_assertions_is_the_expected_red(tmp_path: Path) -> No
     ids=["crash-is-no-red", "guard-broken", "red-test-missing", "red-test-skipped"],
 )
 def test_a_red_that_is_not_the_bug_is_wrong(tests: list[Case], problem: str) -> None:
-    verdict, reason = judge(RED, tests, returncode=1)
+    verdict, reason = verdict_of(RED, tests, returncode=1)
 
     assert verdict == WRONG
     assert problem in reason
@@ -131,7 +131,7 @@ def test_a_red_that_is_not_the_bug_is_wrong(tests: list[Case], problem: str) -> 
 def test_a_skipped_test_is_no_green() -> None:
     tests = [Case(GUARD_TEST, PASSED), Case(SYNC_TEST, SKIPPED, "needs 2 accelerators")]
 
-    verdict, reason = judge(GREEN, tests, returncode=0)
+    verdict, reason = verdict_of(GREEN, tests, returncode=0)
 
     assert verdict == WRONG
     assert "skipped (needs 2 accelerators): a skipped test proves nothing" in reason
@@ -140,7 +140,7 @@ def test_a_skipped_test_is_no_green() -> None:
 @pytest.mark.parametrize("returncode", [5, 0], ids=["pytest", "upstream-conftest"])
 def test_nothing_collected_is_never_a_pass(returncode: int) -> None:
     for expect in (GREEN, PASS_OR_SKIP):
-        verdict, reason = judge(expect, [], returncode)
+        verdict, reason = verdict_of(expect, [], returncode)
 
         assert verdict == WRONG
         assert reason.startswith(f"nothing collected (pytest exit code {returncode})")
@@ -149,7 +149,7 @@ def test_nothing_collected_is_never_a_pass(returncode: int) -> None:
 def test_skipped_neighbours_are_reported_with_their_reason() -> None:
     tests = [Case("T::test_sp_equivalence", SKIPPED, "test is slow"), Case("T::b", PASSED)]
 
-    assert judge(PASS_OR_SKIP, tests, returncode=0) == (
+    assert verdict_of(PASS_OR_SKIP, tests, returncode=0) == (
         OK,
         "1 ran and passed; skipped: test is slow",
     )
@@ -214,7 +214,7 @@ def test_nothing_collected_under_upstreams_conftest_exits_0_and_is_caught(tmp_pa
     returncode, tests = patch_proof.pytest_in_tree(tree, ["tests/test_empty.py"], run, timeout=120)
 
     assert (returncode, tests) == (0, [])
-    assert judge(PASS_OR_SKIP, tests, returncode)[0] == WRONG
+    assert verdict_of(PASS_OR_SKIP, tests, returncode)[0] == WRONG
 
 
 def test_a_neighbour_named_by_node_id_runs_alone_and_a_failure_on_both_is_not_the_series(
@@ -633,11 +633,11 @@ def test_a_neighbour_failing_on_the_pinned_release_too_is_not_the_series() -> No
     regressed = Case("TestClip::test_clip", FAILED, "AssertionError: 2.0 != 1.0")
     expect = dataclasses.replace(PASS_OR_SKIP, fail_on_pinned=frozenset({fp16.test}))
 
-    assert judge(expect, [fp16, Case("T::b", PASSED)], returncode=1) == (
+    assert verdict_of(expect, [fp16, Case("T::b", PASSED)], returncode=1) == (
         OK,
         "1 ran and passed; 1 fail on the pinned release, not the series': TestFP16::test_adam",
     )
-    verdict, reason = judge(expect, [fp16, regressed], returncode=1)
+    verdict, reason = verdict_of(expect, [fp16, regressed], returncode=1)
     assert (verdict, reason) == (WRONG, "TestClip::test_clip failed: AssertionError: 2.0 != 1.0")
 
 

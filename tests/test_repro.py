@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hostsync.launch import devices, launchers
-from hostsync.launch.launchers import Run, RunFailed, Start, World
+from hostsync.launch.launchers import LaunchPlan, Run, RunFailed, World
 from hostsync.measure import repro
 from hostsync.upstream.trees import Tree, prepare_tree, prepare_trees
 from hostsync.workspace import cases, results
@@ -334,7 +334,7 @@ def run_script(tmp_path: Path, tree: Tree, source: str, timeout: float, launcher
     """Launch a throwaway 2-rank script; return it so the test can look for survivors."""
     script = write_script(tmp_path, source)
     run = Run(tmp_path / "run", tree, Layout())
-    launchers.start(launcher, run, Start(script, (World(2, ()),), Device.CPU, timeout))
+    launchers.run_worlds(launcher, run, LaunchPlan(script, (World(2, ()),), Device.CPU, timeout))
     return script
 
 
@@ -356,7 +356,7 @@ def test_forked_ranks_share_one_import_across_worlds(
     worlds = (World(2, ("--two",)), World(3, ("--three",)))
 
     # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
-    worlds = launchers.start(Launcher.FORK, run, Start(script, worlds, Device.CPU, 300))
+    worlds = launchers.run_worlds(Launcher.FORK, run, LaunchPlan(script, worlds, Device.CPU, 300))
 
     reports = [report.payload for world in worlds for report in world]
     assert [(r["world_size"], r["rank"], r["argv"]) for r in reports] == [
@@ -392,9 +392,9 @@ def test_the_snippet_runs_after_the_ranks_in_the_interpreter_they_were_forked_fr
         log = tmp_path / f"snippet-{status}.log"
         snippet = launchers.Snippet(tmp_path / "snippet.py", log, {"SNIPPET_EXIT": str(status)})
         # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
-        what = Start(script, (World(2, ()),), Device.CPU, 300, snippet=snippet)
+        what = LaunchPlan(script, (World(2, ()),), Device.CPU, 300, snippet=snippet)
 
-        (ranks,) = launchers.start(Launcher.FORK, run, what)
+        (ranks,) = launchers.run_worlds(Launcher.FORK, run, what)
 
         (interpreter,) = {rank.payload["imported_in"] for rank in ranks}
         said = f"forked from {interpreter}, worker.IMPORTED_IN={interpreter}"
@@ -427,12 +427,12 @@ SAYS_WHO_IMPORTED_WHAT = """
 """
 
 
-def tree_jobs(tmp_path: Path, script: Path, trees: list[Tree]) -> list[tuple[Run, Start]]:
+def tree_jobs(tmp_path: Path, script: Path, trees: list[Tree]) -> list[tuple[Run, LaunchPlan]]:
     """A 2-rank launch of `script` on each tree, the shared interpreter's folder under
     `tmp_path`."""
     layout = Layout(tmp_path, "sp-loss")
     # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
-    start = Start(script, (World(2, ()),), Device.CPU, 300)
+    start = LaunchPlan(script, (World(2, ()),), Device.CPU, 300)
     return [(Run(tmp_path / tree.label, tree, layout), start) for tree in trees]
 
 
@@ -495,7 +495,9 @@ def test_a_script_without_main_is_refused_by_the_fork_launcher_in_one_line(
 
     with pytest.raises(RunFailed, match="launcher exited with status 1"):
         # A hang guard: the launcher refuses the script at once, long before it.
-        launchers.start(Launcher.FORK, run, Start(script, (World(2, ()),), Device.CPU, 60))
+        launchers.run_worlds(
+            Launcher.FORK, run, LaunchPlan(script, (World(2, ()),), Device.CPU, 60)
+        )
 
     assert "worker.py has no main()" in run.log_file.read_text()
 

@@ -115,7 +115,7 @@ def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
         gradient_accumulation_steps=accumulation,
         logging_steps=1,
         logging_nan_inf_filter=nan_inf_filter,
-        # Launched ranks need a backend (and on CPU `use_cpu`, which training_arguments adds);
+        # TreeLaunch ranks need a backend (and on CPU `use_cpu`, which training_arguments adds);
         # one process must not.
         ddp_backend=args.backend if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
     )

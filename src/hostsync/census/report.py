@@ -16,7 +16,7 @@ from pathlib import Path
 from hostsync.detector.sites import Site
 from hostsync.hunt.allowlist import AllowList, load_allowlist, reason
 from hostsync.hunt.report import reading
-from hostsync.measure.cost import BOUND, judge
+from hostsync.measure.cost import BOUND, assess
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import CensusResult, HuntSite, HuntTree
@@ -129,7 +129,7 @@ def fix_verdicts(result: CensusResult) -> dict[str, str]:
         name: f"{judgement.verdict}: {judgement.reason}"
         for name in result.setups
         if (name, TODAY) in costs and (name, FIXED) in costs
-        for judgement in [judge(costs[name, TODAY], costs[name, FIXED])]
+        for judgement in [assess(costs[name, TODAY], costs[name, FIXED])]
     }
 
 

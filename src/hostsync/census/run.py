@@ -17,7 +17,7 @@ from hostsync.detector.sites import AllowRule
 from hostsync.hunt.allowlist import carried_rules, load_allowlist
 from hostsync.hunt.measure import rank_records, steady_cost, summarize
 from hostsync.launch import devices, launchers, trainer_step
-from hostsync.launch.launchers import RankResults, RunFailed, Start, read_ranks
+from hostsync.launch.launchers import LaunchPlan, RankResults, RunFailed, read_ranks
 from hostsync.measure.provenance import detector_digest
 from hostsync.upstream.patchqueue import series
 from hostsync.upstream.trees import Tree, by_project, stack_trees
@@ -124,22 +124,26 @@ def run_column(
         n: s for n, s in matrix.setups.items() if launchers.LAUNCHERS[setups.launcher(s)].forks
     }
     worlds = tuple(setups.world(s, matrix.steps, run.run_dir) for s in forked.values())
-    what = Start(worker, worlds, device, timeout)
+    what = LaunchPlan(worker, worlds, device, timeout)
     outcomes = dict(
-        zip(forked, launchers.start_each(setups.FORKED, run, what) if worlds else [], strict=True)
+        zip(
+            forked,
+            launchers.run_each_world(setups.FORKED, run, what) if worlds else [],
+            strict=True,
+        )
     )
     for name, setup in matrix.setups.items():
         if name in forked:
             continue
         alone = dataclasses.replace(run, run_dir=run.run_dir / name)
-        what = Start(
+        what = LaunchPlan(
             worker,
             (setups.world(setup, matrix.steps, alone.run_dir),),
             device,
             timeout,
             deepspeed=setups.deepspeed(setup),
         )
-        (outcomes[name],) = launchers.start_each(setups.launcher(setup), alone, what)
+        (outcomes[name],) = launchers.run_each_world(setups.launcher(setup), alone, what)
     return [
         hunted(layout, tree, column, name, outcomes[name], rules, carried) for name in matrix.setups
     ]

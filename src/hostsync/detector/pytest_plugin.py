@@ -69,7 +69,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @dataclass
-class _Run:
+class _Session:
     """What the options ask of this run, and the syncs of each test surveyed so far."""
 
     report: bool
@@ -117,7 +117,7 @@ class _Run:
             Baseline.of(named).write(self.baseline_path)
 
 
-_RUN = pytest.StashKey[_Run]()
+_SESSION = pytest.StashKey[_Session]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -132,8 +132,8 @@ def pytest_configure(config: pytest.Config) -> None:
     except BaselineError as error:
         raise pytest.UsageError(str(error)) from None
     gate_all = config.getoption(GATE_OPTION) == "all"
-    run = _Run(config.getoption(REPORT_OPTION), gate_all, config.rootpath, path, baseline)
-    config.stash[_RUN] = run
+    run = _Session(config.getoption(REPORT_OPTION), gate_all, config.rootpath, path, baseline)
+    config.stash[_SESSION] = run
     config.pluginmanager.register(run, "hostsync-run")
 
 
@@ -173,7 +173,7 @@ def unexpected_syncs(sites: list[dict[str, Any]], baseline: Path | None) -> str:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    run = item.config.stash[_RUN]
+    run = item.config.stash[_SESSION]
     marked = item.get_closest_marker(MARKER) is not None
     gated = marked or run.gate_all
     if not gated and not run.surveys:
@@ -201,7 +201,7 @@ def host_syncs() -> Callable[..., SyncScope]:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    run = config.stash[_RUN]
+    run = config.stash[_SESSION]
     if run.report:
         _write_survey(terminalreporter, run.surveyed)
     if run.writes_baseline:

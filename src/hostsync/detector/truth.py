@@ -38,7 +38,7 @@ _MARKER = re.compile(r"#\s*sync(?:\s+(\d+))?\s*$")
 
 
 @dataclass(frozen=True)
-class Case:
+class Example:
     function: Callable[[], object]
     family: str
     source: str
@@ -58,14 +58,14 @@ class Case:
         return expected
 
 
-CASES: list[Case] = []
+EXAMPLES: list[Example] = []
 # Cases whose CUDA truth is ambiguous or not decided from the sources: kept, not scored.
-UNDECIDED: list[Case] = []
+UNDECIDED: list[Example] = []
 
 
-def case(family: str, source: str) -> Callable[[Callable[[], object]], Callable[[], object]]:
+def example(family: str, source: str) -> Callable[[Callable[[], object]], Callable[[], object]]:
     def register(function: Callable[[], object]) -> Callable[[], object]:
-        CASES.append(Case(function, family, source))
+        EXAMPLES.append(Example(function, family, source))
         return function
 
     return register
@@ -73,7 +73,7 @@ def case(family: str, source: str) -> Callable[[Callable[[], object]], Callable[
 
 def undecided(family: str, reason: str) -> Callable[[Callable[[], object]], Callable[[], object]]:
     def register(function: Callable[[], object]) -> Callable[[], object]:
-        UNDECIDED.append(Case(function, family, reason))
+        UNDECIDED.append(Example(function, family, reason))
         return function
 
     return register
@@ -101,13 +101,13 @@ SCALAR = "cuda/CUDAScalar.cu _local_scalar_dense_cuda: memcpy_and_sync of one va
 # --- scalar reads: what Python makes of a tensor --------------------------------------------
 
 
-@case("scalar_read", SCALAR + "; Tensor.item docs")
+@example("scalar_read", SCALAR + "; Tensor.item docs")
 def item():
     t = values()
     return t.sum().item()  # sync
 
 
-@case("scalar_read", SCALAR + " (Tensor.__bool__ -> is_nonzero -> item)")
+@example("scalar_read", SCALAR + " (Tensor.__bool__ -> is_nonzero -> item)")
 def if_on_tensor():
     t = values()
     if t.sum() > 0:  # sync
@@ -115,31 +115,31 @@ def if_on_tensor():
     return 0
 
 
-@case("scalar_read", SCALAR + " (max compares with __bool__)")
+@example("scalar_read", SCALAR + " (max compares with __bool__)")
 def python_max():
     t = values()
     return max(t.sum(), 1)  # sync
 
 
-@case("scalar_read", SCALAR + " (__int__)")
+@example("scalar_read", SCALAR + " (__int__)")
 def int_of():
     t = values()
     return int(t.sum())  # sync
 
 
-@case("scalar_read", SCALAR + " (__float__)")
+@example("scalar_read", SCALAR + " (__float__)")
 def float_of():
     t = values()
     return float(t.sum())  # sync
 
 
-@case("scalar_read", SCALAR + " (__bool__)")
+@example("scalar_read", SCALAR + " (__bool__)")
 def bool_of_any():
     t = values()
     return bool((t > 2).any())  # sync
 
 
-@case("scalar_read", SCALAR + ": one read per loop test, the loop runs 3 times")
+@example("scalar_read", SCALAR + ": one read per loop test, the loop runs 3 times")
 def while_loop():
     t = values()
     n = 0
@@ -148,74 +148,76 @@ def while_loop():
     return n
 
 
-@case("scalar_read", SCALAR + " (assert calls __bool__)")
+@example("scalar_read", SCALAR + " (assert calls __bool__)")
 def assert_all():
     t = values()
     assert (t > -10).all()  # sync
 
 
-@case("scalar_read", SCALAR + " (list indexing calls __index__)")
+@example("scalar_read", SCALAR + " (list indexing calls __index__)")
 def list_index_by_tensor():
     t = values()
     names = ["a", "b", "c", "d"]
     return names[t.argmax()]  # sync
 
 
-@case("scalar_read", SCALAR + " (math functions call __float__)")
+@example("scalar_read", SCALAR + " (math functions call __float__)")
 def math_isfinite():
     t = values()
     return math.isfinite(t.sum())  # sync
 
 
-@case("scalar_read", SCALAR + " (torch/_tensor.py __format__: self.item() for 0-d)")
+@example("scalar_read", SCALAR + " (torch/_tensor.py __format__: self.item() for 0-d)")
 def format_zero_dim():
     t = values()
     return f"{t.sum():.2f}"  # sync
 
 
-@case("scalar_read", "cuda/Equal.cpp cuda_equal: eq(...).all().item<bool>()")
+@example("scalar_read", "cuda/Equal.cpp cuda_equal: eq(...).all().item<bool>()")
 def torch_equal():
     t = values()
     return torch.equal(t, t.clone())  # sync
 
 
-@case("scalar_read", "TensorCompare.cpp allclose: isclose(...).all().item<uint8_t>()")
+@example("scalar_read", "TensorCompare.cpp allclose: isclose(...).all().item<uint8_t>()")
 def torch_allclose():
     t = values()
     return torch.allclose(t, t + 1e-9)  # sync
 
 
-@case("scalar_read", "torch/csrc/utils/python_arg_parser.cpp: a Tensor for a Scalar is .item()'d")
+@example(
+    "scalar_read", "torch/csrc/utils/python_arg_parser.cpp: a Tensor for a Scalar is .item()'d"
+)
 def tensor_as_fill_value():
     t = values()
     return torch.full((2,), t.sum())  # sync
 
 
-@case("scalar_read", "python_arg_parser.cpp: a Tensor for an int is read with .item()")
+@example("scalar_read", "python_arg_parser.cpp: a Tensor for an int is read with .item()")
 def tensor_as_arange_end():
     t = counts()
     return torch.arange(t.sum())  # sync
 
 
-@case("scalar_read", "python_arg_parser.cpp: a Tensor for a SymInt start is read")
+@example("scalar_read", "python_arg_parser.cpp: a Tensor for a SymInt start is read")
 def tensor_as_narrow_start():
     t = values()
     return t.narrow(0, counts()[2], 2)  # sync
 
 
-@case("scalar_read", "python_arg_parser.cpp: alpha is a Scalar")
+@example("scalar_read", "python_arg_parser.cpp: alpha is a Scalar")
 def tensor_as_alpha():
     t = values()
     return t.add(t, alpha=t[0])  # sync
 
 
-@case("scalar_read", SCALAR + " (is_nonzero is CompositeImplicit: item)")
+@example("scalar_read", SCALAR + " (is_nonzero is CompositeImplicit: item)")
 def is_nonzero():
     t = values()
     return t[0].is_nonzero()  # sync
 
 
-@case(
+@example(
     "scalar_read",
     "torch/distributions/distribution.py __init__: `if not torch._is_all_true(valid)` per"
     " constraint (loc, scale): two reads, made inside torch, shown at the caller",
@@ -225,14 +227,14 @@ def distribution_validation():
     return torch.distributions.Normal(t, t.abs() + 1, validate_args=True)  # sync 2
 
 
-@case("scalar_read", "torch/nn/utils/clip_grad.py: error_if_nonfinite tests the norm with `if`")
+@example("scalar_read", "torch/nn/utils/clip_grad.py: error_if_nonfinite tests the norm with `if`")
 def clip_grad_norm_checking():
     weight = torch.nn.Parameter(values())
     weight.grad = values()
     torch.nn.utils.clip_grad_norm_([weight], 1.0, error_if_nonfinite=True)  # sync
 
 
-@case("scalar_read", "custom autograd.Function: backward's .item() syncs in autograd's thread")
+@example("scalar_read", "custom autograd.Function: backward's .item() syncs in autograd's thread")
 def backward_reads_item():
     class Scaled(torch.autograd.Function):
         @staticmethod
@@ -251,19 +253,19 @@ def backward_reads_item():
 INDEXING = "ATen/TensorIndexing.h handleDimInMultiDimIndexing: a 0-d integer/bool index is read"
 
 
-@case("scalar_read", INDEXING + " with tensor.item<int64_t>() and becomes a select")
+@example("scalar_read", INDEXING + " with tensor.item<int64_t>() and becomes a select")
 def index_by_zero_dim_tensor():
     t = values()
     return t[counts()[2]]  # sync
 
 
-@case("scalar_read", INDEXING + " with tensor.item<bool>()")
+@example("scalar_read", INDEXING + " with tensor.item<bool>()")
 def index_by_zero_dim_bool():
     t = values()
     return t[t.sum() > 0]  # sync
 
 
-@case("scalar_read", INDEXING + "; assignment goes through the same index conversion")
+@example("scalar_read", INDEXING + "; assignment goes through the same index conversion")
 def assign_at_zero_dim_index():
     t = values()
     t[counts()[1]] = 0.0  # sync
@@ -275,118 +277,118 @@ def assign_at_zero_dim_index():
 TAG = "tagged dynamic_output_shape in native_functions.yaml; "
 
 
-@case("nonzero", TAG + "cuda/Nonzero.cu; torch.nonzero docs: 'causes host-device sync'")
+@example("nonzero", TAG + "cuda/Nonzero.cu; torch.nonzero docs: 'causes host-device sync'")
 def nonzero():
     t = values()
     return t.nonzero()  # sync
 
 
-@case("nonzero", "torch.where docs: where(condition) is nonzero(condition, as_tuple=True)")
+@example("nonzero", "torch.where docs: where(condition) is nonzero(condition, as_tuple=True)")
 def where_condition_only():
     t = values()
     return torch.where(t > 0)  # sync
 
 
-@case("nonzero", "torch.argwhere docs: 'causes host-device synchronization'")
+@example("nonzero", "torch.argwhere docs: 'causes host-device synchronization'")
 def argwhere():
     t = values()
     return torch.argwhere(t)  # sync
 
 
-@case("nonzero", TAG + "nonzero(as_tuple=True)")
+@example("nonzero", TAG + "nonzero(as_tuple=True)")
 def nonzero_as_tuple():
     t = values()
     return t.nonzero(as_tuple=True)  # sync
 
 
-@case("masked_select", TAG + "masked_select sizes its output by the mask")
+@example("masked_select", TAG + "masked_select sizes its output by the mask")
 def masked_select():
     t = values()
     return torch.masked_select(t, t > 0)  # sync
 
 
-@case("bool_index", TAG + "IndexingUtils.h expandTensors: a bool mask goes through nonzero")
+@example("bool_index", TAG + "IndexingUtils.h expandTensors: a bool mask goes through nonzero")
 def bool_mask_index():
     t = values()
     return t[t > 0]  # sync
 
 
-@case("bool_index", TAG + "expandTensors: a 2-D bool mask the same")
+@example("bool_index", TAG + "expandTensors: a 2-D bool mask the same")
 def bool_mask_rows():
     t = square()
     return t[t.sum(dim=1) > 2]  # sync
 
 
-@case("bool_index", "TensorAdvancedIndexing.cpp index_put_: a tensor value is not masked_fill")
+@example("bool_index", "TensorAdvancedIndexing.cpp index_put_: a tensor value is not masked_fill")
 def assign_tensor_through_mask():
     t = values()
     t[t > 0] = t.new_zeros(3)  # sync
 
 
-@case("bool_index", "index_put_ with accumulate=True never becomes masked_fill")
+@example("bool_index", "index_put_ with accumulate=True never becomes masked_fill")
 def accumulate_through_mask():
     t = values()
     t.index_put_((t > 0,), t.new_ones(()), accumulate=True)  # sync
 
 
-@case("unique", TAG + "cuda/Unique.cu")
+@example("unique", TAG + "cuda/Unique.cu")
 def unique():
     t = values()
     return torch.unique(t)  # sync
 
 
-@case("unique", TAG + "cuda/Unique.cu unique_dim")
+@example("unique", TAG + "cuda/Unique.cu unique_dim")
 def unique_dim():
     t = square()
     return torch.unique(t, dim=0)  # sync
 
 
-@case("unique", TAG + "cuda/Unique.cu unique_consecutive")
+@example("unique", TAG + "cuda/Unique.cu unique_consecutive")
 def unique_consecutive():
     t = values()
     return torch.unique_consecutive(t)  # sync
 
 
-@case("unique", TAG + "cuda/Unique.cu, return_counts in the same call")
+@example("unique", TAG + "cuda/Unique.cu, return_counts in the same call")
 def unique_with_counts():
     t = counts()
     return torch.unique(t, return_counts=True)  # sync
 
 
-@case("repeat_interleave", TAG + "Repeat.h: the total length is read without output_size")
+@example("repeat_interleave", TAG + "Repeat.h: the total length is read without output_size")
 def repeat_by_counts():
     t = values()
     return torch.repeat_interleave(t, counts())  # sync
 
 
-@case("bincount", TAG + "cuda/SummaryOps.cu _bincount_cuda_template: min().cpu() and max()")
+@example("bincount", TAG + "cuda/SummaryOps.cu _bincount_cuda_template: min().cpu() and max()")
 def bincount():
     return torch.bincount(counts())  # sync 2
 
 
-@case("bincount", "cuda/SummaryOps.cu: uint8 input skips the min() check, max() remains")
+@example("bincount", "cuda/SummaryOps.cu: uint8 input skips the min() check, max() remains")
 def bincount_uint8():
     return torch.bincount(counts().to(torch.uint8))  # sync
 
 
-@case("bincount", "cuda/SummaryOps.cu: minlength does not avoid the reads")
+@example("bincount", "cuda/SummaryOps.cu: minlength does not avoid the reads")
 def bincount_with_minlength():
     return torch.bincount(counts(), minlength=8)  # sync 2
 
 
-@case("histc", "cuda/SummaryOps.cu _histc_cuda_template: min == max (default) reads the range")
+@example("histc", "cuda/SummaryOps.cu _histc_cuda_template: min == max (default) reads the range")
 def histc_default_range():
     t = values()
     return torch.histc(t, bins=4)  # sync 2
 
 
-@case("none", "Distributions.cpp multinomial (torch 2.13): checked by _assert_async, no read")
+@example("none", "Distributions.cpp multinomial (torch 2.13): checked by _assert_async, no read")
 def multinomial_without_replacement():
     p = values().abs()
     return torch.multinomial(p, 2)
 
 
-@case("none", "Distributions.cpp multinomial (torch 2.13): n_sample == 1 takes the same path")
+@example("none", "Distributions.cpp multinomial (torch 2.13): n_sample == 1 takes the same path")
 def multinomial_one_sample():
     p = values().abs()
     return torch.multinomial(p, 1, replacement=True)
@@ -395,32 +397,32 @@ def multinomial_one_sample():
 LINALG = "torch.linalg docs: 'synchronizes that device with the CPU'; _linalg_check_errors"
 
 
-@case("linalg_check", LINALG)
+@example("linalg_check", LINALG)
 def linalg_inv():
     return torch.linalg.inv(square())  # sync
 
 
-@case("linalg_check", LINALG)
+@example("linalg_check", LINALG)
 def linalg_cholesky():
     return torch.linalg.cholesky(square())  # sync
 
 
-@case("linalg_check", LINALG)
+@example("linalg_check", LINALG)
 def linalg_solve():
     return torch.linalg.solve(square(), values()[:2])  # sync
 
 
-@case("linalg_check", "torch.linalg.inv_ex docs: 'synchronizes only when check_errors = True'")
+@example("linalg_check", "torch.linalg.inv_ex docs: 'synchronizes only when check_errors = True'")
 def linalg_inv_ex_checking():
     return torch.linalg.inv_ex(square(), check_errors=True)  # sync
 
 
-@case("linalg_check", LINALG + " (eigh: linalg_eigh kernel checks its infos)")
+@example("linalg_check", LINALG + " (eigh: linalg_eigh kernel checks its infos)")
 def linalg_eigh():
     return torch.linalg.eigh(square())  # sync
 
 
-@case("scalar_read", "Onehot.cpp: on CUDA, num_classes=-1 reads self.max().item()")
+@example("scalar_read", "Onehot.cpp: on CUDA, num_classes=-1 reads self.max().item()")
 def one_hot_inferred_classes():
     return F.one_hot(counts())  # sync
 
@@ -430,62 +432,62 @@ def one_hot_inferred_classes():
 COPY = "cuda/Copy.cu copy_kernel_cuda: a blocking device-to-host copy synchronizes the stream"
 
 
-@case("tolist", "torch/csrc/utils/tensor_list.cpp tensor_to_list copies to the host first")
+@example("tolist", "torch/csrc/utils/tensor_list.cpp tensor_to_list copies to the host first")
 def tolist():
     t = values()
     return t.tolist()  # sync
 
 
-@case("cpu", COPY)
+@example("cpu", COPY)
 def cpu():
     t = values()
     return t.cpu()  # sync
 
 
-@case("numpy", "torch/csrc/utils/tensor_numpy.cpp: a CUDA tensor needs .cpu() first")
+@example("numpy", "torch/csrc/utils/tensor_numpy.cpp: a CUDA tensor needs .cpu() first")
 def numpy_after_cpu():
     t = values()
     return t.cpu().numpy()  # sync
 
 
-@case("numpy", "Tensor.__array__ calls numpy(); on CUDA behind a host copy")
+@example("numpy", "Tensor.__array__ calls numpy(); on CUDA behind a host copy")
 def numpy_array_of():
     t = values()
     return np.asarray(t.cpu())  # sync
 
 
-@case("cpu", COPY + "; a chain on one line copies once")
+@example("cpu", COPY + "; a chain on one line copies once")
 def detach_cpu_tolist():
     t = values()
     return t.detach().cpu().tolist()  # sync
 
 
-@case("cpu", COPY + " (.to with a device string)")
+@example("cpu", COPY + " (.to with a device string)")
 def to_cpu_string():
     t = values()
     return t.to("cpu")  # sync
 
 
-@case("cpu", COPY + " (.to with a torch.device)")
+@example("cpu", COPY + " (.to with a torch.device)")
 def to_cpu_device():
     t = values()
     return t.to(torch.device("cpu"))  # sync
 
 
-@case("cpu", COPY + " (.to with device=)")
+@example("cpu", COPY + " (.to with device=)")
 def to_cpu_keyword():
     t = values()
     return t.to(device="cpu", dtype=torch.float64)  # sync
 
 
-@case("cpu", COPY + "; the result is host memory: reading it is free")
+@example("cpu", COPY + "; the result is host memory: reading it is free")
 def read_of_host_result():
     t = values()
     host = t.to("cpu", torch.float64)  # sync
     return host.sum().item() + len(host.tolist())
 
 
-@case("host_copy", COPY + " (copy_ into a host tensor)")
+@example("host_copy", COPY + " (copy_ into a host tensor)")
 def copy_into_host():
     t = values()
     host = torch.empty(4, device="cpu")
@@ -493,7 +495,7 @@ def copy_into_host():
     return host
 
 
-@case("scalar_read", "Fill.cpp fill_ / copy_: a 0-d device value written into host memory")
+@example("scalar_read", "Fill.cpp fill_ / copy_: a 0-d device value written into host memory")
 def assign_into_host():
     t = values()
     host = torch.zeros(4, device="cpu")
@@ -501,32 +503,32 @@ def assign_into_host():
     return host
 
 
-@case("host_copy", "torch/serialization.py _save: storage.cpu() for each device storage")
+@example("host_copy", "torch/serialization.py _save: storage.cpu() for each device storage")
 def torch_save():
     t = values()
     torch.save({"weight": t, "bias": values()}, io.BytesIO())  # sync 2
 
 
-@case("host_copy", "torch/serialization.py _save: views of one storage are written once")
+@example("host_copy", "torch/serialization.py _save: views of one storage are written once")
 def torch_save_views():
     t = values()
     torch.save([t, t[1:]], io.BytesIO())  # sync
 
 
-@case("scalar_read", "torch/csrc/utils/tensor_new.cpp: each tensor element is read (.item())")
+@example("scalar_read", "torch/csrc/utils/tensor_new.cpp: each tensor element is read (.item())")
 def tensor_of_device_scalars():
     t = values()
     return torch.tensor([t.sum(), t.max()])  # sync 2
 
 
-@case("scalar_read", "tensor_new.cpp: a list of 0-d tensors built in a loop, one read each")
+@example("scalar_read", "tensor_new.cpp: a list of 0-d tensors built in a loop, one read each")
 def tensor_of_collected_losses():
     t = values()
     losses = [t[i] * 2 for i in range(3)]
     return torch.tensor(losses)  # sync 3
 
 
-@case("scalar_read", "torch.as_tensor shares torch.tensor's recursive_store for sequences")
+@example("scalar_read", "torch.as_tensor shares torch.tensor's recursive_store for sequences")
 def as_tensor_of_device_scalars():
     t = values()
     return torch.as_tensor([t.sum()])  # sync
@@ -535,174 +537,174 @@ def as_tensor_of_device_scalars():
 # --- no sync on CUDA -------------------------------------------------------------------------
 
 
-@case("none", "arithmetic and reductions stay on the device")
+@example("none", "arithmetic and reductions stay on the device")
 def arithmetic():
     t = values()
     return (t * 2).sum() / t.numel()
 
 
-@case("none", "shapes are host metadata")
+@example("none", "shapes are host metadata")
 def shapes():
     t = values()
     return len(t), t.shape[0], t.numel(), t.dim()
 
 
-@case("none", "the workspace's fixed loss aggregation: torch.where + clamp, no host read")
+@example("none", "the workspace's fixed loss aggregation: torch.where + clamp, no host read")
 def loss_aggregation_without_sync():
     losses, tokens = values().abs(), counts()
     weighted = torch.where(tokens > 0, losses * tokens, torch.zeros_like(losses))
     return weighted.sum() / tokens.sum().clamp(min=1)
 
 
-@case("none", "torch.stack of 0-d tensors stays on the device")
+@example("none", "torch.stack of 0-d tensors stays on the device")
 def stack_of_scalars():
     t = values()
     return torch.stack([t.sum(), t.max()])
 
 
-@case("none", "torch.where with three arguments is elementwise")
+@example("none", "torch.where with three arguments is elementwise")
 def where_three_args():
     t = values()
     return torch.where(t > 0, t, 0.0)
 
 
-@case("none", "index_put_ -> masked_fill_ (canDispatchToMaskedFill): no nonzero")
+@example("none", "index_put_ -> masked_fill_ (canDispatchToMaskedFill): no nonzero")
 def assign_scalar_through_mask():
     t = values()
     t[t > 0] = 0.0
     return t
 
 
-@case("none", "masked_fill is elementwise")
+@example("none", "masked_fill is elementwise")
 def masked_fill():
     t = values()
     return t.masked_fill(t > 0, 1.0)
 
 
-@case("none", "advanced indexing with integer indices: no output size to read")
+@example("none", "advanced indexing with integer indices: no output size to read")
 def index_with_long_tensor():
     t = values()
     return t[torch.tensor([0, 2])]
 
 
-@case("none", "Repeat.h: output_size given, nothing read")
+@example("none", "Repeat.h: output_size given, nothing read")
 def repeat_with_output_size():
     t = values()
     return torch.repeat_interleave(t, torch.full((4,), 2), output_size=8)
 
 
-@case("none", "repeat_interleave with an int repeats: size from the host")
+@example("none", "repeat_interleave with an int repeats: size from the host")
 def repeat_by_int():
     t = values()
     return torch.repeat_interleave(t, 2)
 
 
-@case("none", "cuda/Nonzero.cu nonzero_static_cuda: fixed output size, no read")
+@example("none", "cuda/Nonzero.cu nonzero_static_cuda: fixed output size, no read")
 def nonzero_static():
     t = values()
     return torch.nonzero_static(t, size=4)
 
 
-@case("none", "cuda/SummaryOps.cu: min != max, the range is known")
+@example("none", "cuda/SummaryOps.cu: min != max, the range is known")
 def histc_explicit_range():
     t = values()
     return torch.histc(t, bins=4, min=-3, max=3)
 
 
-@case("none", "Distributions.cpp: with replacement and several samples the CUDA kernel checks")
+@example("none", "Distributions.cpp: with replacement and several samples the CUDA kernel checks")
 def multinomial_with_replacement():
     p = values().abs()
     return torch.multinomial(p, 3, replacement=True)
 
 
-@case("none", "cuda/SummaryOps.cu: an empty 1-D input returns zeros(minlength) before reading")
+@example("none", "cuda/SummaryOps.cu: an empty 1-D input returns zeros(minlength) before reading")
 def bincount_empty():
     return torch.bincount(torch.tensor([], dtype=torch.long), minlength=3)
 
 
-@case("none", "torch.linalg.inv_ex docs: no sync unless check_errors=True")
+@example("none", "torch.linalg.inv_ex docs: no sync unless check_errors=True")
 def linalg_inv_ex():
     return torch.linalg.inv_ex(square())
 
 
-@case("none", "torch.linalg.cholesky_ex docs: no sync unless check_errors=True")
+@example("none", "torch.linalg.cholesky_ex docs: no sync unless check_errors=True")
 def linalg_cholesky_ex():
     return torch.linalg.cholesky_ex(square())
 
 
-@case("none", "torch.linalg.det has no sync note; LU without error check")
+@example("none", "torch.linalg.det has no sync note; LU without error check")
 def linalg_det():
     return torch.linalg.det(square())
 
 
-@case("none", "TensorConversions.cpp _to_copy pins the result of a non_blocking copy to cpu")
+@example("none", "TensorConversions.cpp _to_copy pins the result of a non_blocking copy to cpu")
 def to_cpu_non_blocking():
     t = values()
     return t.to("cpu", non_blocking=True)
 
 
-@case("none", "a device variable is the training device (cuda on the GPU box): no host copy")
+@example("none", "a device variable is the training device (cuda on the GPU box): no host copy")
 def to_training_device():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t = values()
     return t.to(device)
 
 
-@case("none", "host memory read on the host: no device involved")
+@example("none", "host memory read on the host: no device involved")
 def read_host_tensor():
     host = torch.zeros(3, device="cpu")
     return host.sum().item(), host.tolist()
 
 
-@case("none", "torch.tensor of Python numbers is a host-to-device copy")
+@example("none", "torch.tensor of Python numbers is a host-to-device copy")
 def tensor_of_python_numbers():
     return torch.tensor([1.0, 2.0, 3.0])
 
 
-@case("none", "torch.tensor of a tensor keeps its device (a copy on the device)")
+@example("none", "torch.tensor of a tensor keeps its device (a copy on the device)")
 def tensor_of_tensor():
     t = values()
     return torch.tensor(t)
 
 
-@case("none", "reductions over a dim return device tensors")
+@example("none", "reductions over a dim return device tensors")
 def max_over_dim():
     t = square()
     return t.max(dim=0)
 
 
-@case("none", "clamp with Python bounds is elementwise")
+@example("none", "clamp with Python bounds is elementwise")
 def clamp():
     t = values()
     return t.clamp(min=1)
 
 
-@case("none", "clip_grad.py without error_if_nonfinite: no host read")
+@example("none", "clip_grad.py without error_if_nonfinite: no host read")
 def clip_grad_norm_plain():
     weight = torch.nn.Parameter(values())
     weight.grad = values()
     return torch.nn.utils.clip_grad_norm_([weight], 1.0)
 
 
-@case("none", "sort/topk keep values and indices on the device")
+@example("none", "sort/topk keep values and indices on the device")
 def topk():
     t = values()
     return t.topk(2)
 
 
-@case("none", "cumsum/argmax stay on the device")
+@example("none", "cumsum/argmax stay on the device")
 def cumsum_argmax():
     t = values()
     return t.cumsum(0).argmax()
 
 
-@case("none", "torch.distributions sampling without validation")
+@example("none", "torch.distributions sampling without validation")
 def distribution_sample():
     t = values()
     return torch.distributions.Normal(t, t.abs() + 1, validate_args=False).sample()
 
 
-@case("none", "dropout draws on the device")
+@example("none", "dropout draws on the device")
 def dropout():
     t = values()
     return F.dropout(t, 0.5, training=True)
@@ -711,47 +713,47 @@ def dropout():
 # --- CPU kernels that check on the host where CUDA asserts on the device ----------------------
 
 
-@case("none", "Onehot.cpp: 'for cuda, rely on device assert thrown by scatter' (CPU reads)")
+@example("none", "Onehot.cpp: 'for cuda, rely on device assert thrown by scatter' (CPU reads)")
 def one_hot_with_classes():
     return F.one_hot(counts(), num_classes=4)
 
 
-@case("none", "cuda/Indexing.cu index_select: CUDA_KERNEL_ASSERT on the bounds")
+@example("none", "cuda/Indexing.cu index_select: CUDA_KERNEL_ASSERT on the bounds")
 def index_select():
     t = values()
     return t.index_select(0, counts())
 
 
-@case("none", "cuda/ScatterGatherKernel.cu: bounds by CUDA_KERNEL_ASSERT")
+@example("none", "cuda/ScatterGatherKernel.cu: bounds by CUDA_KERNEL_ASSERT")
 def gather():
     t = values()
     return t.gather(0, counts())
 
 
-@case("none", "Embedding.cpp: index_select on CUDA, device-side bounds check")
+@example("none", "Embedding.cpp: index_select on CUDA, device-side bounds check")
 def embedding():
     return F.embedding(counts(), square().repeat(2, 1))
 
 
-@case("none", "cuda/Loss.cu nll_loss: target range by CUDA_KERNEL_ASSERT")
+@example("none", "cuda/Loss.cu nll_loss: target range by CUDA_KERNEL_ASSERT")
 def cross_entropy():
     logits = square().repeat(2, 2)
     return F.cross_entropy(logits, counts())
 
 
-@case("none", "cuda/ScatterGatherKernel.cu scatter_add: device-side bounds check")
+@example("none", "cuda/ScatterGatherKernel.cu scatter_add: device-side bounds check")
 def scatter_add():
     t = values()
     return torch.zeros(4).scatter_add(0, counts(), t)
 
 
-@case("none", "cuda/TensorCompare.cu _assert_async_cuda: a device-side assert, no read")
+@example("none", "cuda/TensorCompare.cu _assert_async_cuda: a device-side assert, no read")
 def assert_async():
     t = values()
     return torch._assert_async((t > -10).all())
 
 
-@case(
+@example(
     "none", "cuda/IndexKernel.cu launch_masked_scatter_kernel: prefix sum and a size-check kernel"
 )
 def masked_scatter():
@@ -759,12 +761,12 @@ def masked_scatter():
     return t.masked_scatter(t > 0, t * 2)
 
 
-@case("none", "cuda/Embedding.cu embedding_renorm_cuda_: cub::unique, count stays on device")
+@example("none", "cuda/Embedding.cu embedding_renorm_cuda_: cub::unique, count stays on device")
 def embedding_with_max_norm():
     return F.embedding(counts(), square().repeat(2, 1), max_norm=1.0)
 
 
-@case("none", "Distributions.cpp: bernoulli draws on the device")
+@example("none", "Distributions.cpp: bernoulli draws on the device")
 def bernoulli():
     return torch.bernoulli(values().abs() / 4)
 
@@ -772,104 +774,104 @@ def bernoulli():
 # --- Python protocols of Tensor, one by one (torch/_tensor.py) -------------------------------
 
 
-@case("scalar_read", SCALAR + " (not calls __bool__)")
+@example("scalar_read", SCALAR + " (not calls __bool__)")
 def not_of_tensor():
     t = values()
     return not (t > 5).any()  # sync
 
 
-@case("scalar_read", SCALAR + ": `a or b` tests a only and returns b, a tensor")
+@example("scalar_read", SCALAR + ": `a or b` tests a only and returns b, a tensor")
 def or_of_tensors():
     t = values()
     return (t > 5).any() or (t < 0).any()  # sync
 
 
-@case("scalar_read", SCALAR + ": `0 < t < 10` tests the first comparison, returns the second")
+@example("scalar_read", SCALAR + ": `0 < t < 10` tests the first comparison, returns the second")
 def chained_comparison():
     t = values().sum()
     return 0 < t < 10  # sync
 
 
-@case("scalar_read", SCALAR + " (__complex__)")
+@example("scalar_read", SCALAR + " (__complex__)")
 def complex_of():
     return complex(values().sum())  # sync
 
 
-@case("scalar_read", SCALAR + " (Tensor has no __floor__: math.floor takes __float__)")
+@example("scalar_read", SCALAR + " (Tensor has no __floor__: math.floor takes __float__)")
 def math_floor():
     return math.floor(values().sum())  # sync
 
 
-@case("scalar_read", SCALAR + " (range() takes __index__)")
+@example("scalar_read", SCALAR + " (range() takes __index__)")
 def range_of_tensor():
     return list(range(counts()[1]))  # sync
 
 
-@case("scalar_read", INDEXING + ": each tensor bound of a slice is read (__index__)")
+@example("scalar_read", INDEXING + ": each tensor bound of a slice is read (__index__)")
 def slice_by_tensor_bounds():
     t, bounds = values(), counts()
     return t[bounds[0] : bounds[1]]  # sync 2
 
 
-@case("scalar_read", "torch/_tensor.py __contains__: (element == self).any().item()")
+@example("scalar_read", "torch/_tensor.py __contains__: (element == self).any().item()")
 def contains():
     return 3.0 in values()  # sync
 
 
-@case("scalar_read", SCALAR + ": list.__contains__ tests == with __bool__ per item until found")
+@example("scalar_read", SCALAR + ": list.__contains__ tests == with __bool__ per item until found")
 def tensor_in_list():
     t = values()
     return t[2] in [t[0], t[1], t[2]]  # sync 3
 
 
-@case("scalar_read", SCALAR + ": CPython's sort makes 3 comparisons (__lt__) for these values")
+@example("scalar_read", SCALAR + ": CPython's sort makes 3 comparisons (__lt__) for these values")
 def sorted_scalars():
     t = values()
     return sorted([t[0], t[1], t[2]])  # sync 3
 
 
-@case("scalar_read", SCALAR + ": builtin max() iterates and compares, one read per later item")
+@example("scalar_read", SCALAR + ": builtin max() iterates and compares, one read per later item")
 def builtin_max_over_tensor():
     return max(values())  # sync 3
 
 
-@case("scalar_read", SCALAR + ": math.fsum takes __float__ of each element")
+@example("scalar_read", SCALAR + ": math.fsum takes __float__ of each element")
 def math_fsum():
     return math.fsum(values())  # sync 4
 
 
-@case("scalar_read", SCALAR + ": any() tests each element until one is true (the third)")
+@example("scalar_read", SCALAR + ": any() tests each element until one is true (the third)")
 def builtin_any_over_tensor():
     return any(values() > 2)  # sync 3
 
 
-@case("none", "builtin sum() adds device tensors: 0 + t[0] + ..., no read")
+@example("none", "builtin sum() adds device tensors: 0 + t[0] + ..., no read")
 def builtin_sum_over_tensor():
     return sum(values())
 
 
-@case("none", "torch/_tensor.py __hash__: id(self), no read")
+@example("none", "torch/_tensor.py __hash__: id(self), no read")
 def tensor_as_dict_key():
     return {values(): "loss"}
 
 
-@case("none", "torch/_tensor.py __iter__: unbind(0), no read")
+@example("none", "torch/_tensor.py __iter__: unbind(0), no read")
 def iterate_over_tensor():
     return [value * 2 for value in values()]
 
 
-@case("none", "== is elementwise: a device tensor, no read")
+@example("none", "== is elementwise: a device tensor, no read")
 def equality_is_a_tensor():
     t = values()
     return t == t.flip(0)
 
 
-@case("none", "torch/_tensor.py __deepcopy__: the storage is cloned on the device")
+@example("none", "torch/_tensor.py __deepcopy__: the storage is cloned on the device")
 def deepcopy_tensor():
     return copy.deepcopy(values())
 
 
-@case("none", "copy.copy rebuilds from __reduce_ex__ with the same storage: nothing is copied")
+@example("none", "copy.copy rebuilds from __reduce_ex__ with the same storage: nothing is copied")
 def shallow_copy_tensor():
     return copy.copy(values())
 
@@ -877,18 +879,18 @@ def shallow_copy_tensor():
 PICKLE = "torch/storage.py __reduce__: torch.save of the storage, one device-to-host copy"
 
 
-@case("host_copy", PICKLE)
+@example("host_copy", PICKLE)
 def pickle_tensor():
     return pickle.dumps(values())  # sync
 
 
-@case("host_copy", PICKLE + " per tensor: each pickles its storage on its own")
+@example("host_copy", PICKLE + " per tensor: each pickles its storage on its own")
 def pickle_two_views():
     t = values()
     return pickle.dumps([t, t[1:]])  # sync 2
 
 
-@case("numpy", "torch/_tensor.py numpy(force=True): detach().cpu() before numpy")
+@example("numpy", "torch/_tensor.py numpy(force=True): detach().cpu() before numpy")
 def numpy_forced():
     return values().numpy(force=True)  # sync
 
@@ -903,37 +905,41 @@ FLOATS = (
 )
 
 
-@case("format", FLOATS)
+@example("format", FLOATS)
 def str_of_floats():
     return str(torch.tensor([1.5, -2.0], device=DEVICE))  # sync 10
 
 
-@case("format", "Tensor.__repr__ is torch._tensor_str._str, as str(); " + FLOATS)
+@example("format", "Tensor.__repr__ is torch._tensor_str._str, as str(); " + FLOATS)
 def repr_of_floats():
     return repr(torch.tensor([1.5, -2.0], device=DEVICE))  # sync 10
 
 
-@case("format", "print() calls str(); " + FLOATS)
+@example("format", "print() calls str(); " + FLOATS)
 def print_floats():
     print(torch.tensor([1.5, -2.0], device=DEVICE), file=io.StringIO())  # sync 10
 
 
-@case("format", "f-string without a spec: Tensor.__format__ -> str() for a 1-D tensor; " + FLOATS)
+@example(
+    "format", "f-string without a spec: Tensor.__format__ -> str() for a 1-D tensor; " + FLOATS
+)
 def fstring_of_floats():
     return f"{torch.tensor([1.5, -2.0], device=DEVICE)}"  # sync 10
 
 
-@case("format", "%-formatting calls str(); " + FLOATS)
+@example("format", "%-formatting calls str(); " + FLOATS)
 def percent_format_of_floats():
     return "loss %s" % (torch.tensor([1.5, -2.0], device=DEVICE),)  # noqa: UP031  # sync 10
 
 
-@case("format", "torch/_tensor_str.py _Formatter: integers, f'{value}' per element (2); tolist (1)")
+@example(
+    "format", "torch/_tensor_str.py _Formatter: integers, f'{value}' per element (2); tolist (1)"
+)
 def str_of_integers():
     return str(torch.tensor([3, 1], device=DEVICE))  # sync 3
 
 
-@case(
+@example(
     "format",
     "torch/_tensor_str.py, a 0-d float: masked_select (1), ceil test (1), sci_mode a, b (2),"
     " `if self.sci_mode` (1), f'{value:.0f}' (1); _scalar_str: item (1), format() `if"
@@ -943,7 +949,7 @@ def str_of_zero_dim():
     return str(torch.tensor(5.0, device=DEVICE))  # sync 8
 
 
-@case("none", "logging formats lazily: a record below the logger's level is never formatted")
+@example("none", "logging formats lazily: a record below the logger's level is never formatted")
 def logging_below_level():
     log = logging.getLogger("hostsync.detector.truth")
     log.setLevel(logging.WARNING)
@@ -955,71 +961,71 @@ def logging_below_level():
 ARG_PARSER = "torch/csrc/utils/python_arg_parser.cpp: a Tensor given for "
 
 
-@case("scalar_read", ARG_PARSER + "an int size is read (__index__)")
+@example("scalar_read", ARG_PARSER + "an int size is read (__index__)")
 def zeros_of_tensor_size():
     return torch.zeros(counts()[1])  # sync
 
 
-@case("scalar_read", ARG_PARSER + "a SymInt size is read")
+@example("scalar_read", ARG_PARSER + "a SymInt size is read")
 def view_by_tensor_size():
     return values().view(counts()[1], -1)  # sync
 
 
-@case("scalar_read", ARG_PARSER + "topk's k is read")
+@example("scalar_read", ARG_PARSER + "topk's k is read")
 def topk_by_tensor():
     return values().topk(counts()[1])  # sync
 
 
-@case("scalar_read", ARG_PARSER + "repeat's sizes is read")
+@example("scalar_read", ARG_PARSER + "repeat's sizes is read")
 def repeat_by_tensor():
     return values().repeat(counts()[1])  # sync
 
 
-@case("scalar_read", ARG_PARSER + "randperm's n is read")
+@example("scalar_read", ARG_PARSER + "randperm's n is read")
 def randperm_of_tensor():
     return torch.randperm(counts()[1])  # sync
 
 
-@case("scalar_read", ARG_PARSER + "randint's high is read")
+@example("scalar_read", ARG_PARSER + "randint's high is read")
 def randint_below_tensor():
     return torch.randint(0, counts()[1] + 1, (3,))  # sync
 
 
-@case("scalar_read", ARG_PARSER + "full_like's fill_value (a Scalar) is read")
+@example("scalar_read", ARG_PARSER + "full_like's fill_value (a Scalar) is read")
 def full_like_device_scalar():
     t = values()
     return torch.full_like(t, t.max())  # sync
 
 
-@case("scalar_read", ARG_PARSER + "new_full's fill_value (a Scalar) is read")
+@example("scalar_read", ARG_PARSER + "new_full's fill_value (a Scalar) is read")
 def new_full_device_scalar():
     t = values()
     return t.new_full((2,), t.max())  # sync
 
 
-@case("scalar_read", ARG_PARSER + "addcmul's value (a Scalar) is read")
+@example("scalar_read", ARG_PARSER + "addcmul's value (a Scalar) is read")
 def addcmul_device_value():
     t = values()
     return torch.addcmul(t, t, t, value=t.max())  # sync
 
 
-@case("scalar_read", "torch/__init__.py _check_tensor_all: cond._is_all_true().item()")
+@example("scalar_read", "torch/__init__.py _check_tensor_all: cond._is_all_true().item()")
 def check_tensor_all():
     torch._check_tensor_all(values() > -10)  # sync
 
 
-@case("scalar_read", SCALAR + ": a norm read as a Python number")
+@example("scalar_read", SCALAR + ": a norm read as a Python number")
 def norm_item():
     return values().norm().item()  # sync
 
 
-@case("tolist", "split sizes made on the device are listed to the host first")
+@example("tolist", "split sizes made on the device are listed to the host first")
 def split_by_device_sizes():
     t = values()
     return t.split((counts()[:2] + 1).tolist())  # sync
 
 
-@case("none", "count_nonzero returns a device tensor")
+@example("none", "count_nonzero returns a device tensor")
 def count_nonzero():
     return torch.count_nonzero(values())
 
@@ -1031,32 +1037,32 @@ MASKED_FILL = (
 )
 
 
-@case("scalar_read", MASKED_FILL)
+@example("scalar_read", MASKED_FILL)
 def masked_fill_device_scalar():
     t = values()
     return t.masked_fill_(t > 0, t.min())  # sync
 
 
-@case("scalar_read", MASKED_FILL + "; masked_fill clones, then masked_fill_")
+@example("scalar_read", MASKED_FILL + "; masked_fill clones, then masked_fill_")
 def masked_fill_out_of_place_device_scalar():
     t = values()
     return t.masked_fill(t > 0, t.min())  # sync
 
 
-@case("none", MASKED_FILL + ": a value in host memory is read on the host")
+@example("none", MASKED_FILL + ": a value in host memory is read on the host")
 def masked_fill_host_scalar():
     t = values()
     fill = torch.tensor(0.5, device="cpu")
     return t.masked_fill(t > 0, fill)
 
 
-@case("scalar_read", "TensorAdvancedIndexing.cpp index_fill_(Tensor source): source.item()")
+@example("scalar_read", "TensorAdvancedIndexing.cpp index_fill_(Tensor source): source.item()")
 def index_fill_device_scalar():
     t = values()
     return t.index_fill_(0, counts()[:2], t.max())  # sync
 
 
-@case(
+@example(
     "bool_index",
     "TensorAdvancedIndexing.cpp canDispatchToMaskedFill needs a CPU value: a 0-d CUDA value"
     " goes through nonzero of the mask",
@@ -1067,32 +1073,32 @@ def assign_device_scalar_through_mask():
     return t
 
 
-@case("none", "Fill.cpp fill_(Tensor value) on the same device: copy_, no read")
+@example("none", "Fill.cpp fill_(Tensor value) on the same device: copy_, no read")
 def fill_device_scalar():
     t = values()
     return t.fill_(t.max())
 
 
-@case("none", "TensorIndexing.h copy_to: a basic-index write is a copy on the device")
+@example("none", "TensorIndexing.h copy_to: a basic-index write is a copy on the device")
 def assign_slice_device_scalar():
     t = values()
     t[1:3] = t.min()
     return t
 
 
-@case("none", "index_put_ with integer indices broadcasts a 0-d value on the device")
+@example("none", "index_put_ with integer indices broadcasts a 0-d value on the device")
 def index_put_device_scalar():
     t = values()
     return t.index_put_((counts()[:2],), t.min())
 
 
-@case("none", "clamp has Tensor overloads: the bounds stay on the device")
+@example("none", "clamp has Tensor overloads: the bounds stay on the device")
 def clamp_device_bounds():
     t = values()
     return t.clamp(min=t.min(), max=t.max())
 
 
-@case("none", "in-place arithmetic with a 0-d tensor is elementwise")
+@example("none", "in-place arithmetic with a 0-d tensor is elementwise")
 def add_device_scalar_in_place():
     t = values()
     return t.add_(t.min())
@@ -1101,7 +1107,9 @@ def add_device_scalar_in_place():
 # --- writes into host memory -----------------------------------------------------------------
 
 
-@case("host_copy", "TensorIndexing.h copy_to: a slice of host memory gets a device-to-host copy_")
+@example(
+    "host_copy", "TensorIndexing.h copy_to: a slice of host memory gets a device-to-host copy_"
+)
 def assign_slice_into_host():
     t = values()
     host = torch.zeros(4, device="cpu")
@@ -1109,7 +1117,7 @@ def assign_slice_into_host():
     return host
 
 
-@case("host_copy", "copy_to: a 0-d CUDA value into a host slice is expanded and copied")
+@example("host_copy", "copy_to: a 0-d CUDA value into a host slice is expanded and copied")
 def assign_scalar_into_host_slice():
     t = values()
     host = torch.zeros(4, device="cpu")
@@ -1122,12 +1130,12 @@ def assign_scalar_into_host_slice():
 VALIDATE = "torch/distributions/distribution.py __init__: `if not torch._is_all_true(valid)` per"
 
 
-@case("scalar_read", VALIDATE + " given parameter (probs; logits is lazy)")
+@example("scalar_read", VALIDATE + " given parameter (probs; logits is lazy)")
 def categorical_validation():
     return torch.distributions.Categorical(probs=values().abs(), validate_args=True)  # sync
 
 
-@case("scalar_read", VALIDATE + " given parameter (probs)")
+@example("scalar_read", VALIDATE + " given parameter (probs)")
 def bernoulli_validation():
     return torch.distributions.Bernoulli(probs=values().abs() / 4, validate_args=True)  # sync
 
@@ -1144,7 +1152,7 @@ def numpy_protocol_of_device_tensor():
     return np.asarray(values())
 
 
-@case(
+@example(
     "none",
     'torch/optim/adam.py _init_group: `step` is torch.tensor(0.0, device="cpu") unless'
     " capturable or fused; _single_tensor_adam reads it with .item() (_get_value): host memory",
@@ -1155,7 +1163,7 @@ def adam_step():
     torch.optim.Adam([weight]).step()
 
 
-@case("none", "torch.optim.AdamW, the same _init_group and step (adamw.py is Adam's subclass)")
+@example("none", "torch.optim.AdamW, the same _init_group and step (adamw.py is Adam's subclass)")
 def adamw_step_twice():
     weight = torch.nn.Parameter(values())
     weight.grad = values()
@@ -1164,12 +1172,12 @@ def adamw_step_twice():
     optimizer.step()
 
 
-@case("none", "torch.tensor / torch.zeros without device= make a CPU tensor (default device)")
+@example("none", "torch.tensor / torch.zeros without device= make a CPU tensor (default device)")
 def factory_without_device():
     return torch.tensor(0.0).item(), torch.zeros(()).item(), torch.full((2,), 1.0).tolist()
 
 
-@case("scalar_read", SCALAR + "; a factory given the device under test makes device memory")
+@example("scalar_read", SCALAR + "; a factory given the device under test makes device memory")
 def factory_on_the_device():
     return torch.zeros((), device=DEVICE).item()  # sync
 
@@ -1203,7 +1211,7 @@ class Score:
         return self.true / (self.true + self.missed) if self.true + self.missed else 1.0
 
 
-def detected(case: Case) -> tuple[Counter[int], list[str]]:
+def detected(case: Example) -> tuple[Counter[int], list[str]]:
     """Events at this file's lines, and the description of any event elsewhere."""
     with SyncScope() as scope:
         case.function()
@@ -1218,7 +1226,7 @@ def detected(case: Case) -> tuple[Counter[int], list[str]]:
     return lines, elsewhere
 
 
-def score(cases: list[Case] = CASES) -> Score:
+def score(cases: list[Example] = EXAMPLES) -> Score:
     result = Score(cases=len(cases))
     for one in cases:
         expected = one.expected()
@@ -1237,9 +1245,9 @@ def score(cases: list[Case] = CASES) -> Score:
     return result
 
 
-def score_by_family(cases: list[Case] = CASES) -> dict[str, Score]:
+def score_by_family(cases: list[Example] = EXAMPLES) -> dict[str, Score]:
     """The score of each family's cases."""
-    families: dict[str, list[Case]] = {}
+    families: dict[str, list[Example]] = {}
     for one in cases:
         families.setdefault(one.family, []).append(one)
     return {family: score(members) for family, members in families.items()}

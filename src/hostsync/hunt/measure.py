@@ -62,7 +62,7 @@ def hunt_plan(steps: int, logging_steps: int) -> HuntPlan:
 
 
 @dataclass(frozen=True)
-class HuntRun:
+class HuntOutcome:
     """One hunted Trainer run: its plan, each rank's record, and which node ran which ranks."""
 
     plan: HuntPlan
@@ -78,7 +78,7 @@ def hunt_run(
     timeout: float = DEFAULT_TIMEOUT_S,
     setup: DeepSpeedSetup = DEFAULT_SETUP,
     nodes: NodeLayout = SINGLE,
-) -> HuntRun:
+) -> HuntOutcome:
     """The SP Trainer run under the sync detector and the profiler.
 
     Logging every 3 steps while SP refills data every 2: a site tied to either cycle shows as such.
@@ -96,7 +96,7 @@ def hunt_run(
         nodes=nodes,
     )
     ranks = rank_records(read_ranks(results, TrainerRank))
-    return HuntRun(plan, ranks, shares_of(f"{tree.label} {setup.label}", results))
+    return HuntOutcome(plan, ranks, shares_of(f"{tree.label} {setup.label}", results))
 
 
 def rank_records(results: list[TrainerRank]) -> list[HuntRank]:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hostsync.measure.cost import BOUND, judge
+from hostsync.measure.cost import BOUND, assess
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import HuntResult, HuntSite, HuntTree
@@ -356,7 +356,7 @@ def cost_rows(trees: Sequence[HuntTree]) -> list[tuple]:
         if tree.cost is None:
             continue
         base = first.setdefault(tree.setup, tree)
-        judgement = judge(base.cost, tree.cost)
+        judgement = assess(base.cost, tree.cost)
         verdict = "-" if base is tree else f"{judgement.verdict}: {judgement.reason}"
         rows.append(
             (tree.label, judgement.reads[1], judgement.stalls[1], judgement.kernels[1], verdict)

@@ -1,7 +1,7 @@
 """How ranks start, and multi-process runs that leave nothing behind.
 
 Every command that runs ranks (repro, profile, bench, the hunt, the census) starts them through
-`LAUNCHERS`, one `LauncherEntry` per way a case card can name (`records.Launcher`), holding what
+`LAUNCHERS`, one `LauncherBackend` per way a case card can name (`records.Launcher`), holding what
 it can do (one process, forked ranks, setting up SP itself) so that no caller compares names:
 
 - `python`: one process, `python SCRIPT ARGS`;
@@ -13,10 +13,11 @@ it can do (one process, forked ranks, setting up SP itself) so that no caller co
   `projects.accelerate_config`) and, with several ranks, DeepSpeed Ulysses SP over all of them;
   the script also gets `--output-dir`, `--backend` and `--precision`.
 
-Across nodes (`Start.nodes`, see `hostsync.launch.nodes`) torchrun and accelerate start this node's
-share of each world's ranks on torchrun's c10d rendezvous, and the nodes pool their ranks' results
-before the next world; `fork` is one machine, so its worlds go to torchrun then, and `python` is one
-process. Without an endpoint every node's agent starts here, each in a folder of its own.
+Across nodes (`LaunchPlan.nodes`, see `hostsync.launch.nodes`) torchrun and accelerate start this
+node's share of each world's ranks on torchrun's c10d rendezvous, and the nodes pool their ranks'
+results before the next world; `fork` is one machine, so its worlds go to torchrun then, and
+`python` is one process. Without an endpoint every node's agent starts here, each in a folder of its
+own.
 
 A launch is started in a session of its own, so that on a timeout, an error or Ctrl-C the whole
 process group (launcher, ranks, compilers they spawned) is killed and no rank outlives the run.
@@ -79,8 +80,8 @@ _POLL_S = 0.2
 ENGINE_SRC = Path(__file__).resolve().parents[2]
 RankResults = list[RankReport]
 T = TypeVar("T")
-# Fields of `Start.wrap`'s words, filled in for each wrapped command: the folder it runs for and
-# its node (each node's agent has its own), e.g. where nsys writes that node's report.
+# Fields of `LaunchPlan.wrap`'s words, filled in for each wrapped command: the folder it runs
+# for and its node (each node's agent has its own), e.g. where nsys writes that node's report.
 RUN_DIR_FIELD, NODE_FIELD = "{run_dir}", "{node}"
 
 
@@ -180,7 +181,7 @@ class Snippet:
 
 
 @dataclass(frozen=True)
-class Start:
+class LaunchPlan:
     """What to launch: a script, the worlds to run it in (in turn), on which device, how long
     each world may take, extra variables, a prefix around the launcher (nsys, say; see
     `RUN_DIR_FIELD`), the nodes the ranks span, and a snippet to run after the worlds (the fork
@@ -212,7 +213,7 @@ class Start:
         return shlex.join([run.tree.label, self.script.name, f"x{world.ranks}", *world.args])
 
 
-def start(launcher: Launcher, run: Run, what: Start) -> list[RankResults]:
+def run_worlds(launcher: Launcher, run: Run, what: LaunchPlan) -> list[RankResults]:
     """Run `what` with `launcher`: for each world, its ranks' results, by rank. Raises RunFailed
     naming the failing rank (with its traceback) or the timeout; either way every process of the
     run is gone when this returns."""
@@ -229,13 +230,13 @@ def world_dir(run_dir: Path, index: int, world: World) -> Path:
     return run_dir / f"world-{index}-ranks-{world.ranks}"
 
 
-Command = Callable[[Run, World, Start], list[str]]
+Command = Callable[[Run, World, LaunchPlan], list[str]]
 
 
-def _each_world(command: Command) -> Callable[[Run, Start], list[RankResults]]:
+def _each_world(command: Command) -> Callable[[Run, LaunchPlan], list[RankResults]]:
     """A launcher that starts one command per world, each in its world's folder."""
 
-    def launch_worlds(run: Run, what: Start) -> list[RankResults]:
+    def launch_worlds(run: Run, what: LaunchPlan) -> list[RankResults]:
         found = []
         for index, world in enumerate(what.worlds):
             inner = dataclasses.replace(run, run_dir=world_dir(run.run_dir, index, world))
@@ -244,13 +245,13 @@ def _each_world(command: Command) -> Callable[[Run, Start], list[RankResults]]:
                 found.append(_across_nodes(command, inner, world, what))
                 continue
             argv = what.wrapped(inner, command(inner, world, what))
-            found.append(launch(inner, argv, world.ranks, what.timeout, what.environment()))
+            found.append(run_ranks(inner, argv, world.ranks, what.timeout, what.environment()))
         return found
 
     return launch_worlds
 
 
-def _across_nodes(command: Command, run: Run, world: World, what: Start) -> RankResults:
+def _across_nodes(command: Command, run: Run, world: World, what: LaunchPlan) -> RankResults:
     """One world over several nodes: this node's agent (on this machine, every node's), each in
     a folder of its own, then the nodes' shares pooled into `run`'s folder. Each rank's result
     says which node ran it (`RankReport.ran_on`)."""
@@ -300,7 +301,7 @@ def _visible_gpus(device: Device, layout: NodeLayout, node: int, per_node: int) 
     return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(first, first + per_node)))}
 
 
-def _python(run: Run, world: World, what: Start) -> list[str]:
+def _python(run: Run, world: World, what: LaunchPlan) -> list[str]:
     if world.ranks != 1:
         raise WorkspaceError(f"the python launcher runs one process, not {world.ranks}")
     return [run.tree.python, str(what.script), *world.args]
@@ -355,11 +356,11 @@ def _accelerate_nodes(layout: NodeLayout, ranks: int) -> list[str]:
     ]
 
 
-def _torchrun(run: Run, world: World, what: Start) -> list[str]:
+def _torchrun(run: Run, world: World, what: LaunchPlan) -> list[str]:
     return torchrun_command(run.tree.python, what.script, world.ranks, world.args, what.nodes)
 
 
-def _accelerate(run: Run, world: World, what: Start) -> list[str]:
+def _accelerate(run: Run, world: World, what: LaunchPlan) -> list[str]:
     deepspeed_file = run.run_dir / "deepspeed.json"
     deepspeed_file.write_text(json.dumps(what.deepspeed.config(), indent=2))
     accelerate_file = run.run_dir / "accelerate.json"
@@ -384,7 +385,7 @@ def _accelerate(run: Run, world: World, what: Start) -> list[str]:
     ]
 
 
-def _fork(run: Run, what: Start) -> list[RankResults]:
+def _fork(run: Run, what: LaunchPlan) -> list[RankResults]:
     """Every world of `what` from one interpreter that imported the script once
     (`hostsync.rank.prefork`); `timeout` is per world. A fork is one machine: across nodes, torchrun
     starts the worlds."""
@@ -405,7 +406,7 @@ def _raised(found: RankResults | RunFailed) -> RankResults:
 
 def fork_each(
     run: Run,
-    what: Start,
+    what: LaunchPlan,
     *,
     keep_going: bool = True,
 ) -> list[RankResults | RunFailed]:
@@ -435,7 +436,7 @@ def sharing_groups(trees: Sequence[Tree], layout: Layout) -> list[list[Tree]]:
     return list(groups.values())
 
 
-def fork_trees(jobs: Sequence[tuple[Run, Start]]) -> list[tuple[list[RankResults], float]]:
+def fork_trees(jobs: Sequence[tuple[Run, LaunchPlan]]) -> list[tuple[list[RankResults], float]]:
     """`_fork`'s worlds for each (run, start) of trees that share an environment, script and
     device, from one interpreter: it imports what the script imports before the project once,
     and each tree's plan runs in a fork of it that imports the rest (`prefork.run_trees`).
@@ -490,7 +491,7 @@ def _tree_ended(run: Run) -> SnippetExit | None:
     return read_file(SnippetExit, written)
 
 
-def _fork_plan(run: Run, what: Start, keep_going: bool) -> tuple[ForkPlan, list[Path]]:
+def _fork_plan(run: Run, what: LaunchPlan, keep_going: bool) -> tuple[ForkPlan, list[Path]]:
     """The prefork plan of one run (`hostsync.rank.prefork`), and each world's folder."""
     folders = [world_dir(run.run_dir, i, world) for i, world in enumerate(what.worlds)]
     plan = ForkPlan(
@@ -512,7 +513,7 @@ def _write_plan(run: Run, plan: ForkPlan | SharedForkPlan) -> Path:
     return plan_file
 
 
-def _which_hung(error: RunHung, runs: Sequence[tuple[list[Path], Start]]) -> RunHung:
+def _which_hung(error: RunHung, runs: Sequence[tuple[list[Path], LaunchPlan]]) -> RunHung:
     """The timeout, naming the first world whose ranks did not all write something."""
     for folders, what in runs:
         for folder, world in zip(folders, what.worlds, strict=True):
@@ -524,7 +525,7 @@ def _which_hung(error: RunHung, runs: Sequence[tuple[list[Path], Start]]) -> Run
 
 def _fork_results(
     run: Run,
-    what: Start,
+    what: LaunchPlan,
     folders: list[Path],
     returncode: int,
 ) -> list[RankResults | RunFailed]:
@@ -540,14 +541,14 @@ def _fork_results(
 
 
 @dataclass(frozen=True)
-class LauncherEntry:
+class LauncherBackend:
     """One launcher a card can name, with what it can do, so that callers ask for a capability
     rather than compare names. `command`: the one command it starts per world (what `profile`
     shows for a rerun by hand), None for the fork launcher, which starts one interpreter for
     every world; `one_process`: it runs no more than one rank; `forks`: its ranks are forked
     from one interpreter that imported the script once (one machine only; it alone runs a
     snippet after its worlds, and can run independent worlds past a failed one); `sets_up_sp`:
-    it sets DeepSpeed up from `Start.deepspeed` and Ulysses SP over a world's ranks itself (the
+    it sets DeepSpeed up from `LaunchPlan.deepspeed` and Ulysses SP over a world's ranks itself (the
     script also gets `--output-dir`, `--backend` and `--precision`)."""
 
     name: Launcher
@@ -556,7 +557,7 @@ class LauncherEntry:
     forks: bool = False
     sets_up_sp: bool = False
 
-    def run(self, run: Run, what: Start) -> list[RankResults]:
+    def run(self, run: Run, what: LaunchPlan) -> list[RankResults]:
         """Each world's rank results; across nodes a forking launcher's worlds go to torchrun."""
         if self.command is not None:
             return _each_world(self.command)(run, what)
@@ -568,18 +569,18 @@ class LauncherEntry:
         return self.forks and not layout.spans_nodes
 
 
-LAUNCHERS: dict[Launcher, LauncherEntry] = {
+LAUNCHERS: dict[Launcher, LauncherBackend] = {
     entry.name: entry
     for entry in (
-        LauncherEntry(Launcher.PYTHON, _python, one_process=True),
-        LauncherEntry(Launcher.FORK, forks=True),
-        LauncherEntry(Launcher.TORCHRUN, _torchrun),
-        LauncherEntry(Launcher.ACCELERATE, _accelerate, sets_up_sp=True),
+        LauncherBackend(Launcher.PYTHON, _python, one_process=True),
+        LauncherBackend(Launcher.FORK, forks=True),
+        LauncherBackend(Launcher.TORCHRUN, _torchrun),
+        LauncherBackend(Launcher.ACCELERATE, _accelerate, sets_up_sp=True),
     )
 }
 
 
-def start_each(launcher: Launcher, run: Run, what: Start) -> list[RankResults | RunFailed]:
+def run_each_world(launcher: Launcher, run: Run, what: LaunchPlan) -> list[RankResults | RunFailed]:
     """Independent worlds, each one's rank results or why it failed, a failed world not stopping
     the next: a forking launcher runs them all from one import of the script (`fork_each`), the
     others one after another, each world in its own folder."""
@@ -623,7 +624,7 @@ def check_launches(case: Case) -> None:
 # --- running a process group ---------------------------------------------------------------------
 
 
-def launch(
+def run_ranks(
     run: Run,
     command: Sequence[str],
     nprocs: int,

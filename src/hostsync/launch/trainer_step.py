@@ -16,10 +16,10 @@ from pathlib import Path
 from hostsync.launch import devices, launchers
 from hostsync.launch.launchers import (
     DEFAULT_TIMEOUT_S,
+    LaunchPlan,
     RankResults,
     Run,
     RunFailed,
-    Start,
     World,
     read_ranks,
 )
@@ -59,8 +59,8 @@ def run_trainer(
     # visible accelerate would still place rank 1 on a `cuda:1` that does not exist.
     used = devices.resolve_device(device, nodes.ranks_here(SP_SIZE), tree.python)
     args = ("--steps", str(steps), "--logging-steps", str(logging_steps), *worker_args)
-    what = Start(WORKER, (World(nprocs, args),), used, timeout, deepspeed=setup, nodes=nodes)
-    (results,) = launchers.start(launchers.with_capability(sets_up_sp=True), run, what)
+    what = LaunchPlan(WORKER, (World(nprocs, args),), used, timeout, deepspeed=setup, nodes=nodes)
+    (results,) = launchers.run_worlds(launchers.with_capability(sets_up_sp=True), run, what)
     check_layout(read_ranks(results, TrainerRank), sp_size=nprocs, log_file=run.log_file)
     shutil.rmtree(run.run_dir)
     return results

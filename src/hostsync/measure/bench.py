@@ -279,7 +279,7 @@ def bench_runs(
 
     def run(detector: bool, env: dict[str, str] | None = None) -> tuple[float, RankResults]:
         started = time.perf_counter()
-        (launched,) = repro.run_launch(
+        (launched,) = repro.launch_trees(
             layout,
             [tree],
             spec,

@@ -22,10 +22,10 @@ from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import (
     CostComparison,
-    FixJudgement,
+    FixAssessment,
     FixVerdict,
     ReproResult,
-    RunRow,
+    ScenarioRow,
 )
 
 # How much more device work per step a fix may add and still be judged by its stalls alone.
@@ -37,7 +37,7 @@ BOUND = (
 )
 
 
-def judge(before: Cost, after: Cost) -> FixJudgement:
+def assess(before: Cost, after: Cost) -> FixAssessment:
     """The verdict of going from `before` to `after`, with the per-step figures it rests on."""
 
     def per_step(cost: Cost) -> tuple[float, ...]:
@@ -69,18 +69,18 @@ def judge(before: Cost, after: Cost) -> FixJudgement:
         reason = f"{reads[0] - reads[1]:g} read(s) per step fewer, each free: no stall saved"
     else:
         verdict, reason = FixVerdict.NO_CHANGE, "neither stalls nor reads down"
-    return FixJudgement(verdict, reads, stalls, kernels, moved, flops, BOUND, reason)
+    return FixAssessment(verdict, reads, stalls, kernels, moved, flops, BOUND, reason)
 
 
-def compare_costs(runs: Sequence[RunRow]) -> list[CostComparison]:
+def compare_costs(runs: Sequence[ScenarioRow]) -> list[CostComparison]:
     """For each (launch, ranks, scenario) the first tree's cost against each other tree's (all
     ranks together), where the ranks reported their cost."""
-    groups: dict[tuple[str, int, str], list[RunRow]] = {}
+    groups: dict[tuple[str, int, str], list[ScenarioRow]] = {}
     for run in runs:
         if run.costs:
             groups.setdefault((run.launch, run.ranks, run.scenario), []).append(run)
     return [
-        CostComparison(launch, ranks, scenario, first.tree, run.tree, judge(first.cost, run.cost))
+        CostComparison(launch, ranks, scenario, first.tree, run.tree, assess(first.cost, run.cost))
         for (launch, ranks, scenario), (first, *others) in groups.items()
         for run in others
     ]

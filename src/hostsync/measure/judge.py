@@ -28,7 +28,7 @@ from hostsync.workspace.cases import Sdist
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import Project
-from hostsync.workspace.records import Finding, Judgement, ProbeRun, ProbeVerdict, TreeRole
+from hostsync.workspace.records import Finding, Judgement, ProbeReport, ProbeVerdict, TreeRole
 
 
 def snippet_of(layout: Layout, case: cases.Case | None) -> Path | None:
@@ -156,7 +156,7 @@ def tree(
             judged = Judgement(label, ProbeVerdict.NOT_RUN, what, str(error))
         else:
             failed = f"the probe exited with status {status}: see {run.log_file}"
-            seen = ProbeRun.from_json(json.loads(out.read_text())) if out.exists() else None
+            seen = ProbeReport.from_json(json.loads(out.read_text())) if out.exists() else None
             judged = (
                 verdict_of(label, what, seen, lines)
                 if status == 0 and seen
@@ -171,7 +171,7 @@ def tree(
     return Judgement(label, ProbeVerdict.NOT_RUN, " then ".join(w for _, w in probes), reasons)
 
 
-def verdict_of(version: str, what: str, seen: ProbeRun, lines: list[int]) -> Judgement:
+def verdict_of(version: str, what: str, seen: ProbeReport, lines: list[int]) -> Judgement:
     """A probe's run as a verdict: a read at one of the site's `lines`, a line that ran and
     read nothing, or not run (an error, or the lines never reached)."""
     if seen.error:

@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path, PurePosixPath
 
 from hostsync.detector.sites import suffix_matches
-from hostsync.workspace.records import ProbeRun
+from hostsync.workspace.records import ProbeReport
 
 _OUT = "probe.json"
 
@@ -79,7 +79,7 @@ def without_machine_paths(text: str) -> str:
     return _WHERE_KEPT.sub("", text)
 
 
-def _run(args: argparse.Namespace) -> ProbeRun:
+def _run(args: argparse.Namespace) -> ProbeReport:
     import torch
 
     reached: set[int] = set()
@@ -107,7 +107,7 @@ def _run(args: argparse.Namespace) -> ProbeRun:
     except BaseException as error:
         sys.settrace(None)
         line = without_machine_paths(traceback.format_exception_only(error)[-1].strip())
-        return ProbeRun(tuple(sorted(reached)), (), f"{what}: {line}")
+        return ProbeReport(tuple(sorted(reached)), (), f"{what}: {line}")
     sys.settrace(None)
     # Each line once, in the order it first read: a loop's reads are one line's.
     reads = dict.fromkeys(
@@ -115,7 +115,7 @@ def _run(args: argparse.Namespace) -> ProbeRun:
         for event, line in zip(scope.events, scope.at_line, strict=True)
         if event.allowed is None and line
     )
-    return ProbeRun(tuple(sorted(reached)), tuple(reads), "")
+    return ProbeReport(tuple(sorted(reached)), tuple(reads), "")
 
 
 def main(argv: list[str] | None = None) -> int:

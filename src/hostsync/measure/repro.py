@@ -33,7 +33,15 @@ from typing import Any, TypeVar
 
 from hostsync.detector.codec import RecordError
 from hostsync.launch import devices, launchers, trainer_step
-from hostsync.launch.launchers import RankResults, Run, RunFailed, Snippet, Start, World, run_group
+from hostsync.launch.launchers import (
+    LaunchPlan,
+    RankResults,
+    Run,
+    RunFailed,
+    Snippet,
+    World,
+    run_group,
+)
 from hostsync.launch.nodes import SINGLE, NodeLayout, node_0_first, shares_of
 from hostsync.measure import cost, provenance
 from hostsync.rank.protocol import free_port
@@ -50,7 +58,7 @@ from hostsync.workspace.records import (
     NodeShare,
     ReproRank,
     ReproResult,
-    RunRow,
+    ScenarioRow,
     SnippetExit,
     SnippetRuns,
     TrainerComparison,
@@ -62,7 +70,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Launched:
+class TreeLaunch:
     """One tree's share of a launch: (ranks, device, each rank's result) per rank count, and the
     seconds it took (its fork's, where trees share an interpreter)."""
 
@@ -70,7 +78,7 @@ class Launched:
     seconds: float
 
 
-def run_launch(
+def launch_trees(
     layout: Layout,
     trees: Sequence[Tree],
     spec: Launch,
@@ -83,7 +91,7 @@ def run_launch(
     env: Mapping[str, str] | None = None,
     nodes: NodeLayout = SINGLE,
     snippets: Mapping[str, IssueSnippet] | None = None,
-) -> list[Launched]:
+) -> list[TreeLaunch]:
     """A launch on each of `trees` (of one environment) at each rank count of `counts`.
 
     Each rank count gets its own device (`auto` uses GPUs only where there is one per rank on
@@ -110,13 +118,15 @@ def run_launch(
             run = Run(layout.new_run_dir(name), tree, layout)
             snippet = (snippets or {}).get(tree.label)
             carried = snippet.snippet if snippet and snippet.device == used else None
-            what = Start(script, worlds, used, timeout, env or {}, nodes=nodes, snippet=carried)
+            what = LaunchPlan(
+                script, worlds, used, timeout, env or {}, nodes=nodes, snippet=carried
+            )
             jobs.append((run, what))
         if len(jobs) > 1 and launchers.LAUNCHERS[spec.launcher].forks_here(nodes):
             launched = launchers.fork_trees(jobs)
         else:
             launched = [
-                _timed(lambda run=run, what=what: launchers.start(spec.launcher, run, what))
+                _timed(lambda run=run, what=what: launchers.run_worlds(spec.launcher, run, what))
                 for run, what in jobs
             ]
         for index, ((run, _), (found, took)) in enumerate(zip(jobs, launched, strict=True)):
@@ -126,7 +136,7 @@ def run_launch(
             done[index] |= dict(zip(group, ((used, results) for results in found), strict=True))
             seconds[index] += took
     return [
-        Launched([(ranks, *tree_done[ranks]) for ranks in counts], took)
+        TreeLaunch([(ranks, *tree_done[ranks]) for ranks in counts], took)
         for tree_done, took in zip(done, seconds, strict=True)
     ]
 
@@ -194,7 +204,7 @@ def disagreement(values: list[Any]) -> Any:
     return values
 
 
-def merge_ranks(rank_results: RankResults, tree: str, launch: str, ranks: int) -> list[RunRow]:
+def merge_ranks(rank_results: RankResults, tree: str, launch: str, ranks: int) -> list[ScenarioRow]:
     """One row per scenario from every rank's rows: site lists merged by line, problems pooled,
     other figures kept where the ranks agree and set apart (`disagreement`) where not."""
     rows = []
@@ -221,7 +231,7 @@ def merge_ranks(rank_results: RankResults, tree: str, launch: str, ranks: int) -
                 per_rank[key] = tuple(values)
         host_syncs = figures.pop("host_syncs", None)
         rows.append(
-            RunRow(
+            ScenarioRow(
                 tree, launch, ranks, first.scenario, figures, per_rank, problems, costs, host_syncs
             )
         )
@@ -231,7 +241,7 @@ def merge_ranks(rank_results: RankResults, tree: str, launch: str, ranks: int) -
 # --- presenting -----------------------------------------------------------------------------------
 
 
-def cell(run: RunRow, key: str) -> object:
+def cell(run: ScenarioRow, key: str) -> object:
     """A column of the case card, shown: sites as `file:line xN`, rank differences as `a/b`."""
     value = run.get(key)
     if is_site_list(value):
@@ -248,7 +258,7 @@ def _short(file: str) -> str:
     return file.split("/", 1)[1] if "/" in file else file
 
 
-def anomalies(runs: Sequence[RunRow], columns: Sequence[str]) -> list[str]:
+def anomalies(runs: Sequence[ScenarioRow], columns: Sequence[str]) -> list[str]:
     """What a reader must not miss: ranks that disagree, and what the ranks found wrong."""
     found = []
     for run in runs:
@@ -260,9 +270,9 @@ def anomalies(runs: Sequence[RunRow], columns: Sequence[str]) -> list[str]:
     return found
 
 
-def compare_trees(runs: Sequence[RunRow], keys: Sequence[str]) -> list[Comparison]:
+def compare_trees(runs: Sequence[ScenarioRow], keys: Sequence[str]) -> list[Comparison]:
     """For each key and (launch, ranks, scenario): the same value on every tree, or where not."""
-    groups: dict[tuple[str, int, str], list[RunRow]] = {}
+    groups: dict[tuple[str, int, str], list[ScenarioRow]] = {}
     for run in runs:
         groups.setdefault((run.launch, run.ranks, run.scenario), []).append(run)
     found = []
@@ -359,7 +369,7 @@ class Measured:
     """Every run's merged rows, the devices they used, which node ran which ranks, the line the
     snippet printed on each tree, and how long each phase took (seconds, in the order run)."""
 
-    runs: list[RunRow] = field(default_factory=list)
+    runs: list[ScenarioRow] = field(default_factory=list)
     used: set[Device] = field(default_factory=set)
     nodes: list[NodeShare] = field(default_factory=list)
     snippets: dict[str, str] = field(default_factory=dict)
@@ -401,7 +411,7 @@ def measure(
         found = Measured()
         started = time.perf_counter()
         issued = {t.label: IssueSnippet.of(layout, case, t, device) for t in group if snippets}
-        runs: dict[str, list[RunRow]] = {tree.label: [] for tree in group}
+        runs: dict[str, list[ScenarioRow]] = {tree.label: [] for tree in group}
         seconds = dict.fromkeys(runs, 0.0)
         for spec, wanted, counts in planned(case, scenarios, only_ranks):
             carries = {
@@ -411,7 +421,7 @@ def measure(
                 and not snippet.snippet.ended()
                 and launchers.LAUNCHERS[spec.launcher].forks_here(nodes)
             }
-            done = run_launch(
+            done = launch_trees(
                 layout,
                 group,
                 spec,

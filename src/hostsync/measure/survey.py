@@ -47,8 +47,8 @@ from hostsync.workspace.records import (
     Stamp,
     Strict,
     SurveyMode,
+    SurveyPass,
     SurveyResult,
-    SurveyRun,
     SurveySite,
     TestOutcome,
     TreeRole,
@@ -217,7 +217,7 @@ def survey(
             outcomes[mode, index] = read_junit(report)
             counted = Counter(test.outcome.value for test in outcomes[mode, index])
             runs.append(
-                SurveyRun(
+                SurveyPass(
                     mode,
                     round(wall_s, 2),
                     round(cpu_s, 2),

@@ -25,8 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hostsync.launch.launchers import Run, run_group
-from hostsync.measure import cost, linters, provenance
-from hostsync.measure import judge as judged_run
+from hostsync.measure import cost, judge, linters, provenance
 from hostsync.upstream import harness, patchqueue, presence
 from hostsync.upstream.git import read_state
 from hostsync.upstream.releases import from_sdist, release_for
@@ -147,7 +146,7 @@ def read_junit(path: Path) -> list[TestOutcome]:
     return found
 
 
-def judge(
+def verdict_of(
     expect: Expectation,
     tests: Sequence[TestOutcome],
     returncode: int,
@@ -268,7 +267,7 @@ def check_tests(
         run = Run(workdir / _safe(check.label) / "series", check.tree, layout)
         paths = case.card.tests.select or series_test_files(test_patches)
         returncode, check.tests = pytest_in_tree(check.tree, paths, run, timeout)
-        check.verdict, check.reason = judge(expect, check.tests, returncode)
+        check.verdict, check.reason = verdict_of(expect, check.tests, returncode)
     return check
 
 
@@ -309,12 +308,12 @@ def check_neighbours(
         failing = frozenset(t.test for t in baseline.tests if t.outcome in (FAILED, ERROR))
         # The release as it is: what fails here is judged on the patched tree as not the series'.
         expect = replace(PASS_OR_SKIP, fail_on_pinned=failing)
-        baseline.verdict, baseline.reason = judge(expect, baseline.tests, returncode)
+        baseline.verdict, baseline.reason = verdict_of(expect, baseline.tests, returncode)
     check = Check("upstream tests", patched.label, expect.label, patched)
     with measured(check):
         run = Run(workdir / _safe(patched.label) / "neighbours", patched, layout)
         returncode, check.tests = pytest_in_tree(patched, present, run, timeout)
-        check.verdict, check.reason = judge(expect, check.tests, returncode)
+        check.verdict, check.reason = verdict_of(expect, check.tests, returncode)
         absent = [p for p in neighbours if p not in present]
         if absent:
             check.reason += f"; absent here: {', '.join(absent)}"
@@ -390,9 +389,9 @@ def release_expectation(
     carried = [finding for finding in findings if finding.presence.carried]
     if timeout is None or not carried:
         return (red(case) if carried else GREEN), said
-    snippet = judged_run.snippet_of(layout, case)
+    snippet = judge.snippet_of(layout, case)
     runs = [
-        judged_run.release(layout, case.project, version, release.sdist, finding, snippet, timeout)
+        judge.release(layout, case.project, version, release.sdist, finding, snippet, timeout)
         for finding in carried
     ]
     judged = [f"judged by running {run.probe}: {run.verdict} ({run.reason})" for run in runs]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hostsync.launch import launchers
-from hostsync.launch.launchers import ENGINE_SRC, Run, RunFailed, Start, World, world_dir
+from hostsync.launch.launchers import ENGINE_SRC, LaunchPlan, Run, RunFailed, World, world_dir
 from hostsync.launch.nodes import SINGLE, NodeLayout, shares_of
 from hostsync.profiling import nsys
 from hostsync.profiling.nsys import NsysFailed
@@ -117,7 +117,7 @@ def capture(
         *settings.case.launch_of(settings.scenario).args,
     )
     session = nsys.new_session()
-    what = Start(
+    what = LaunchPlan(
         layout.repro / spec.script,
         (World(settings.ranks, args),),
         Device(settings.device),
@@ -131,7 +131,7 @@ def capture(
     print(f"{tree.label}: {by_hand}")
     started = time.monotonic()
     try:
-        (reports,) = launchers.start(spec.launcher, run, what)
+        (reports,) = launchers.run_worlds(spec.launcher, run, what)
     finally:
         if profiler == NSYS:
             nsys.end_agents(session)
@@ -165,7 +165,7 @@ def capture(
     return replace(made, artifacts=tuple(kept), per_step=combine_ranks(per_rank))
 
 
-def rerun_command(layout: Layout, run: Run, what: Start, launcher: Launcher) -> str:
+def rerun_command(layout: Layout, run: Run, what: LaunchPlan, launcher: Launcher) -> str:
     """How to rerun the capture's world by hand, where its launcher starts one command (the
     fork launcher has none, nor a world across nodes: then the profile command itself)."""
     command = launchers.LAUNCHERS[launcher].command

@@ -158,7 +158,7 @@ def training_arguments(
     CPU accelerator runs bf16, so it is set after the check and DeepSpeed's "auto" bf16 follows
     it as on a GPU.
 
-    Launched ranks without a GPU train as one DDP group only with `use_cpu`: `ddp_backend` alone
+    TreeLaunch ranks without a GPU train as one DDP group only with `use_cpu`: `ddp_backend` alone
     leaves accelerate's state not distributed (measured with transformers 5.24.0 and accelerate
     1.15.0: `NOT_PARALLEL`), each rank training alone, silently. DeepSpeed's ranks are set up by
     DeepSpeed, which `use_cpu` would turn off.
@@ -188,7 +188,7 @@ def training_arguments(
 
 
 def cpu_group() -> bool:
-    """Launched ranks without a GPU and without DeepSpeed (which sets its ranks up itself):
+    """TreeLaunch ranks without a GPU and without DeepSpeed (which sets its ranks up itself):
     accelerate makes them one group only when told to run on CPU (`use_cpu`, `cpu=True`)."""
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"  # how launchers pick it

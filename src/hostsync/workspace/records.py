@@ -391,7 +391,7 @@ class FixVerdict(StrEnum):
 
 
 @dataclass(frozen=True)
-class FixJudgement(Record):
+class FixAssessment(Record):
     """A fix's verdict, the figures it rests on (per step), and the bound it was held to."""
 
     verdict: FixVerdict
@@ -413,7 +413,7 @@ class CostComparison(Record):
     scenario: str
     before: str
     after: str
-    judgement: FixJudgement
+    judgement: FixAssessment
 
 
 # --- repro ---------------------------------------------------------------------------------------
@@ -451,7 +451,7 @@ class ReproRank(Record):
 
 
 @dataclass(frozen=True)
-class RunRow(Record):
+class ScenarioRow(Record):
     """One (tree, launch, rank count, scenario) of a repro: the figures the case's rank script
     reported, merged over the ranks. A figure the ranks disagree on keeps every rank's value
     in `per_rank`; the file holds it beside the figure as `<name>_per_rank`. `costs`: each
@@ -570,7 +570,7 @@ class ReproResult(Result):
     environment: Environment
     trees: dict[str, TreeInfo]
     scenarios: dict[str, str]
-    runs: tuple[RunRow, ...]
+    runs: tuple[ScenarioRow, ...]
     comparisons: tuple[Comparison, ...]
     trainer: tuple[TrainerComparison, ...] = field(default=(), metadata=OPTIONAL)
     snippet: SnippetRuns | None = field(default=None, metadata=OPTIONAL)
@@ -869,7 +869,7 @@ class ProfiledRead(Record):
 
 
 @dataclass(frozen=True)
-class RankHunt(Record):
+class HuntRecording(Record):
     """What one rank of a hunted run recorded: its detected steps, the profiled step's reads,
     and, where its steps ran compiled, why they were not judged."""
 
@@ -899,7 +899,7 @@ class TrainerRank(Record):
     model: str
     logged: dict[str, LoggedStep]
     seconds: float
-    hunt: RankHunt | None = field(default=None, metadata=OPTIONAL)
+    hunt: HuntRecording | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -911,7 +911,7 @@ class HuntRank(Record):
     device: str
     backend: str
     model: str
-    hunt: RankHunt = field(metadata=FLAT)
+    hunt: HuntRecording = field(metadata=FLAT)
 
 
 @dataclass(frozen=True)
@@ -1177,7 +1177,7 @@ class Judgement(Record):
 
 
 @dataclass(frozen=True)
-class ProbeRun(Record):
+class ProbeReport(Record):
     """What `hostsync.measure.probe` saw in the release's environment: whether the site's lines ran,
     the reads the detector recorded in the site's file (`file:line`), and the error that
     stopped the probe, if one did."""
@@ -1299,7 +1299,7 @@ class SurveyMode(StrEnum):
 
 
 @dataclass(frozen=True)
-class SurveyRun(Record):
+class SurveyPass(Record):
     """One run of the slice: its wall time, the CPU time of its processes (steadier than wall
     time on a shared machine), pytest's exit status, its outcomes counted, and the round of
     interleaved runs it belongs to (a result of one round leaves it out)."""
@@ -1339,7 +1339,7 @@ class SurveyResult(Result):
     origin: str
     tests: tuple[str, ...]
     options: tuple[str, ...]
-    runs: tuple[SurveyRun, ...]
+    runs: tuple[SurveyPass, ...]
     collected: int
     differences: tuple[str, ...]
     surveyed_tests: int
@@ -1351,7 +1351,7 @@ class SurveyResult(Result):
     def rounds(self) -> int:
         return max(run.round for run in self.runs)
 
-    def run(self, mode: SurveyMode, round: int = 1) -> SurveyRun:
+    def run(self, mode: SurveyMode, round: int = 1) -> SurveyPass:
         return next(run for run in self.runs if (run.mode, run.round) == (mode, round))
 
     def ratios(self, mode: SurveyMode, cpu: bool = False) -> list[float]:

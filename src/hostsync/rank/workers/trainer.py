@@ -45,10 +45,10 @@ from hostsync.rank.rankkit import (
 )
 from hostsync.workspace.projects import PROJECTS
 from hostsync.workspace.records import (
+    HuntRecording,
     HuntStep,
     LoggedStep,
     ProfiledRead,
-    RankHunt,
     StepSite,
     TrainerRank,
 )
@@ -430,7 +430,7 @@ def main() -> TrainerRank:
             not_judged = f"compiled, not judged: {error}"
         accelerator, logged, device = trainer.accelerator, values.by_step, trainer.args.device
     pc = getattr(accelerator, "parallelism_config", None)
-    recorded = RankHunt(tuple(hunt.steps), tuple(hunt.profiled), not_judged) if hunt else None
+    recorded = HuntRecording(tuple(hunt.steps), tuple(hunt.profiled), not_judged) if hunt else None
     return TrainerRank(
         world_size=accelerator.num_processes,
         sp_size=pc.sp_size if pc is not None and pc.sp_enabled else 1,
