@@ -41,6 +41,26 @@ from conftest import hostsync, make_workspace, one_line_error
 # --- the case option and the card ----------------------------------------------------------------
 
 
+def test_every_case_of_all_is_tried_and_each_refused_one_named(capsys) -> None:
+    chosen = [cases.load(ROOT, name) for name in ("sp-loss", "trainer-nan-filter", "ds-clip-norm")]
+    tried = []
+
+    def one(case: cases.Case) -> int:
+        tried.append(case.name)
+        if case.name == "trainer-nan-filter":
+            raise WorkspaceError("no test_patch result in profiles/trainer-nan-filter/")
+        return 0
+
+    assert options.each_case(chosen, one) == 2
+    assert tried == ["sp-loss", "trainer-nan-filter", "ds-clip-norm"]
+    assert capsys.readouterr().err.splitlines() == [
+        "error: case trainer-nan-filter: no test_patch result in profiles/trainer-nan-filter/",
+        "error: not done for trainer-nan-filter (each said why above)",
+    ]
+    with pytest.raises(WorkspaceError, match="no test_patch result"):
+        options.each_case(chosen[1:2], one)
+
+
 @pytest.mark.parametrize("name", ["../cases/sp-loss", "", "sp-loss/../sp-loss", "SP-LOSS"])
 def test_a_case_is_named_not_given_as_a_path(workspace: Layout, name: str) -> None:
     with pytest.raises(WorkspaceError, match=r"is no case name: name one of .*sp-loss"):

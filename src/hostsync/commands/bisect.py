@@ -8,7 +8,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from hostsync.commands.options import add_case, add_timeout, chosen_cases
+from hostsync.commands.options import add_case, add_timeout, chosen_cases, each_case
 from hostsync.detector.sites import AllowRule
 from hostsync.history.bisect import (
     DEFAULT_TAG_FORMAT,
@@ -21,6 +21,7 @@ from hostsync.history.bisect import (
 )
 from hostsync.upstream.git import is_repository
 from hostsync.workspace import locks, projects
+from hostsync.workspace.cases import Case
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 
@@ -136,11 +137,13 @@ def main(argv: list[str]) -> int:
         reader = Reader(layout, targets, targets[0].project, settings.since, settings.until)
         report(layout, layout.sites, bisect_sites(layout, reader, targets, settings, None))
         return 0
-    for case in chosen_cases(args.case):
+
+    def one(case: Case) -> None:
         layout = case.layout
         targets = case_targets(case, settings.anchor)
         reader = Reader(layout, targets, case.project, settings.since, settings.until)
         with locks.case(layout):
             made = bisect_sites(layout, reader, targets, settings, case)
         report(layout, layout.profiles, made)
-    return 0
+
+    return each_case(chosen_cases(args.case), one)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 
-from hostsync.commands.options import add_case, chosen_cases
+from hostsync.commands.options import add_case, chosen_cases, each_case
 from hostsync.upstream.patchqueue import clone
 from hostsync.workspace import locks
+from hostsync.workspace.cases import Case
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +21,10 @@ def main(argv: list[str]) -> int:
     add_case(parser)
     parser.add_argument("--remote", help="git remote to clone from (default: the project's)")
     args = parser.parse_args(argv)
-    for case in chosen_cases(args.case):
+
+    def one(case: Case) -> None:
         with locks.case(case.layout):
             said = clone(case, remote=args.remote)
         log.info("%s: %s", case.name, said or "the clone matches the patches: nothing to do")
-    return 0
+
+    return each_case(chosen_cases(args.case), one)

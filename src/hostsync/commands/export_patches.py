@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 
-from hostsync.commands.options import add_case, chosen_cases
+from hostsync.commands.options import add_case, chosen_cases, each_case
 from hostsync.upstream.patchqueue import export_patches
 from hostsync.workspace import locks
+from hostsync.workspace.cases import Case
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,8 @@ def main(argv: list[str]) -> int:
         " edits the clone does not (they are lost)",
     )
     args = parser.parse_args(argv)
-    for case in chosen_cases(args.case):
+
+    def one(case: Case) -> None:
         with locks.case(case.layout):
             report = export_patches(case, force=args.force)
         for change in ("added", "changed", "removed"):
@@ -33,4 +35,5 @@ def main(argv: list[str]) -> int:
                 log.info("%s patches/%s/%s", change, case.name, name)
         if not any(report[change] for change in ("added", "changed", "removed")):
             log.info("patches/%s already matches the clone: nothing changed", case.name)
-    return 0
+
+    return each_case(chosen_cases(args.case), one)

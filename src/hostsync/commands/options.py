@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hostsync.launch import launchers, nodes
 from hostsync.launch.launchers import DEFAULT_TIMEOUT_S
 from hostsync.workspace import cases
 from hostsync.workspace.cases import Case
+from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.pin import load as load_pin
 
@@ -39,6 +42,24 @@ def chosen_cases(name: str | None, layout: Layout | None = None) -> list[Case]:
     for case in loaded:
         launchers.check_launches(case)
     return loaded
+
+
+def each_case(chosen: Sequence[Case], do: Callable[[Case], int | None]) -> int:
+    """`do` for each case in turn; with several (`--case all`), one case's refusal is said in one
+    line and the others still run. The status is the worst: 2 where a case was refused."""
+    status, refused = 0, []
+    for case in chosen:
+        try:
+            status = max(status, do(case) or 0)
+        except WorkspaceError as error:
+            if len(chosen) == 1:
+                raise
+            print(f"error: case {case.name}: {error}", file=sys.stderr)
+            refused.append(case.name)
+    if refused:
+        print(f"error: not done for {', '.join(refused)} (each said why above)", file=sys.stderr)
+        return max(status, 2)
+    return status
 
 
 def add_device(parser: argparse.ArgumentParser) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from hostsync.commands.options import add_case, chosen_cases
+from hostsync.commands.options import add_case, chosen_cases, each_case
 from hostsync.drafting.outbox import outbox
 from hostsync.workspace import locks
+from hostsync.workspace.cases import Case
 
 
 def main(argv: list[str]) -> int:
@@ -19,10 +20,12 @@ def main(argv: list[str]) -> int:
     )
     add_case(parser)
     args = parser.parse_args(argv)
-    for case in chosen_cases(args.case):
+
+    def one(case: Case) -> None:
         with locks.case(case.layout):
             target = outbox(case)
         for path in sorted(target.rglob("*")):
             if path.is_file():
                 print(f"wrote {path.relative_to(case.root)}")
-    return 0
+
+    return each_case(chosen_cases(args.case), one)

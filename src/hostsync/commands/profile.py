@@ -13,6 +13,7 @@ from hostsync.commands.options import (
     add_nodes,
     add_timeout,
     chosen_cases,
+    each_case,
     node_layout,
 )
 from hostsync.launch.nodes import SINGLE, NodeLayout, clear_stale
@@ -85,8 +86,10 @@ def main(argv: list[str]) -> int:
     nodes = node_layout(args)
     chosen = [settings_for(case, args, nodes) for case in chosen_cases(args.case)]
     clear_stale(nodes)
-    for settings in chosen:
-        if settings is not None:
-            with locks.case(settings.case.layout, nodes.rank):
-                profile_case(settings)
-    return 0
+    profiled = {settings.case.name: settings for settings in chosen if settings is not None}
+
+    def one(case: Case) -> None:
+        with locks.case(case.layout, nodes.rank):
+            profile_case(profiled[case.name])
+
+    return each_case([settings.case for settings in profiled.values()], one)

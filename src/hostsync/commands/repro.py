@@ -12,11 +12,13 @@ from hostsync.commands.options import (
     add_nodes,
     add_timeout,
     chosen_cases,
+    each_case,
     node_layout,
 )
 from hostsync.launch.nodes import clear_stale
 from hostsync.measure.repro import ReproSettings, report, repro_case
 from hostsync.workspace import locks, results
+from hostsync.workspace.cases import Case
 from hostsync.workspace.values import comma_list
 
 
@@ -61,7 +63,8 @@ def main(argv: list[str]) -> int:
         nodes=node_layout(args),
     )
     clear_stale(settings.nodes)
-    for case in chosen_cases(args.case):
+
+    def one(case: Case) -> None:
         layout = case.layout
         with locks.case(layout, settings.nodes.rank):
             result = repro_case(case, settings)
@@ -69,7 +72,8 @@ def main(argv: list[str]) -> int:
             print(report(case, result))
             if not settings.nodes.writes_results:
                 print(f"node {settings.nodes.rank}: node 0 writes the result", file=sys.stderr)
-                continue
+                return
             path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
         print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
-    return 0
+
+    return each_case(chosen_cases(args.case), one)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from hostsync.commands.options import add_case, chosen_cases
+from hostsync.commands.options import add_case, chosen_cases, each_case
 from hostsync.drafting.review import review
+from hostsync.workspace.cases import Case
 
 
 def main(argv: list[str]) -> int:
@@ -28,7 +29,9 @@ def main(argv: list[str]) -> int:
         help="also make profiles/<case>/reference/ hold exactly the results the drafts cite",
     )
     args = parser.parse_args(argv)
-    for case in chosen_cases(args.case):
+
+    def one(case: Case) -> None:
         for path in review(case, rerun=args.rerun, refresh=args.refresh_reference):
             print(f"wrote {path.relative_to(case.root)}")
-    return 0
+
+    return each_case(chosen_cases(args.case), one)

@@ -7,11 +7,12 @@ import argparse
 import re
 from pathlib import Path
 
-from hostsync.commands.options import add_case, add_timeout, chosen_cases
+from hostsync.commands.options import add_case, add_timeout, chosen_cases, each_case
 from hostsync.measure.test_patch import prove_and_report
 from hostsync.upstream.git import is_repository
 from hostsync.upstream.releases import release_for
 from hostsync.workspace import locks
+from hostsync.workspace.cases import Case
 from hostsync.workspace.errors import WorkspaceError
 
 
@@ -49,14 +50,14 @@ def main(argv: list[str]) -> int:
             f"--remote {args.remote} is no git repository: give a local clone or mirror of the"
             " project (its git directory)"
         )
-    status = 0
     chosen = chosen_cases(args.case)
     for case in chosen:  # before anything runs: a release PyPI does not have is refused now
         for version in args.releases:
             release_for(case, version)
-    for case in chosen:
+
+    def one(case: Case) -> int:
         print(f"case {case.name}")
         with locks.case(case.layout):
-            proved = prove_and_report(case, args.releases, args.timeout, remote=args.remote)
-            status = max(status, proved[0])
-    return status
+            return prove_and_report(case, args.releases, args.timeout, remote=args.remote)[0]
+
+    return each_case(chosen, one)

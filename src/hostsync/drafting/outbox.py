@@ -31,6 +31,7 @@ The committed patches keep a neutral author; nothing is sent from here.
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -305,7 +306,8 @@ def checklist(
 
 
 def outbox(case: Case) -> Path:
-    """Write the case's outbox; its folder."""
+    """Write the case's outbox; its folder. It is made aside and moved in place whole, so a
+    refusal half-way leaves no outbox that the next run would refuse."""
     layout = case.layout
     identity = contributor(layout.root)
     written = review.review(case)  # refuses stale, failed or unchecked drafts first
@@ -315,11 +317,23 @@ def outbox(case: Case) -> Path:
             f"{target.relative_to(layout.root)} exists: move it aside (or remove it) to make it"
             " again"
         )
-    target.mkdir(parents=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{OUTBOX}-", dir=layout.issue_drafts))
+    try:
+        _fill(case, identity, written, staging)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _fill(case: Case, identity: tuple[str, str], written: list[Path], target: Path) -> None:
+    """The outbox's files in `target`: the drafts to post, the patches, the attachments and the
+    checklist; or the note saying why nothing is sent."""
+    layout = case.layout
     why = why_nothing(case)
     if why is not None:
         (target / NOTHING_TO_SEND).write_text(nothing_to_send(layout, case, why, written))
-        return target
+        return
     kinds = {path.stem for path in written}
     held = held_pr(case) if "pr" in kinds else None
     if held:
@@ -353,4 +367,3 @@ def outbox(case: Case) -> Path:
     (target / CHECKLIST).write_text(
         checklist(case, kinds, notes, sent, first, identity, held, asks_system_info)
     )
-    return target

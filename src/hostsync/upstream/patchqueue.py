@@ -315,7 +315,7 @@ def refuse_left_out(case: Case, doing: str) -> None:
             f"the clone lacks upstream's tests that {', '.join(left_out)} edit (made from an"
             f" sdist): {doing} would drop them; move {shown(layout, layout.clone)} aside and make"
             f" it again with `nox -s clone -- --case {layout.case} --remote PATH` (a clone of"
-            f" {case.project.repository})"
+            f" {case.project.repository}), then run this again"
         )
 
 
