@@ -118,10 +118,13 @@ class Check:
 
 @contextmanager
 def measured(check: Check) -> Iterator[Check]:
-    """Times the check; an error that stops it becomes its WRONG verdict, not the session's end."""
+    """Times the check; an error that stops it becomes its WRONG verdict, not the session's end,
+    except a missing harness, which no other check could get past either."""
     started = time.monotonic()
     try:
         yield check
+    except MissingHarness:
+        raise
     except WorkspaceError as error:
         check.verdict, check.reason = WRONG, str(error)
     finally:
@@ -271,12 +274,16 @@ def check_tests(
     return check
 
 
+class MissingHarness(WorkspaceError):
+    """The trees lack upstream's test harness: every check of the series would fail alike."""
+
+
 def refuse_without_harness(case: cases.Case, tree: Tree) -> None:
     """The series' tests run on upstream's harness (the card's `[tests] harness`): a tree that
     lacks it, as one made from an sdist does, cannot run them as upstream does."""
     missing = [path for path in case.card.tests.harness if not (tree.root / path).exists()]
     if missing:
-        raise WorkspaceError(
+        raise MissingHarness(
             f"no upstream test harness in {tree.label} ({', '.join(missing)} missing):"
             f" pass a clone of {tree.project.repository} with --remote PATH"
         )
