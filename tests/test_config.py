@@ -59,6 +59,24 @@ def refusal(root: Path, file: str, pattern: str, replacement: str) -> str:
             'issue = "47068"',
             "cases/sp-loss.toml: upstream.issue: expected an integer, got '47068'",
         ),
+        (
+            "cases/sp-loss.toml",
+            r'kind = "issue"\nstate = "closed"',
+            'kind = "issue"\nstate = "merged"',
+            "cases/sp-loss.toml: upstream.threads[0].state: an issue is open or closed, never",
+        ),
+        (
+            "cases/sp-loss.toml",
+            r'opened = "2026-07-04"',
+            "opened = 2026-07-04",
+            "cases/sp-loss.toml: upstream.threads[0].opened: expected a string",
+        ),
+        (
+            "cases/sp-loss.toml",
+            r"number = 47073",
+            "number = 47068",
+            "cases/sp-loss.toml: upstream.threads: lists huggingface/transformers#47068 more than",
+        ),
         ("pin.toml", r'default_case = ".*"\n', "", "pin.toml: default_case: is missing"),
         (
             "pin.toml",

@@ -104,6 +104,11 @@ def test_drafts_are_filled_from_the_results(drafted: Layout) -> None:
         ),
         ("With the fix, 3 fewer reads.\n", "issue.md", r"types the figure\(s\) 3 by hand"),
         ("Run `nox -s repro` to see it.\n", "issue.md", "a word of this workspace"),
+        (
+            "As #47073 did, and #12345.\n",
+            "issue.md",
+            r"issue.md cites #12345, which the card's \[\[upstream.threads\]\] lacks: read",
+        ),
         ("{{repro:trees.pinned.version}}\n\n" * 16, "comment.md", "over the 30 of a comment"),
         ("```python\n" + "pass\n" * 31 + "```\n", "issue.md", "code block of 31 lines"),
         ("Fine.\n", "notes.md", "name a draft template after what it drafts"),
@@ -118,6 +123,16 @@ def test_a_draft_upstream_should_not_get_is_refused_before_anything_is_written(
         review.review(made.case_of(drafted))
 
     assert not drafted.issue_drafts.exists()
+
+
+def test_a_draft_says_what_a_thread_does_with_its_cards_line(drafted: Layout) -> None:
+    draft(drafted, "Fixed by #47073, which {{case:upstream.threads[number=47073].does}}.\n")
+    case = made.case_of(drafted)
+    (thread,) = [thread for thread in case.upstream.threads if thread.number == 47073]
+
+    (path,) = review.review(case)
+
+    assert " ".join(path.read_text().split()) == f"Fixed by #47073, which {thread.does}."
 
 
 def test_filled_paragraphs_are_rewrapped_and_nothing_else_is() -> None:
@@ -248,6 +263,21 @@ def test_the_committed_templates_use_only_known_sources_and_reducers(case: str) 
             reduce = match["reduce"] or "first"
             assert reduce in review.REDUCERS or reduce.isdecimal(), (template.name, match[0])
             review.segments(match["path"].strip())
+
+
+@pytest.mark.parametrize("case", cases.names(ROOT))
+def test_every_thread_a_committed_card_or_template_cites_is_in_its_table(case: str) -> None:
+    """What upstream is told of a thread was read in the record: every `#N` of the card and of
+    its templates, and every thread a template queries, is in the card's `[[upstream.threads]]`."""
+    card = load_case(ROOT, case)
+    known = {"case": card.card.to_json()}
+    for path in (cases.card_path(ROOT, case), *review.templates(Layout(ROOT, case))):
+        text = path.read_text()
+        cited = {int(number) for number in drafts.THREAD.findall(text)}
+        assert cited <= card.upstream.cited, (path.name, sorted(cited - card.upstream.cited))
+        for match in review.PLACEHOLDER.finditer(text):
+            if match["source"] == "case" and "threads" in match["path"]:
+                assert review.figure(match, known) != drafts.NOT_MEASURED, (path.name, match[0])
 
 
 def test_a_number_reducer_cites_that_value_of_the_matching_ones() -> None:

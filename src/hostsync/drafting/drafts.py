@@ -9,7 +9,9 @@ it, and refuses in one line:
 - a word of this workspace: its commands, folders and paths mean nothing upstream;
 - the platform of the machine it was measured on: system info is the contributor's to give;
 - a figure typed into the template instead of taken from a result (one no result holds is
-  refused by `review`, naming the session that measures it).
+  refused by `review`, naming the session that measures it);
+- a thread (`#8614`) its card's `[[upstream.threads]]` lacks: a draft cites only threads read in
+  the public record, and says what one does with the card's line for it.
 The identity a patch is sent with is checked by `outbox`, with `placeholder_identity`.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Collection
 from pathlib import Path
 
 from hostsync.workspace.errors import WorkspaceError
@@ -43,6 +46,9 @@ _NOT_PROSE = re.compile(
     r"\{\{.*?\}\}|```.*?```|`[^`\n]*`|\]\([^)]*\)|<!--.*?-->|\bZeRO[ -]\d", re.DOTALL
 )
 _CODE = re.compile(r"```.*?```", re.DOTALL)
+# A thread cited by number, alone or after its repository (`#8614`, `owner/name#8614`); not an
+# HTML character reference (`&#38;`).
+THREAD = re.compile(r"(?<!&)#(\d+)\b")
 _LIST_ITEM = re.compile(r"\s*(?:[-*]|\d+\.) ")
 # Addresses no mail reaches: the domains reserved for examples and tests (RFC 2606, RFC 6761).
 _PLACEHOLDER_IDENTITY = re.compile(
@@ -99,6 +105,17 @@ def check_draft(name: str, draft_kind: str, text: str) -> None:
         raise WorkspaceError(
             f"{name} says {found[0]!r}, a word of this workspace: upstream reads the project's"
             " words only"
+        )
+
+
+def check_threads(name: str, text: str, known: Collection[int]) -> None:
+    """Refuse a filled draft citing a thread that is not among `known`, its card's threads."""
+    unknown = sorted({int(number) for number in THREAD.findall(text)} - set(known))
+    if unknown:
+        raise WorkspaceError(
+            f"{name} cites {', '.join(f'#{number}' for number in unknown)}, which the card's"
+            " [[upstream.threads]] lacks: read the thread in the public record and add it there,"
+            " or drop the citation"
         )
 
 

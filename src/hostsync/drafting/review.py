@@ -21,7 +21,8 @@ another case, one that measured nothing or a proof that failed is refused outrig
 GPU evidence (`gpu` results, made by `gpu/case_on_gpu.py` on a GPU machine and copied into
 profiles/<case>/) are optional: cited when fresh, left out with a warning when stale. Each draft
 is checked before it is written (`hostsync.drafting.drafts`): its length, no word of this workspace,
-no figure typed by hand or missing from the results; and its claims against the fix's verdict
+no figure typed by hand or missing from the results, no thread its card's `[[upstream.threads]]`
+lacks; and its claims against the fix's verdict
 (`hostsync.drafting.claims`). A comment on an open PR whose change the series carries says which
 change its figures are of, the PR's diff or its description (`{{case:upstream.pr_change.follows}}`).
 The same results give byte-identical drafts. `--refresh-reference` also makes
@@ -409,6 +410,7 @@ def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]
         refuse_unsaid_pr_change(template, text, case)
         filled[template.name] = drafts.reflow(fill(text, found))
         drafts.check_draft(template.name, drafts.kind(template), filled[template.name])
+        drafts.check_threads(template.name, filled[template.name], case.upstream.cited)
         check_claims(template.name, filled[template.name], verdicts, GpuResult.KIND in sources)
     if own_results and refresh:  # only a set whose drafts passed becomes the reference
         for change in refresh_reference(layout, sources):

@@ -23,12 +23,22 @@ from hostsync.workspace import projects
 from hostsync.workspace.config import load_toml
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import Launcher, PrChangeSource, TreeRole, UpstreamState
+from hostsync.workspace.records import (
+    Launcher,
+    PrChangeSource,
+    ThreadKind,
+    ThreadState,
+    TreeRole,
+    UpstreamState,
+)
 
 # A case's name is a folder name in four places: plain words only, and none that profiles/
 # keeps for results of no one case.
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 RESERVED = ("sites", "watch")
+# A thread's repository, `owner/name`, and the day it opened, `YYYY-MM-DD`.
+REPOSITORY = re.compile(r"[\w.-]+/[\w.-]+")
+DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,37 @@ class PrChange(Strict):
 
 
 @dataclass(frozen=True)
+class Thread(Strict):
+    """An upstream issue or PR the card or its drafts cite, as read in the stored public record:
+    `opened` is the day of its first entry there, `does` one line of what it does. A draft cites
+    no thread the card lacks, and says what one does with its line
+    (`{{case:upstream.threads[number=8614].does}}`), not with words of its own."""
+
+    number: int
+    repository: str
+    kind: ThreadKind
+    state: ThreadState
+    opened: str
+    does: str
+
+    def __post_init__(self) -> None:
+        if self.number < 1:
+            raise RecordError("number", "must be the thread's number, 1 or more")
+        if not REPOSITORY.fullmatch(self.repository):
+            raise RecordError("repository", f"must be owner/name, not {self.repository!r}")
+        if self.kind == ThreadKind.ISSUE and self.state == ThreadState.MERGED:
+            raise RecordError("state", "an issue is open or closed, never merged")
+        if not DAY.fullmatch(self.opened):
+            raise RecordError(
+                "opened", f'must be the day it opened, "YYYY-MM-DD", not {self.opened!r}'
+            )
+        if not self.does.strip() or "\n" in self.does:
+            raise RecordError(
+                "does", "must be one line: what the thread does, as read in the record"
+            )
+
+
+@dataclass(frozen=True)
 class Upstream(Strict):
     """What upstream knows of the bug, and where that was seen: `seen` starts with the date of
     the newest record read (a thread's last entry, a release), not the day it was read."""
@@ -83,6 +124,21 @@ class Upstream(Strict):
     # The link to a maintainer's approval in the issue's thread, where the project holds a PR
     # until there is one (`Project.pr_after_approval`): until then the outbox sends the issue.
     approved: str = ""
+    # Every upstream thread the card and its drafts cite (`[[upstream.threads]]`).
+    threads: tuple[Thread, ...] = ()
+
+    def __post_init__(self) -> None:
+        keys = [(thread.repository, thread.number) for thread in self.threads]
+        twice = sorted(
+            {f"{name}#{number}" for name, number in keys if keys.count((name, number)) > 1}
+        )
+        if twice:
+            raise RecordError("threads", f"lists {', '.join(twice)} more than once: keep one")
+
+    @property
+    def cited(self) -> frozenset[int]:
+        """The numbers of the threads a draft may cite."""
+        return frozenset(thread.number for thread in self.threads)
 
 
 @dataclass(frozen=True)

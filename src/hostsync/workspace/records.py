@@ -117,6 +117,21 @@ class PrChangeSource(StrEnum):
     DESCRIPTION = "description"
 
 
+class ThreadKind(StrEnum):
+    """What an upstream thread a card cites is."""
+
+    ISSUE = "issue"
+    PR = "pr"
+
+
+class ThreadState(StrEnum):
+    """Where an upstream thread stood when it was read; only a PR is merged."""
+
+    OPEN = "open"
+    CLOSED = "closed"
+    MERGED = "merged"
+
+
 # --- trees ---------------------------------------------------------------------------------------
 
 
