@@ -17,8 +17,8 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from hostsync.detector import SyncScope, SyncScopeError
+from hostsync.detector.records import Cost, DeviceWork
 from hostsync.rank.protocol import free_port
-from hostsync.workspace.records import Cost, DeviceWork
 
 
 def matrix() -> torch.Tensor:

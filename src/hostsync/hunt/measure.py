@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hostsync.detector.records import Cost, DeviceWork
 from hostsync.detector.sites import AllowRule, Site
 from hostsync.hunt.allowlist import reason
 from hostsync.launch import trainer_step
@@ -27,9 +28,7 @@ from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import DEFAULT_SETUP, PACKAGES, DeepSpeedSetup
 from hostsync.workspace.records import (
-    Cost,
     CrossCheck,
-    DeviceWork,
     HuntPlan,
     HuntRank,
     HuntSite,
