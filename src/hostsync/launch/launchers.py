@@ -379,7 +379,7 @@ def _accelerate(run: Run, world: World, what: Start) -> list[str]:
         "--backend",
         backend,
         "--precision",
-        what.deepspeed.precision,
+        what.deepspeed.precision.value,
         *world.args,
     ]
 
