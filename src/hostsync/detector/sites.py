@@ -33,9 +33,9 @@ class Site(Record):
     @property
     def identity(self) -> tuple[str, str, str]:
         """What names one site across releases and edits: its file, function and code. Its line
-        is left out, as lines move when code above them changes. So is the caller: it is not the
-        site's own (a hunt, which charges each caller of a shared helper apart, keys its sites
-        on the caller as well; a baseline accepts a site whoever calls it)."""
+        is left out, as lines move when code above them changes. So is the caller, which is not
+        the site's own: the hunt, which charges each caller of a shared helper apart, adds it
+        (`HuntSite.key`); a baseline accepts a site whoever calls it."""
         return (self.file, self.function, self.code)
 
 
