@@ -1,7 +1,7 @@
 """The engine's structure, read from its source: its import graph by the floors of
-docs/architecture.md, and the signatures that take or return untyped data. `python
-tests/engine_structure.py` prints the figures; tests/test_structure.py holds the floors and the
-cycles to zero."""
+docs/architecture.md, the signatures that take or return untyped data, and what the cases' rank
+scripts under repro/ import and return. `python tests/engine_structure.py` prints the figures;
+tests/test_structure.py holds the floors and the cycles to zero."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "src" / "hostsync"
+REPRO = ROOT / "repro"
 TABLE_OPENS = "The engine, from the bottom of its imports up"
+# All a rank script may import of the workspace (docs/adding-a-case.md): the launcher's
+# git, download and environment code never loads in a rank.
+RANK_SCRIPT_IMPORTS = ("hostsync.rank.protocol", "hostsync.rank.rankkit", "hostsync.detector")
+# What a rank script's `main` returns: a repro script's rows, or a profile script's record.
+RANK_RECORDS = ("ReproRank", "ProfiledRank")
 
 
 def module_name(path: Path) -> str:
@@ -151,10 +157,10 @@ def _untyped_aliases(trees: list[ast.Module]) -> set[str]:
     return found
 
 
-def untyped_signatures() -> tuple[list[str], int]:
-    """Every engine function whose parameters or return name untyped data, as `module:line
-    name`, and how many functions there are in all."""
-    modules = engine_modules()
+def untyped_signatures(modules: dict[str, Path] | None = None) -> tuple[list[str], int]:
+    """Every function of `modules` (the engine's, by default) whose parameters or return name
+    untyped data, as `module:line name`, and how many functions there are in all."""
+    modules = engine_modules() if modules is None else modules
     trees = {name: ast.parse(path.read_text(), str(path)) for name, path in modules.items()}
     aliases = _untyped_aliases(list(trees.values()))
     found, total = [], 0
@@ -170,6 +176,78 @@ def untyped_signatures() -> tuple[list[str], int]:
             if any(_is_untyped(annotation, aliases) for annotation in annotations):
                 found.append(f"{name}:{node.lineno} {node.name}")
     return found, total
+
+
+# --- the rank scripts ----------------------------------------------------------------------------
+
+
+def _rank_entry(tree: ast.Module) -> ast.FunctionDef | None:
+    """The script's `main` decorated with `rank_entry`, if it has one."""
+    return next(
+        (
+            node
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef)
+            and node.name == "main"
+            and any(_name(decorator) == "rank_entry" for decorator in node.decorator_list)
+        ),
+        None,
+    )
+
+
+def rank_scripts() -> dict[str, Path]:
+    """The cases' rank and profile scripts, by `case/script.py`: those whose `main` is a rank's
+    entry (an issue's snippet is not one)."""
+    return {
+        path.relative_to(REPRO).as_posix(): path
+        for path in sorted(REPRO.glob("*/*.py"))
+        if _rank_entry(ast.parse(path.read_text(), str(path))) is not None
+    }
+
+
+def returned_record(source: str) -> str | None:
+    """What the rank entry of `source` declares it returns, as written."""
+    entry = _rank_entry(ast.parse(source))
+    return ast.unparse(entry.returns) if entry is not None and entry.returns else None
+
+
+def workspace_imports(source: str) -> list[tuple[int, str]]:
+    """What `source` imports of the workspace beyond `RANK_SCRIPT_IMPORTS`, as (line, name);
+    `from a import b` names `a.b`, a module or a name in one."""
+    allowed = RANK_SCRIPT_IMPORTS
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found += [
+            (node.lineno, name)
+            for name in names
+            if name.split(".")[0] == "hostsync"
+            and not any(name == ok or name.startswith(ok + ".") for ok in allowed)
+        ]
+    return found
+
+
+def rank_script_escapes() -> list[str]:
+    """Each import of the workspace by a rank script that it may not make."""
+    return [
+        f"{name}:{line} imports {imported}"
+        for name, path in rank_scripts().items()
+        for line, imported in workspace_imports(path.read_text())
+    ]
+
+
+def unrecorded_rank_scripts() -> list[str]:
+    """Each rank script whose `main` does not declare the record it returns."""
+    return [
+        f"{name} returns {returned}"
+        for name, path in rank_scripts().items()
+        if (returned := returned_record(path.read_text())) not in RANK_RECORDS
+    ]
 
 
 def _docstrings(tree: ast.Module) -> set[int]:
@@ -277,8 +355,10 @@ def back_edges() -> list[str]:
 def main() -> int:
     graph = import_graph()
     untyped, total = untyped_signatures()
+    scripts = rank_scripts()
+    untyped_scripts, script_functions = untyped_signatures(scripts)
     if "--list" in sys.argv:
-        print("\n".join(untyped))
+        print("\n".join(untyped + untyped_scripts))
     print(f"modules: {len(graph)}, imports between them: {sum(map(len, graph.values()))}")
     print(f"floors: {len(floors())}, back-edges: {len(back_edges())}, cycles: {len(cycles(graph))}")
     print(
@@ -286,6 +366,12 @@ def main() -> int:
         f" detector imports outside it: {len(detector_escapes())}"
     )
     print(f"untyped signatures: {len(untyped)} of {total} functions (--list names them)")
+    print(
+        f"rank scripts: {len(scripts)}, untyped signatures: {len(untyped_scripts)} of"
+        f" {script_functions} functions, not returning their record: "
+        f"{len(unrecorded_rank_scripts())}, imports beyond the allowed: "
+        f"{len(rank_script_escapes())}"
+    )
     return 0
 
 

@@ -14,6 +14,7 @@ import pytest
 from hostsync.census import report, setups
 from hostsync.census.run import census_cases
 from hostsync.detector.records import Cost, DeviceWork
+from hostsync.detector.sites import Site
 from hostsync.rank import rankkit
 from hostsync.workspace import cases, results, table
 from hostsync.workspace.errors import WorkspaceError
@@ -124,10 +125,7 @@ def test_the_fixed_column_stacks_every_case_at_the_newest_release_of_its_project
 def _site(file: str, rate: float, carried: str | None = None, allowed: str | None = None):
     return HuntSite(
         package=file.split("/")[0],
-        file=file,
-        line=1,
-        function="f",
-        code="x.item()",
+        site=Site(file, 1, "f", "x.item()"),
         caller="",
         kinds=("scalar_read",),
         steps=(2, 3),
@@ -180,7 +178,7 @@ def test_the_report_ranks_sites_by_reads_per_step_summed_over_the_setups(tmp_pat
 
     written = report.write_reports(layout, path)
 
-    ranked = [site.site.file for site in report.census_sites(result.runs)]
+    ranked = [site.hunted.site.file for site in report.census_sites(result.runs)]
     assert ranked == ["trl/a.py", "transformers/b.py", "deepspeed/c.py"]  # 4, 3 and 1 a step
     assert report.per_setup(result, "today") == {"one": 6.0, "two": 2.0}
     assert report.per_setup(result, "fixed", unaccepted=True) == {"one": 2.0, "two": 2.0}
@@ -257,7 +255,7 @@ def test_a_candidate_shows_its_disposition_and_one_without_is_listed_apart(
     text = report.write_reports(layout, path)[0].read_text()
 
     sites = report.census_sites(result.runs, report.dispositions(layout))
-    assert [s.site.file for s in report.undecided(sites)] == ["trl/b.py"]
+    assert [s.hunted.site.file for s in report.undecided(sites)] == ["trl/b.py"]
     rows = {line.split(" | ")[2]: line for line in text.splitlines() if "| trl/" in line}
     assert "| not carried: metrics only, see #1 |" in rows["trl/a.py:1 `f`"]
     assert f"| {report.UNDECIDED} |" in rows["trl/b.py:1 `f`"]
@@ -276,7 +274,8 @@ def test_each_reference_census_candidate_ends_somewhere_and_rebuilds_without_eve
     text = report.render(result, found.name, None, rules)
 
     assert not [
-        f"{s.site.file} {s.site.function} {s.site.code}" for s in report.undecided(sites)
+        f"{s.hunted.site.file} {s.hunted.site.function} {s.hunted.site.code}"
+        for s in report.undecided(sites)
     ], "give each a case, an [[allow]] or a [[not_carried]] table in hunt_allowlist.toml"
     assert report.UNDECIDED not in text and "## Candidates without a disposition" not in text
     assert all(table.markdown(("verdict",), [(s.verdict,)]).splitlines()[-1] in text for s in sites)

@@ -330,7 +330,7 @@ def test_allowed_syncs_pass_the_assertion():
         numbers().sum().item()
 
     scope.assert_no_unexpected_syncs()
-    assert scope.allowed_sync_sites()[0]["reason"] == "accepted here"
+    assert scope.allowed_sync_sites()[0].reason == "accepted here"
 
 
 def test_the_assertion_names_each_site_with_its_count_and_code_line():
@@ -348,17 +348,17 @@ def test_the_assertion_names_each_site_with_its_count_and_code_line():
     assert "\n        t.sum().item()\n" in message
 
 
-def test_sync_sites_are_json_ready_with_counts():
+def test_sync_sites_write_json_with_counts():
     t = numbers()
     with SyncScope() as scope:
         line = next_line()
         t.tolist(), t.tolist()
 
-    assert json.loads(json.dumps(scope.sync_sites())) == [
+    assert json.loads(json.dumps([site.to_json() for site in scope.sync_sites()])) == [
         {
             "file": HERE,
             "line": line,
-            "function": "test_sync_sites_are_json_ready_with_counts",
+            "function": "test_sync_sites_write_json_with_counts",
             "code": "t.tolist(), t.tolist()",
             "count": 2,
             "kinds": ["tolist"],
@@ -449,10 +449,10 @@ def test_a_rule_can_accept_a_shared_helper_only_for_one_caller() -> None:
         clip(torch.tensor(1.0))
 
     (site,) = scope.sync_sites(by_caller=True)
-    assert (site["function"], site["caller"], site["count"]) == (
+    assert (site.site.function, site.caller, site.count) == (
         "is_invalid",
         "test_detector.py:clip",
         1,
     )
     (allowed,) = scope.allowed_sync_sites()
-    assert allowed["reason"] == "decides a skipped step"
+    assert allowed.reason == "decides a skipped step"

@@ -11,7 +11,7 @@ import pytest
 
 from hostsync.commands import hunt as hunt_command
 from hostsync.detector.records import Cost, DeviceWork
-from hostsync.detector.sites import AllowRule
+from hostsync.detector.sites import AllowRule, Site
 from hostsync.hunt import allowlist, measure, report
 from hostsync.hunt.run import check_stack, stacked
 from hostsync.launch import trainer_step
@@ -64,7 +64,7 @@ def test_pinned_step_syncs_at_both_lines_of_the_loss_aggregation_on_every_step(
 ) -> None:
     if_line = source_line(pinned, IF_PER_RANK)
     max_line = source_line(pinned, MAX_OF_TOTAL)
-    found = {site.line: site for site in hunted.sites if site.file == DEEPSPEED_PY}
+    found = {s.site.line: s for s in hunted.sites if s.site.file == DEEPSPEED_PY}
 
     assert set(found) == {if_line, max_line}
     assert found[if_line].per_step == SP_SIZE
@@ -88,7 +88,7 @@ def test_each_step_is_accounted_reads_stalls_and_device_work(hunted: HuntTree) -
 
 @pytest.mark.distributed
 def test_logging_syncs_are_told_apart_from_every_step_ones(hunted: HuntTree) -> None:
-    by_function = {site.function: site for site in hunted.sites}
+    by_function = {s.site.function: s for s in hunted.sites}
 
     logged = by_function["_maybe_log_save_evaluate"]
     assert logged.when == "logging steps"
@@ -192,7 +192,7 @@ ACCEPT_LOGGING = AllowRule("transformers/trainer.py", "logged", function="_maybe
 def test_sites_say_when_they_occur_and_rank_by_syncs_per_step() -> None:
     sites = measure.summarize(as_read(rank(0), rank(1)), (ACCEPT_LOGGING,))
 
-    assert [(s.function, s.when, s.per_step) for s in sites] == [
+    assert [(s.site.function, s.when, s.per_step) for s in sites] == [
         ("<genexpr>", "every step", 2),
         ("refill", "steps 3, 5", 3),
         ("_maybe_log_save_evaluate", "logging steps", 1),
@@ -221,7 +221,7 @@ def test_a_trees_cost_is_every_ranks_steps_after_the_warm_up_and_judged_against_
 
 
 def test_the_allow_list_accepts_by_file_and_function_with_its_reason() -> None:
-    sites = {s.function: s for s in measure.summarize(as_read(rank(0)), (ACCEPT_LOGGING,))}
+    sites = {s.site.function: s for s in measure.summarize(as_read(rank(0)), (ACCEPT_LOGGING,))}
 
     assert sites["_maybe_log_save_evaluate"].allowed == "logged"
     assert sites["<genexpr>"].allowed is None
@@ -231,7 +231,7 @@ def test_a_site_only_one_rank_saw_is_kept() -> None:
     lonely = rank(1)
     lonely["steps"][1]["sites"].append(site("other.py", 5, "f", "bool(t)"))
 
-    sites = {s.function: s for s in measure.summarize(as_read(rank(0), lonely), ())}
+    sites = {s.site.function: s for s in measure.summarize(as_read(rank(0), lonely), ())}
 
     assert sites["f"].steps == (2,)
     assert sites["f"].package == "other"
@@ -247,13 +247,13 @@ def test_trees_are_compared_on_code_not_line_numbers() -> None:
     fixed_rank["steps"][1]["sites"].append(new_site)
     second = hunt_tree("fixed", measure.summarize(as_read(fixed_rank), ()))
 
-    rows = {row.function: row for row in report.compare([first, second])}
+    rows = {row.first.site.function: row for row in report.compare([first, second])}
 
     assert rows["<genexpr>"].change == "gone in fixed"
     assert rows["f"].change == "new in fixed"
     assert rows["_maybe_log_save_evaluate"].change == ""
-    assert rows["_maybe_log_save_evaluate"].trees["fixed"].line == 2080
-    assert rows["_maybe_log_save_evaluate"].trees["pinned"].line == 2074
+    assert rows["_maybe_log_save_evaluate"].trees["fixed"].site.line == 2080
+    assert rows["_maybe_log_save_evaluate"].trees["pinned"].site.line == 2074
 
 
 def test_profiler_reads_beyond_the_twin_step_are_listed_with_their_kernel() -> None:
@@ -300,9 +300,8 @@ def test_profiler_reads_beyond_the_twin_step_are_listed_with_their_kernel() -> N
     ],
 )
 def test_each_reading_names_why_it_syncs(code: str, kinds: list[str], expected: str) -> None:
-    site = HuntSite(
-        "torch", "a.py", 1, "f", code, "", tuple(kinds), (2,), "every step", 1, 1.0, None, None
-    )
+    where = Site("a.py", 1, "f", code)
+    site = HuntSite("torch", where, "", tuple(kinds), (2,), "every step", 1, 1.0, None, None)
     assert expected in report.reading(site)
 
 
@@ -411,7 +410,7 @@ def test_a_site_a_case_carries_is_labelled_with_the_case_not_accepted() -> None:
 
     sites = measure.summarize(as_read(rank(0)), (ACCEPT_LOGGING,), carried)
 
-    by_function = {site.function: site for site in sites}
+    by_function = {s.site.function: s for s in sites}
     assert (by_function["<genexpr>"].carried, by_function["<genexpr>"].allowed) == ("c", None)
     assert by_function["_maybe_log_save_evaluate"].carried is None
 

@@ -192,7 +192,7 @@ def test_ranks_that_agree_give_one_value_and_those_that_differ_say_so() -> None:
                     "syncs": 2,
                     "ok": True,
                     "tokens": 8,
-                    "sites": [site],
+                    "site_lists": {"sites": [site]},
                     "problems": [],
                 }
             ]
@@ -204,7 +204,7 @@ def test_ranks_that_agree_give_one_value_and_those_that_differ_say_so() -> None:
                     "syncs": 2,
                     "ok": False,
                     "tokens": 0,
-                    "sites": [site | {"count": 2}],
+                    "site_lists": {"sites": [site | {"count": 2}]},
                     "problems": ["loss is off"],
                 }
             ]

@@ -1,7 +1,8 @@
 """The engine's imports, read from its source: each module imports only from its own floor and
 the floors below it (docs/architecture.md, bottom up), no import cycle exists, no command imports
 another and the detector imports nothing outside its package, so that a lower floor can be read,
-tested and changed without the ones above it."""
+tested and changed without the ones above it. The cases' rank scripts import only what the README
+allows them and return their record."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ from engine_structure import (
     import_graph,
     launcher_comparisons,
     named_outside,
+    rank_script_escapes,
+    rank_scripts,
+    returned_record,
     string_data,
+    unrecorded_rank_scripts,
+    untyped_signatures,
+    workspace_imports,
 )
 
 from hostsync.workspace.projects import PROJECTS
@@ -85,3 +92,35 @@ def test_the_scans_see_a_name_used_as_data_and_a_launcher_compared() -> None:
 '''
     assert string_data(source, {"deepspeed"}) == [(3, "DeepSpeed")]
     assert launcher_comparisons(source) == [3]
+
+
+def test_every_rank_script_declares_the_record_it_returns() -> None:
+    """A repro script returns a `ReproRank`, a profile script a `ProfiledRank`: what the engine
+    reads back from the run folder, each field checked."""
+    assert len(rank_scripts()) >= 17
+    assert unrecorded_rank_scripts() == []
+    untyped, _ = untyped_signatures(rank_scripts())
+    assert [name for name in untyped if name.endswith(" main")] == []
+
+
+def test_rank_scripts_import_only_what_the_readme_allows() -> None:
+    assert rank_script_escapes() == []
+
+
+def test_the_rank_script_scans_see_an_import_beyond_the_readme_and_a_main_untyped() -> None:
+    """The measures themselves: the workspace's records come through the protocol, not past it."""
+    source = """from hostsync.detector import SyncScope
+from hostsync.rank.protocol import ReproRank, rank_entry
+from hostsync.workspace.records import RankRow
+import hostsync.measure.repro
+
+
+@rank_entry
+def main() -> dict:
+    return {}
+"""
+    assert workspace_imports(source) == [
+        (3, "hostsync.workspace.records.RankRow"),
+        (4, "hostsync.measure.repro"),
+    ]
+    assert returned_record(source) == "dict"

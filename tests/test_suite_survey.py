@@ -95,7 +95,7 @@ def test_a_survey_compares_each_outcome_and_ranks_the_sites(workspace):
         "test_steps::test_sees_the_plugin: failed in gate mode, not without the plugin"
         " (rounds 1, 2)",
     )
-    assert [(site.file, site.function, site.kinds, site.count) for site in result.sites] == [
+    assert [(s.site.file, s.site.function, s.kinds, s.count) for s in result.sites] == [
         ("test_steps.py", "test_compiled", ("compiled", "scalar_read"), 2),
         ("stepper/__init__.py", "scale", ("scalar_read",), 1),
     ]

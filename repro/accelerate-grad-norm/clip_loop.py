@@ -27,8 +27,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
 
-from hostsync.detector import SyncScope
-from hostsync.rank.protocol import rank_entry, repro_parser
+from hostsync.detector import Cost, SiteCount, SyncScope
+from hostsync.rank.protocol import RankRow, ReproRank, rank_entry, repro_parser
 from hostsync.rank.rankkit import (
     MODEL_SUMMARY,
     add_launch_arguments,
@@ -79,7 +79,9 @@ def weights_checksum(model) -> float:
     return float(sum(p.detach().double().sum() for p in model.parameters()))
 
 
-def prepared(args: argparse.Namespace, steps: int) -> tuple[Accelerator, Any, Any, Iterator]:
+def prepared(
+    args: argparse.Namespace, steps: int
+) -> tuple[Accelerator, torch.nn.Module, torch.optim.Optimizer, Iterator[dict[str, torch.Tensor]]]:
     """The accelerator, the tiny Llama and AdamW as it prepared them, and batches for `steps`
     optimizer steps (the profile's too)."""
     accelerator = deepspeed_accelerator(args)
@@ -114,7 +116,7 @@ def train(args: argparse.Namespace) -> tuple[Accelerator, list[dict[str, Any]]]:
             {
                 "clip_reads": len(in_clip) if scope else None,
                 "clip_sites": [
-                    site._asdict() | {"count": count}
+                    SiteCount(site, count)
                     for site, count in sorted(Counter(event.site for event in in_clip).items())
                 ],
                 "step_reads": len(scope.events) if scope else None,
@@ -130,37 +132,42 @@ def train(args: argparse.Namespace) -> tuple[Accelerator, list[dict[str, Any]]]:
     return accelerator, steps
 
 
-def steps_cost(steps: list[dict[str, Any]]) -> dict:
-    """Every step's cost together, as a document: reads, stalls and device work over the
-    optimizer steps (the reads after a step, what the loop logs, left out)."""
+def steps_cost(steps: list[dict[str, Any]]) -> Cost:
+    """Every step's cost together: reads, stalls and device work over the optimizer steps (the
+    reads after a step, what the loop logs, left out)."""
     total = functools.reduce(operator.add, [step["cost"] for step in steps])
-    return dataclasses.replace(total, steps=len(steps)).to_json()
+    return dataclasses.replace(total, steps=len(steps))
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ReproRank:
     args = parse_args()
     accelerator, steps = train(args)
-    row = {
-        "scenario": args.scenario,
-        "model": MODEL_SUMMARY,
-        "zero_stage": args.zero_stage,
-        "accumulation": args.accumulation,
-        "world_size": accelerator.num_processes,
-        "device": str(accelerator.device),
-        "max_grad_norm": MAX_GRAD_NORM,
-        "clip_reads_per_step": [step["clip_reads"] for step in steps],
-        "reads_per_step": [step["step_reads"] for step in steps],
-        "norm_type": steps[-1]["norm_type"],
-        **({"cost": steps_cost(steps)} if not args.no_detector else {}),
-        "clip_sites": steps[-1]["clip_sites"],
-        "sync_sites": steps[-1]["step_sites"],
-        # What the fix must not change, step by step.
-        "training": {
-            key: [step[key] for step in steps] for key in ("loss", "grad_norm", "weights_checksum")
+    row = RankRow(
+        scenario=args.scenario,
+        cost=None if args.no_detector else steps_cost(steps),
+        site_lists={
+            "clip_sites": tuple(steps[-1]["clip_sites"]),
+            "sync_sites": tuple(steps[-1]["step_sites"]),
         },
-    }
-    return {"runs": [row]}
+        figures={
+            "model": MODEL_SUMMARY,
+            "zero_stage": args.zero_stage,
+            "accumulation": args.accumulation,
+            "world_size": accelerator.num_processes,
+            "device": str(accelerator.device),
+            "max_grad_norm": MAX_GRAD_NORM,
+            "clip_reads_per_step": [step["clip_reads"] for step in steps],
+            "reads_per_step": [step["step_reads"] for step in steps],
+            "norm_type": steps[-1]["norm_type"],
+            # What the fix must not change, step by step.
+            "training": {
+                key: [step[key] for step in steps]
+                for key in ("loss", "grad_norm", "weights_checksum")
+            },
+        },
+    )
+    return ReproRank((row,))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import clip_loop  # torchrun puts this script's folder first on sys.path
 from hostsync.rank.protocol import (
     EXCLUDED_RANGE,
     MEASURED_RANGE,
+    ProfiledRank,
     profile_parser,
     rank_entry,
 )
@@ -54,7 +55,7 @@ def optimizer_step(accelerator, model, optimizer, batches, accumulation: int, nv
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ProfiledRank:
     args = parse_args()
     accelerator, model, optimizer, batches = clip_loop.prepared(args, args.warmup + args.steps)
     step = (accelerator, model, optimizer, batches, args.accumulation, args.profiler == "nsys")

@@ -22,6 +22,7 @@ import torch
 from hostsync.rank.protocol import (
     EXCLUDED_RANGE,
     MEASURED_RANGE,
+    ProfiledRank,
     profile_parser,
     rank_entry,
 )
@@ -47,7 +48,7 @@ def train_step(engine, inputs, target, nvtx: bool) -> float:
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ProfiledRank:
     args = parse_args()
     engine = clip_step.engine_for(args)
     nvtx = args.profiler == "nsys"

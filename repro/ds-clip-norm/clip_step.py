@@ -38,8 +38,8 @@ import deepspeed
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hostsync.detector import SyncScope
-from hostsync.rank.protocol import rank_entry, repro_parser
+from hostsync.detector import Cost, SyncScope
+from hostsync.rank.protocol import RankRow, ReproRank, rank_entry, repro_parser
 
 HIDDEN = 16
 SCALAR_READ = torch.ops.aten._local_scalar_dense.default
@@ -119,7 +119,9 @@ def tiny_model() -> torch.nn.Module:
     )
 
 
-def trainer_param_groups(model: torch.nn.Module) -> list[dict]:
+def trainer_param_groups(
+    model: torch.nn.Module,
+) -> list[dict[str, list[torch.nn.Parameter] | float]]:
     """Weight decay on the weights, none on the biases: the two groups a Trainer builds."""
     named = list(model.named_parameters())
     return [
@@ -170,7 +172,7 @@ def batches(engine, dtype: str, count: int):
         yield inputs, target
 
 
-def train(args: argparse.Namespace) -> tuple[object, list[dict], dict | None, list[int]]:
+def train(args: argparse.Namespace) -> tuple[object, list[dict], Cost | None, list[int]]:
     """The engine; for each step, what it read on the host and what training did; the last
     step's cost (None without the detector) and the kernels each of its clip reads waited for."""
     engine = engine_for(args)
@@ -192,7 +194,7 @@ def train(args: argparse.Namespace) -> tuple[object, list[dict], dict | None, li
         if hook is not None:
             hook.remove()
         if accounting:
-            cost = scope.cost().to_json()
+            cost = scope.cost()
             clip_waits = [e.waited_for.kernels for e in scope.events if _in_clip(e)]
         norm = engine.get_global_grad_norm()
         steps.append(
@@ -217,39 +219,48 @@ def _in_clip(event) -> bool:
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ReproRank:
     args = parse_args()
     engine, steps, cost, clip_waits = train(args)
     by_method = [step["reads_by_zero_method"] for step in steps]
-    row = {
-        "scenario": args.scenario,
-        "zero_stage": args.zero_stage,
-        "dtype": args.dtype,
-        "overflow_check": not args.no_overflow_check,
-        "steps": args.steps,
-        "overflow_step": args.overflow_step,
-        "optimizer": type(engine.optimizer).__name__,
-        "param_groups": len(engine.optimizer.param_groups),
-        "device": str(engine.device),
-        "clip_reads_per_step": [
-            sum(n for where, n in counts.items() if where.endswith(CLIPS)) for counts in by_method
-        ],
-        "clip_reads_after_an_update_per_step": [
-            step["clip_reads_after_an_update"] for step in steps
-        ],
-        "reads_per_step": [sum(counts.values()) for counts in by_method],
-        "clip_read_waited_kernels": clip_waits,
-        "reads_by_zero_method": by_method[-1],
-        "sync_sites": steps[-1]["sync_sites"],
-        "skipped_steps": steps[-1]["skipped_steps"],
-        # What the fix must not change, step by step.
-        "training": {
-            key: [step[key] for step in steps]
-            for key in ("loss", "grad_norm", "step_applied", "skipped_steps", "weights_checksum")
+    row = RankRow(
+        scenario=args.scenario,
+        cost=cost,
+        site_lists={"sync_sites": tuple(steps[-1]["sync_sites"])},
+        figures={
+            "zero_stage": args.zero_stage,
+            "dtype": args.dtype,
+            "overflow_check": not args.no_overflow_check,
+            "steps": args.steps,
+            "overflow_step": args.overflow_step,
+            "optimizer": type(engine.optimizer).__name__,
+            "param_groups": len(engine.optimizer.param_groups),
+            "device": str(engine.device),
+            "clip_reads_per_step": [
+                sum(n for where, n in counts.items() if where.endswith(CLIPS))
+                for counts in by_method
+            ],
+            "clip_reads_after_an_update_per_step": [
+                step["clip_reads_after_an_update"] for step in steps
+            ],
+            "reads_per_step": [sum(counts.values()) for counts in by_method],
+            "clip_read_waited_kernels": clip_waits,
+            "reads_by_zero_method": by_method[-1],
+            "skipped_steps": steps[-1]["skipped_steps"],
+            # What the fix must not change, step by step.
+            "training": {
+                key: [step[key] for step in steps]
+                for key in (
+                    "loss",
+                    "grad_norm",
+                    "step_applied",
+                    "skipped_steps",
+                    "weights_checksum",
+                )
+            },
         },
-        **({"cost": cost} if cost else {}),
-    }
-    return {"runs": [row]}
+    )
+    return ReproRank((row,))
 
 
 if __name__ == "__main__":

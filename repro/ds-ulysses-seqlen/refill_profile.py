@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 from hostsync.rank.protocol import (
     EXCLUDED_RANGE,
     MEASURED_RANGE,
+    ProfiledRank,
     profile_parser,
     rank_entry,
 )
@@ -44,7 +45,7 @@ class FetchApart(Iterable):
     def __init__(self, loader: DataLoader, nvtx: bool) -> None:
         self.loader, self.nvtx = loader, nvtx
 
-    def __iter__(self) -> Iterator[dict]:
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         batches = iter(self.loader)
         while True:
             with named_range(EXCLUDED_RANGE, self.nvtx):
@@ -67,7 +68,7 @@ def refill(loader: UlyssesSPDataLoaderAdapter, nvtx: bool) -> float:
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ProfiledRank:
     args = parse_args()
     cuda = args.device == "cuda"
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections import Counter
-from typing import Any
 
 import deepspeed
 import deepspeed.comm as dist
@@ -25,8 +24,8 @@ import torch
 from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
 from torch.utils.data import DataLoader
 
-from hostsync.detector import SyncScope
-from hostsync.rank.protocol import rank_entry, repro_parser
+from hostsync.detector import SiteCount, SyncScope
+from hostsync.rank.protocol import RankRow, ReproRank, rank_entry, repro_parser
 
 SP_FILE = "deepspeed/runtime/sequence_parallel/ulysses_sp.py"
 LENGTH_CHECK = "shape[1]"  # the code of the per-tensor length check
@@ -57,7 +56,7 @@ def samples(keys: tuple[str, ...], count: int = BATCHES) -> list[dict[str, torch
     return found
 
 
-def run_scenario(name: str, device: torch.device, no_detector: bool) -> dict[str, Any]:
+def run_scenario(name: str, device: torch.device, no_detector: bool) -> RankRow:
     keys = SCENARIOS[name]
     loader = UlyssesSPDataLoaderAdapter(
         DataLoader(samples(keys), batch_size=1),
@@ -80,26 +79,28 @@ def run_scenario(name: str, device: torch.device, no_detector: bool) -> dict[str
     with contextlib.nullcontext() if no_detector else SyncScope(account=True) as scope:
         micro_batches = list(loader)
     own = [event.site for event in scope.events if event.site.file == SP_FILE] if scope else []
-    return {
-        "scenario": name,
-        "tensors": len(keys),
-        "reads_per_refill": per_refill or None,
-        "length_check_reads_per_refill": checks or None,
-        "sites": [site._asdict() | {"count": n} for site, n in sorted(Counter(own).items())],
-        "micro_batches": [
-            {key: int(value.sum()) for key, value in batch.items() if torch.is_tensor(value)}
-            for batch in micro_batches
-        ],
-        **({"cost": scope.cost(len(per_refill)).to_json()} if scope else {}),
-    }
+    return RankRow(
+        scenario=name,
+        cost=scope.cost(len(per_refill)) if scope else None,
+        site_lists={"sites": tuple(SiteCount(site, n) for site, n in sorted(Counter(own).items()))},
+        figures={
+            "tensors": len(keys),
+            "reads_per_refill": per_refill or None,
+            "length_check_reads_per_refill": checks or None,
+            "micro_batches": [
+                {key: int(value.sum()) for key, value in batch.items() if torch.is_tensor(value)}
+                for batch in micro_batches
+            ],
+        },
+    )
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ReproRank:
     args = parse_args()
     deepspeed.init_distributed(dist_backend="nccl" if args.device == "cuda" else "gloo")
     device = torch.device(args.device, dist.get_rank()) if args.device == "cuda" else "cpu"
-    return {"runs": [run_scenario(name, device, args.no_detector) for name in args.scenarios]}
+    return ReproRank(tuple(run_scenario(name, device, args.no_detector) for name in args.scenarios))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import torch.distributed.nn  # the function under test uses it; importing the Tr
 from torch.distributed.device_mesh import init_device_mesh
 from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
 
-from hostsync.rank.protocol import MEASURED_RANGE, profile_parser, rank_entry
+from hostsync.rank.protocol import MEASURED_RANGE, ProfiledRank, profile_parser, rank_entry
 from hostsync.rank.rankkit import named_range, profiled_rank, profiled_steps
 
 
@@ -31,7 +31,7 @@ def parse_args() -> argparse.Namespace:
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ProfiledRank:
     args = parse_args()
     device, cuda, nvtx = args.device, args.device == "cuda", args.profiler == "nsys"
     dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)

@@ -30,8 +30,8 @@ from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
 from transformers import LlamaForCausalLM  # noqa: F401
 from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
 
-from hostsync.detector import SyncScope
-from hostsync.rank.protocol import rank_entry, repro_parser
+from hostsync.detector import Cost, SiteCount, SyncScope
+from hostsync.rank.protocol import RankRow, ReproRank, rank_entry, repro_parser
 from hostsync.rank.rankkit import VOCAB, tiny_llama
 
 MICRO_BATCH = 1
@@ -100,7 +100,9 @@ def sp_llama(device: torch.device) -> torch.nn.Module:
     return tiny_llama(hidden=64, intermediate=128, use_cache=False).to(device).train()
 
 
-def reference(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[float, dict]:
+def reference(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor]
+) -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and gradients of one process over the whole sequence, before Ulysses is registered."""
     model.zero_grad(set_to_none=True)
     loss = model(**batch).loss
@@ -150,7 +152,7 @@ def around_forward(
             hook.remove()
 
 
-def loss_under_test(engine, inputs: dict, pc) -> object:
+def loss_under_test(engine, inputs: dict[str, torch.Tensor], pc) -> object:
     """The transformers function of the tree under test, called unchanged."""
     # The deepspeed branch (sp_backend "deepspeed", sp_size > 1) never reads the accelerator; an
     # `Accelerator` would need accelerate's own launcher state. This stand-in carries the one
@@ -159,45 +161,55 @@ def loss_under_test(engine, inputs: dict, pc) -> object:
     return deepspeed_sp_compute_loss(accelerator, engine, inputs, False, pc)
 
 
-def compute_loss(engine, inputs: dict, pc, detect: bool) -> tuple[object, dict]:
-    """Call the function under test, counting syncs in the aggregation apart from the forward."""
+def compute_loss(
+    engine, inputs: dict[str, torch.Tensor], pc, detect: bool
+) -> tuple[object, SyncScope | None]:
+    """Call the function under test; with `detect`, in the scope that counts the syncs of its
+    aggregation, those of the forward allowed and so apart."""
     if not detect:
-        return loss_under_test(engine, inputs, pc), {}
+        return loss_under_test(engine, inputs, pc), None
 
     with SyncScope() as scope, around_forward(engine, lambda: scope.allow("model forward")):
         loss = loss_under_test(engine, inputs, pc)
-    return loss, {
-        "host_syncs": len(scope.unexpected),
-        "sync_sites": scope.sync_sites(),
-        "forward_syncs": scope.allowed_sync_sites(),
-        "cuda_syncs": scope.cuda_syncs,
-    }
+    return loss, scope
 
 
-def call_cost(engine, inputs: dict, pc) -> dict:
+def call_cost(engine, inputs: dict[str, torch.Tensor], pc) -> Cost:
     """The reads, stalls and device work of one call, the model forward included, measured in a
     call of its own: accounting sees every aten call, which the timed call under the gate (what
     bench times) must not pay for."""
     with SyncScope(account=True) as scope:
         loss_under_test(engine, inputs, pc)
-    return scope.cost().to_json()
+    return scope.cost()
 
 
-def run_scenario(engine, pc, batch: dict, ref_loss: float, ref_grads: dict, detect: bool) -> dict:
+def run_scenario(
+    engine,
+    pc,
+    name: str,
+    setup: dict[str, int | str],
+    batch: dict[str, torch.Tensor],
+    reference: tuple[float, dict[str, torch.Tensor]],
+    detect: bool,
+) -> RankRow:
+    """One scenario's row: its syncs, loss and gradients against the `reference` of one
+    process, beside the `setup` every scenario shares."""
+    ref_loss, ref_grads = reference
     rank, sp_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
     inputs = shard(batch, rank, sp_size)
     engine.zero_grad()
     wait_for_device()
     started = time.perf_counter()
-    loss, syncs = compute_loss(engine, inputs, pc, detect)
+    loss, scope = compute_loss(engine, inputs, pc, detect)
     wait_for_device()
     call_seconds = time.perf_counter() - started
     is_graph_tensor = isinstance(loss, torch.Tensor) and loss.grad_fn is not None
     value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
     result = {
+        **setup,
         "label_tokens": int((inputs["shift_labels"] != -100).sum()),
         "call_seconds": call_seconds,
-        **syncs,
+        **({"cuda_syncs": scope.cuda_syncs} if scope else {}),
         "loss": finite_or_none(value),
         "loss_type": type(loss).__name__,
         "loss_is_graph_tensor": is_graph_tensor,
@@ -215,13 +227,27 @@ def run_scenario(engine, pc, batch: dict, ref_loss: float, ref_grads: dict, dete
         result["backward_error"] = f"{type(error).__name__}: {error}"
     else:
         result.update(compare_grads(engine.module, ref_grads, sp_size))
-    if detect:
-        result["cost"] = call_cost(engine, inputs, pc)
-    result["problems"] = problems(result)
-    return result
+    return RankRow(
+        scenario=name,
+        host_syncs=len(scope.unexpected) if scope else None,
+        problems=problems(result),
+        cost=call_cost(engine, inputs, pc) if detect else None,
+        site_lists=site_lists(scope),
+        figures=result,
+    )
 
 
-def problems(result: dict) -> list[str]:
+def site_lists(scope: SyncScope | None) -> dict[str, tuple[SiteCount, ...]]:
+    """The aggregation's sites, and apart the forward's (allowed); none without a scope."""
+    if scope is None:
+        return {}
+    return {
+        "sync_sites": tuple(scope.sync_sites()),
+        "forward_syncs": tuple(scope.allowed_sync_sites()),
+    }
+
+
+def problems(result: dict) -> tuple[str, ...]:
     """What this rank saw go wrong, in words, for the report."""
     found = []
     if result["loss_ok"] is False:
@@ -230,10 +256,12 @@ def problems(result: dict) -> list[str]:
         found.append(f"gradients differ by up to {result['grad_max_abs_diff']:.3g}")
     if result["backward_error"]:
         found.append(f"backward failed ({result['backward_error']})")
-    return found
+    return tuple(found)
 
 
-def compare_grads(model: torch.nn.Module, ref_grads: dict, sp_size: int) -> dict:
+def compare_grads(
+    model: torch.nn.Module, ref_grads: dict[str, torch.Tensor], sp_size: int
+) -> dict[str, bool | float | None]:
     """The engine's gradients, divided by sp_size, against the single-process ones.
 
     DeepSpeed averages gradients over data parallel but sums them over SP (DeepSpeed issue
@@ -273,7 +301,7 @@ def setup_distributed(device_kind: str) -> torch.device:
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ReproRank:
     """One SP group spanning every rank (data-parallel size 1): all ranks share one sample."""
     args = repro_parser(__doc__.splitlines()[0]).parse_args()
     device = setup_distributed(args.device)
@@ -288,16 +316,14 @@ def main() -> dict:
         "backend": torch.distributed.get_backend(),
         "device": device.type,
     }
-    return {
-        "runs": [
-            {"scenario": name}
-            | setup
-            | run_scenario(
-                engine, pc, batches[name], *references[name], detect=not args.no_detector
+    return ReproRank(
+        tuple(
+            run_scenario(
+                engine, pc, name, setup, batches[name], references[name], not args.no_detector
             )
             for name in args.scenarios
-        ]
-    }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import torch
 from hostsync.rank.protocol import (
     EXCLUDED_RANGE,
     MEASURED_RANGE,
+    ProfiledRank,
     profile_parser,
     rank_entry,
 )
@@ -34,7 +35,7 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def train_step(engine, batch: dict, pc, nvtx: bool) -> float:
+def train_step(engine, batch: dict[str, torch.Tensor], pc, nvtx: bool) -> float:
     """The loss call in its range, then backward; the range's wall time in seconds."""
     rank, sp_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
     inputs = sp_loss.shard(batch, rank, sp_size)
@@ -48,7 +49,7 @@ def train_step(engine, batch: dict, pc, nvtx: bool) -> float:
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ProfiledRank:
     from accelerate.parallelism_config import ParallelismConfig
 
     args = parse_args()

@@ -18,7 +18,7 @@ import argparse
 from train import SCENARIOS  # the launcher puts this script's folder first
 from transformers import Trainer
 
-from hostsync.rank.protocol import profile_parser, rank_entry
+from hostsync.rank.protocol import ProfiledRank, profile_parser, rank_entry
 from hostsync.rank.rankkit import (
     TrainerSteps,
     add_launch_arguments,
@@ -38,7 +38,7 @@ def parse_args() -> argparse.Namespace:
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ProfiledRank:
     args = parse_args()
     trace = trace_file(args.profiler)
     what, _, max_grad_norm = SCENARIOS[args.scenario]

@@ -19,12 +19,11 @@ import contextlib
 import itertools
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
-from hostsync.detector import Site, SyncScope
-from hostsync.rank.protocol import rank_entry, repro_parser
+from hostsync.detector import Site, SiteCount, SyncScope
+from hostsync.rank.protocol import RankRow, ReproRank, rank_entry, repro_parser
 from hostsync.rank.rankkit import (
     MODEL_SUMMARY,
     add_launch_arguments,
@@ -78,9 +77,9 @@ class StepMarks(TrainerCallback):
             for begin, end in itertools.pairwise(bounds)
         ]
 
-    def lines(self, wanted: Callable[[Site], bool]) -> list[dict[str, Any]]:
+    def lines(self, wanted: Callable[[Site], bool]) -> tuple[SiteCount, ...]:
         counts = Counter(event.site for event in self.scope.events if wanted(event.site))
-        return [site._asdict() | {"count": count} for site, count in sorted(counts.items())]
+        return tuple(SiteCount(site, count) for site, count in sorted(counts.items()))
 
 
 def fetches_norm(site: Site) -> bool:
@@ -92,7 +91,7 @@ def logs_norm(site: Site) -> bool:
     return site.file == file and site.function == function and code in site.code
 
 
-def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_scenario(name: str, args: argparse.Namespace) -> RankRow:
     what, logging_steps, max_grad_norm = SCENARIOS[name]
     training_args = training_arguments(
         f"{args.output_dir}/{name}",
@@ -110,37 +109,38 @@ def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
         trainer.train()
     pc = trainer.accelerator.parallelism_config
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
-    return {
-        "scenario": name,
-        "what": what,
-        "zero_stage": trainer.accelerator.state.deepspeed_plugin.zero_stage,
-        "world_size": trainer.accelerator.num_processes,
-        "sp_size": pc.sp_size if pc is not None and pc.sp_enabled else 1,
-        "precision": args.precision,
-        "steps": STEPS,
-        "logging_steps": logging_steps,
-        "max_grad_norm": max_grad_norm,
-        "grad_norm_reads_per_step": marks.per_step(fetches_norm) if marks else None,
-        "grad_norm_sites": marks.lines(fetches_norm) if marks else [],
-        "logged_reads_per_step": marks.per_step(logs_norm) if marks else None,
-        "logged": [
-            {
-                "step": entry["step"],
-                "loss": finite_or_name(entry["loss"]),
-                "grad_norm": finite_or_name(float(entry["grad_norm"])),
-            }
-            for entry in logged
-        ],
-        **({"cost": scope.cost(STEPS).to_json()} if scope else {}),
-    }
+    return RankRow(
+        scenario=name,
+        cost=scope.cost(STEPS) if scope else None,
+        site_lists={"grad_norm_sites": marks.lines(fetches_norm) if marks else ()},
+        figures={
+            "what": what,
+            "zero_stage": trainer.accelerator.state.deepspeed_plugin.zero_stage,
+            "world_size": trainer.accelerator.num_processes,
+            "sp_size": pc.sp_size if pc is not None and pc.sp_enabled else 1,
+            "precision": args.precision,
+            "steps": STEPS,
+            "logging_steps": logging_steps,
+            "max_grad_norm": max_grad_norm,
+            "grad_norm_reads_per_step": marks.per_step(fetches_norm) if marks else None,
+            "logged_reads_per_step": marks.per_step(logs_norm) if marks else None,
+            "logged": [
+                {
+                    "step": entry["step"],
+                    "loss": finite_or_name(entry["loss"]),
+                    "grad_norm": finite_or_name(float(entry["grad_norm"])),
+                }
+                for entry in logged
+            ],
+            "model": MODEL_SUMMARY,
+        },
+    )
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ReproRank:
     args = parse_args()
-    return {
-        "runs": [run_scenario(name, args) | {"model": MODEL_SUMMARY} for name in args.scenarios]
-    }
+    return ReproRank(tuple(run_scenario(name, args) for name in args.scenarios))
 
 
 if __name__ == "__main__":

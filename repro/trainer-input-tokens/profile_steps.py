@@ -16,7 +16,7 @@ import argparse
 from train import add_count_arguments, trainer_for  # torchrun puts this script's folder first
 from transformers import Trainer
 
-from hostsync.rank.protocol import profile_parser, rank_entry
+from hostsync.rank.protocol import ProfiledRank, profile_parser, rank_entry
 from hostsync.rank.rankkit import TrainerSteps, profiled_rank, trace_file
 
 
@@ -28,7 +28,7 @@ def parse_args() -> argparse.Namespace:
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ProfiledRank:
     args = parse_args()
     trace = trace_file(args.profiler)
     steps = args.warmup + args.steps

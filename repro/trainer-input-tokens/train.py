@@ -23,13 +23,12 @@ import contextlib
 import itertools
 import json
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback
 
 from hostsync.detector import SyncScope
-from hostsync.rank.protocol import rank_entry, repro_parser
+from hostsync.rank.protocol import RankRow, ReproRank, rank_entry, repro_parser
 from hostsync.rank.rankkit import (
     MODEL_SUMMARY,
     add_launch_arguments,
@@ -90,7 +89,7 @@ def trainer_for(
     output_dir: Path,
     steps: int,
     trainer_class: type = Trainer,
-    **settings: Any,
+    **settings: object,
 ) -> Trainer:
     """The Trainer (or `trainer_class`) of a scenario, the profile's too: the count on, `steps`
     optimizer steps."""
@@ -140,7 +139,7 @@ def saved_counts(output_dir: Path) -> dict[str, int]:
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ReproRank:
     args = parse_args()
     output_dir = args.output_dir / args.scenario
     saving = {"save_strategy": "steps", "save_steps": SAVE_STEPS, "save_only_model": True}
@@ -152,33 +151,36 @@ def main() -> dict:
         trainer.add_callback(step_ends)
         trainer.train()
     trainer.accelerator.wait_for_everyone()  # rank 0 has written the checkpoints
-    row = {
-        "scenario": args.scenario,
-        "model": MODEL_SUMMARY,
-        "include_num_input_tokens_seen": args.count,
-        "accumulation": args.accumulation,
-        "world_size": trainer.accelerator.num_processes,
-        "device": str(trainer.args.device),
-        "token_reads_per_step": step_ends.reads(scope, site_only=True) if scope else None,
-        "reads_per_step": step_ends.reads(scope, site_only=False) if scope else None,
-        "token_sites": [
-            site
-            for site in (scope.sync_sites() if scope else [])
-            if site["function"] == SITE_FUNCTION
-        ],
-        "num_input_tokens_seen": trainer.state.num_input_tokens_seen,
-        **({"cost": scope.cost(STEPS).to_json()} if scope else {}),
-        "sync_sites": scope.sync_sites() if scope else [],
-        # What the fix must not change: the count callbacks, the logs and the checkpoints see.
-        "seen": {
-            "step_end": step_ends.seen,
-            "logged": [
-                log["num_input_tokens_seen"] for log in trainer.state.log_history if "loss" in log
-            ],
-            "saved": saved_counts(output_dir),
+    found = tuple(scope.sync_sites()) if scope else ()
+    row = RankRow(
+        scenario=args.scenario,
+        cost=scope.cost(STEPS) if scope else None,
+        site_lists={
+            "token_sites": tuple(s for s in found if s.site.function == SITE_FUNCTION),
+            "sync_sites": found,
         },
-    }
-    return {"runs": [row]}
+        figures={
+            "model": MODEL_SUMMARY,
+            "include_num_input_tokens_seen": args.count,
+            "accumulation": args.accumulation,
+            "world_size": trainer.accelerator.num_processes,
+            "device": str(trainer.args.device),
+            "token_reads_per_step": step_ends.reads(scope, site_only=True) if scope else None,
+            "reads_per_step": step_ends.reads(scope, site_only=False) if scope else None,
+            "num_input_tokens_seen": trainer.state.num_input_tokens_seen,
+            # What the fix must not change: the count callbacks, the logs and the checkpoints see.
+            "seen": {
+                "step_end": step_ends.seen,
+                "logged": [
+                    log["num_input_tokens_seen"]
+                    for log in trainer.state.log_history
+                    if "loss" in log
+                ],
+                "saved": saved_counts(output_dir),
+            },
+        },
+    )
+    return ReproRank((row,))
 
 
 if __name__ == "__main__":

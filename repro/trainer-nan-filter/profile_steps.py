@@ -16,7 +16,7 @@ from pathlib import Path
 
 from train import SCENARIOS  # torchrun puts this script's folder first
 
-from hostsync.rank.protocol import RUN_DIR_ENV, profile_parser, rank_entry
+from hostsync.rank.protocol import RUN_DIR_ENV, ProfiledRank, profile_parser, rank_entry
 from hostsync.rank.rankkit import (
     TrainerSteps,
     profiled_rank,
@@ -35,7 +35,7 @@ def parse_args() -> argparse.Namespace:
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ProfiledRank:
     from transformers import Trainer
 
     args = parse_args()

@@ -24,9 +24,9 @@ import contextlib
 import math
 import os
 from collections import Counter
-from typing import Any
 
-from hostsync.rank.protocol import rank_entry, repro_parser
+from hostsync.detector import Site, SiteCount
+from hostsync.rank.protocol import RankRow, ReproRank, rank_entry, repro_parser
 
 # The hunt's tiny Llama and its SFT-style samples: the same model in both.
 from hostsync.rank.rankkit import (
@@ -76,11 +76,13 @@ class MicroBatches:
             output.loss = output.loss + self.added_loss[index]
         return output
 
-    def site_syncs(self) -> tuple[list[int], list[dict[str, Any]]]:
-        """Syncs made directly in the site's function, per micro-batch and per source line."""
+    def site_syncs(self) -> tuple[list[int], tuple[SiteCount, ...]]:
+        """Syncs made directly in the site's function, per micro-batch and per source line (with
+        their kinds)."""
         bounds = [*self.starts, len(self.scope.events)]
         per_batch = [0] * len(self.starts)
-        lines: Counter = Counter()
+        lines: Counter[Site] = Counter()
+        kinds: dict[Site, set[str]] = {}
         for position, event in enumerate(self.scope.events):
             site = event.site
             if site.file != SITE_FILE or site.function != SITE_FUNCTION:
@@ -88,22 +90,16 @@ class MicroBatches:
             batch = next((i for i in range(len(self.starts)) if position < bounds[i + 1]), None)
             if batch is not None:
                 per_batch[batch] += 1
-            lines[(site.line, site.code, event.kind)] += 1
-        by_line = [
-            {
-                "file": SITE_FILE,
-                "function": SITE_FUNCTION,
-                "line": line,
-                "code": code,
-                "kind": kind,
-                "count": count,
-            }
-            for (line, code, kind), count in sorted(lines.items())
-        ]
+            lines[site] += 1
+            kinds.setdefault(site, set()).add(event.kind)
+        by_line = tuple(
+            SiteCount(site, count, tuple(sorted(kinds[site])))
+            for site, count in sorted(lines.items())
+        )
         return per_batch, by_line
 
 
-def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_scenario(name: str, args: argparse.Namespace) -> RankRow:
     from transformers import Trainer
 
     from hostsync.detector import SyncScope
@@ -128,48 +124,51 @@ def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
             trainer.train()
         finally:
             hook.remove()
-    per_batch, by_line = micro_batches.site_syncs() if args.detect else (None, [])
+    per_batch, by_line = micro_batches.site_syncs() if args.detect else (None, ())
     pc = getattr(trainer.accelerator, "parallelism_config", None)
     plugin = trainer.accelerator.state.deepspeed_plugin
-    return {
-        "scenario": name,
-        "what": what,
-        "zero_stage": plugin.zero_stage if plugin is not None else None,
-        "gradient_accumulation_steps": accumulation,
-        "logging_nan_inf_filter": nan_inf_filter,
-        "non_finite_micro_batches": {str(i): str(v) for i, v in added_loss.items()},
-        "world_size": trainer.accelerator.num_processes,
-        "sp_size": pc.sp_size if pc is not None and pc.sp_enabled else 1,
-        "deepspeed": trainer.is_deepspeed_enabled,
-        "device": str(trainer.args.device),
-        "micro_batches": len(per_batch) if per_batch is not None else None,
-        "site_lines": by_line,
-        "losses": [
-            finite_or_name(entry["loss"]) for entry in trainer.state.log_history if "loss" in entry
-        ],
-        "syncs_per_micro_batch": per_batch,
-        "logged": [
-            {
-                "step": entry["step"],
-                "loss": finite_or_name(entry["loss"]),
-                "grad_norm": finite_or_name(float(entry.get("grad_norm", math.nan))),
-            }
-            for entry in trainer.state.log_history
-            if "loss" in entry
-        ],
-        **({"cost": scope.cost(STEPS).to_json()} if args.detect else {}),
-    }
+    return RankRow(
+        scenario=name,
+        cost=scope.cost(STEPS) if args.detect else None,
+        site_lists={"site_lines": by_line},
+        figures={
+            "what": what,
+            "zero_stage": plugin.zero_stage if plugin is not None else None,
+            "gradient_accumulation_steps": accumulation,
+            "logging_nan_inf_filter": nan_inf_filter,
+            "non_finite_micro_batches": {str(i): str(v) for i, v in added_loss.items()},
+            "world_size": trainer.accelerator.num_processes,
+            "sp_size": pc.sp_size if pc is not None and pc.sp_enabled else 1,
+            "deepspeed": trainer.is_deepspeed_enabled,
+            "device": str(trainer.args.device),
+            "micro_batches": len(per_batch) if per_batch is not None else None,
+            "losses": [
+                finite_or_name(entry["loss"])
+                for entry in trainer.state.log_history
+                if "loss" in entry
+            ],
+            "syncs_per_micro_batch": per_batch,
+            "logged": [
+                {
+                    "step": entry["step"],
+                    "loss": finite_or_name(entry["loss"]),
+                    "grad_norm": finite_or_name(float(entry.get("grad_norm", math.nan))),
+                }
+                for entry in trainer.state.log_history
+                if "loss" in entry
+            ],
+            "model": MODEL_SUMMARY,
+        },
+    )
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ReproRank:
     args = parse_args()
     args.detect = not args.no_detector
     if "sp" in args.scenarios and len(args.scenarios) > 1:
         raise SystemExit("scenario 'sp' runs alone, under accelerate launch")
-    return {
-        "runs": [run_scenario(name, args) | {"model": MODEL_SUMMARY} for name in args.scenarios]
-    }
+    return ReproRank(tuple(run_scenario(name, args) for name in args.scenarios))
 
 
 if __name__ == "__main__":

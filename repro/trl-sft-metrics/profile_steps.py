@@ -24,6 +24,7 @@ from hostsync.rank.protocol import (
     EXCLUDED_RANGE,
     MEASURED_RANGE,
     RUN_DIR_ENV,
+    ProfiledRank,
     profile_parser,
     rank_entry,
 )
@@ -98,7 +99,7 @@ class LossCalls:
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ProfiledRank:
     args = parse_args()
     run_dir = Path(os.environ[RUN_DIR_ENV])
     trace = trace_file(args.profiler)

@@ -18,12 +18,11 @@ import contextlib
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from trl import SFTConfig, SFTTrainer
 
-from hostsync.detector import SyncScope
-from hostsync.rank.protocol import rank_entry, repro_parser
+from hostsync.detector import SiteCount, SyncScope
+from hostsync.rank.protocol import RankRow, ReproRank, rank_entry, repro_parser
 from hostsync.rank.rankkit import (
     MODEL_SUMMARY,
     add_launch_arguments,
@@ -73,7 +72,7 @@ def _own_reads(scope: SyncScope | None, begin: int) -> int:
     return sum(1 for event in scope.events[begin:] if event.site.file == SFT_FILE) if scope else 0
 
 
-def sft_config(output_dir: str | Path, scenario: str, steps: int, **settings: Any) -> SFTConfig:
+def sft_config(output_dir: str | Path, scenario: str, steps: int, **settings: object) -> SFTConfig:
     """The scenario's SFTConfig for `steps` optimizer steps (the profile's too)."""
     logging_steps, accumulation, padding_free = SCENARIOS[scenario]
     return training_arguments(
@@ -94,7 +93,7 @@ def rounded(value: float) -> float:
     return float(f"{value:.6g}")
 
 
-def run_scenario(name: str, args: argparse.Namespace, world_size: int) -> dict[str, Any]:
+def run_scenario(name: str, args: argparse.Namespace, world_size: int) -> RankRow:
     logging_steps, accumulation, _ = SCENARIOS[name]
     training_args = sft_config(args.output_dir / name, name, STEPS, ddp_backend=args.backend)
     count = STEPS * BATCH * accumulation * world_size
@@ -107,35 +106,34 @@ def run_scenario(name: str, args: argparse.Namespace, world_size: int) -> dict[s
         )
         trainer.train()
     own = [event.site for event in scope.events if event.site.file == SFT_FILE] if scope else []
-    sites = Counter(own)
-    return {
-        "scenario": name,
-        "world_size": trainer.accelerator.num_processes,
-        "steps": STEPS,
-        "logging_steps": logging_steps,
-        "gradient_accumulation_steps": accumulation,
-        "reads_per_micro_batch": trainer.micro_batches if scope else None,
-        "reads_per_log": trainer.logs if scope else None,
-        "site_lines": [site._asdict() | {"count": n} for site, n in sorted(sites.items())],
-        "logged": [
-            {key: rounded(entry[key]) for key in ("step", *LOGGED)}
-            for entry in trainer.state.log_history
-            if "loss" in entry
-        ],
-        **({"cost": scope.cost(STEPS).to_json()} if scope else {}),
-    }
+    return RankRow(
+        scenario=name,
+        cost=scope.cost(STEPS) if scope else None,
+        site_lists={
+            "site_lines": tuple(SiteCount(site, n) for site, n in sorted(Counter(own).items()))
+        },
+        figures={
+            "world_size": trainer.accelerator.num_processes,
+            "steps": STEPS,
+            "logging_steps": logging_steps,
+            "gradient_accumulation_steps": accumulation,
+            "reads_per_micro_batch": trainer.micro_batches if scope else None,
+            "reads_per_log": trainer.logs if scope else None,
+            "logged": [
+                {key: rounded(entry[key]) for key in ("step", *LOGGED)}
+                for entry in trainer.state.log_history
+                if "loss" in entry
+            ],
+            "model": MODEL_SUMMARY,
+        },
+    )
 
 
 @rank_entry
-def main() -> dict:
+def main() -> ReproRank:
     args = parse_args()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    return {
-        "runs": [
-            run_scenario(name, args, world_size) | {"model": MODEL_SUMMARY}
-            for name in args.scenarios
-        ]
-    }
+    return ReproRank(tuple(run_scenario(name, args, world_size) for name in args.scenarios))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hostsync.detector.sites import Site
 from hostsync.hunt.allowlist import AllowList, load_allowlist, reason
 from hostsync.hunt.report import reading
 from hostsync.measure.cost import BOUND, assess
@@ -54,7 +53,7 @@ class CensusSite:
     """One site (file, function, code, caller) over the setups: its reads per optimizer step in
     each (mean per rank after the warm-up), in each column."""
 
-    site: HuntSite
+    hunted: HuntSite
     rates: dict[str, dict[str, float]] = field(default_factory=dict)  # column -> setup -> rate
     # For a site the census left a candidate, the reason of the allow-list's rule matching it
     # now: an [[allow]] (`accepted`), else a [[not_carried]].
@@ -66,17 +65,17 @@ class CensusSite:
 
     @property
     def verdict(self) -> str:
-        if self.site.carried:
-            return f"carried by case {self.site.carried}"
-        if self.site.allowed or self.accepted:
-            return f"accepted: {self.site.allowed or self.accepted}"
+        if self.hunted.carried:
+            return f"carried by case {self.hunted.carried}"
+        if self.hunted.allowed or self.accepted:
+            return f"accepted: {self.hunted.allowed or self.accepted}"
         return f"not carried: {self.not_carried}" if self.not_carried else UNDECIDED
 
     @property
     def kind(self) -> str:
-        if self.site.carried:
+        if self.hunted.carried:
             return "carried"
-        if self.site.allowed or self.accepted:
+        if self.hunted.allowed or self.accepted:
             return "accepted"
         return "not carried" if self.not_carried else "candidate"
 
@@ -85,20 +84,19 @@ def census_sites(runs: Sequence[HuntTree], rules: AllowList = NO_RULES) -> list[
     """Every site of any run, ranked by its reads per step summed over the setups today (then
     with every fix), candidates first among equals; each site the census left a candidate with
     the reason of the first of `rules` matching it, if any."""
-    found: dict[tuple, CensusSite] = {}
+    found: dict[tuple[str, str, str, str], CensusSite] = {}
     for run in runs:
-        for site in run.sites:
-            entry = found.setdefault(site.identity, CensusSite(site))
-            entry.rates.setdefault(run.tree, {})[run.setup] = site.rate
+        for hunted in run.sites:
+            entry = found.setdefault(hunted.key, CensusSite(hunted))
+            entry.rates.setdefault(run.tree, {})[run.setup] = hunted.rate
     for entry in found.values():
-        site = entry.site
-        if not (site.carried or site.allowed):
-            where = Site(site.file, site.line, site.function, site.code)
-            entry.accepted = reason(rules.allow, where, site.caller)
-            entry.not_carried = reason(rules.not_carried, where, site.caller)
+        hunted = entry.hunted
+        if not (hunted.carried or hunted.allowed):
+            entry.accepted = reason(rules.allow, hunted.site, hunted.caller)
+            entry.not_carried = reason(rules.not_carried, hunted.site, hunted.caller)
     return sorted(
         found.values(),
-        key=lambda s: (-s.total(TODAY), -s.total(FIXED), s.kind != "candidate", s.site.file),
+        key=lambda s: (-s.total(TODAY), -s.total(FIXED), s.kind != "candidate", s.hunted.site.file),
     )
 
 
@@ -137,8 +135,9 @@ def _rate(value: float | None) -> str:
     return "-" if not value else f"{value:.2f}".rstrip("0").rstrip(".")
 
 
-def _where(site: HuntSite) -> str:
-    called = f" (from `{site.caller}`)" if site.caller else ""
+def _where(hunted: HuntSite) -> str:
+    site = hunted.site
+    called = f" (from `{hunted.caller}`)" if hunted.caller else ""
     return f"{site.file}:{site.line} `{site.function}`{called}"
 
 
@@ -262,13 +261,13 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
             [
                 (
                     number,
-                    s.site.package,
-                    _where(s.site),
+                    s.hunted.package,
+                    _where(s.hunted),
                     *[_rate(s.total(c)) for c in columns],
                     len(s.rates.get(TODAY, s.rates.get(FIXED, {}))),
                     s.verdict,
-                    f"`{s.site.code}`",
-                    reading(s.site) if s.kind in ("candidate", "not carried") else "",
+                    f"`{s.hunted.site.code}`",
+                    reading(s.hunted) if s.kind in ("candidate", "not carried") else "",
                 )
                 for number, s in enumerate(sites, start=1)
             ],
@@ -276,7 +275,7 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
     ]
     if undecided(sites):
         out += ["", "## Candidates without a disposition", ""]
-        out += [f"- {_where(s.site)} `{s.site.code}`" for s in undecided(sites)]
+        out += [f"- {_where(s.hunted)} `{s.hunted.site.code}`" for s in undecided(sites)]
     failed = [run for run in result.runs if not run.measured]
     if failed:
         out += ["", "## Not measured", ""]
@@ -308,7 +307,8 @@ def heat_map(result: CensusResult, path: Path, rules: AllowList = NO_RULES) -> N
     image = axes.imshow(values, cmap="Reds", aspect="auto", norm=PowerNorm(0.5, vmin=0))
     axes.set_yticks(range(len(setups)), setups, fontsize=8)
     labels = [
-        f"#{n} {s.site.file.rsplit('/', 1)[-1]}:{s.site.line}" for n, s in enumerate(sites, start=1)
+        f"#{n} {s.hunted.site.file.rsplit('/', 1)[-1]}:{s.hunted.site.line}"
+        for n, s in enumerate(sites, start=1)
     ]
     axes.set_xticks(range(len(sites)), labels, rotation=70, ha="right", fontsize=7)
     for tick, site in zip(axes.get_xticklabels(), sites, strict=True):

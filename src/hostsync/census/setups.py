@@ -88,7 +88,7 @@ def launcher(setup: CensusSetup) -> Launcher:
 def deepspeed(setup: CensusSetup) -> DeepSpeedSetup | None:
     if not setup.zero_stage:
         return None
-    return DeepSpeedSetup(zero_stage=setup.zero_stage, precision=setup.precision.value)
+    return DeepSpeedSetup(zero_stage=setup.zero_stage, precision=setup.precision)
 
 
 def world(setup: CensusSetup, steps: int, run_dir: Path) -> World:

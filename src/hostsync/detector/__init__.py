@@ -9,12 +9,14 @@ from __future__ import annotations
 import importlib
 
 _HOMES = {
+    "Cost": "records",
     "SyncScope": "scope",
     "SyncScopeError": "scope",
     "CompiledInScope": "scope",
     "package_path": "scope",
     "AllowRule": "sites",
     "Site": "sites",
+    "SiteCount": "sites",
 }
 
 __all__ = sorted(_HOMES)

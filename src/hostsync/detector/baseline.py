@@ -3,9 +3,10 @@ reviewed and committed, so that a gate fails only on syncs that are new.
 
 A codebase starts with many known syncs, and a gate that fails on all of them is never switched
 on (mypy, ruff and pylint offer a baseline for the same reason). An entry is one site of one
-test, matched on file, function and code as the census matches sites across releases, so a
-line that moves matches still; its line, kinds and count are there for the reviewer. Standard
-library only: the pytest plugin reads it in any project's environment.
+test (`SiteCount`), matched on its site's identity (`Site.identity`: file, function and code),
+so a line that moves matches still, whoever calls it; its line, kinds and count are there for
+the reviewer. Standard library only: the pytest plugin reads it in
+any project's environment.
 """
 
 from __future__ import annotations
@@ -14,59 +15,26 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hostsync.detector.codec import Record
+from hostsync.detector.sites import SiteCount
 
 SCHEMA = 1
 
 
 @dataclass(frozen=True)
-class BaselineEntry(Record):
-    """One site a test syncs at: `line`, `kinds` and `count` as written, for review only."""
-
-    file: str
-    function: str
-    code: str
-    line: int
-    kinds: tuple[str, ...]
-    count: int
-
-    @property
-    def identity(self) -> tuple[str, str, str]:
-        """What stays the same for one site when lines move."""
-        return (self.file, self.function, self.code)
-
-    @classmethod
-    def of(cls, site: Mapping[str, Any]) -> BaselineEntry:
-        """The entry of one of `SyncScope.sync_sites()`."""
-        return cls(
-            site["file"],
-            site["function"],
-            site["code"],
-            site["line"],
-            tuple(site["kinds"]),
-            site["count"],
-        )
-
-
-@dataclass(frozen=True)
 class Baseline(Record):
-    """The accepted sites of each test, by pytest node id."""
+    """The accepted sites of each test, by pytest node id: `line`, `kinds` and `count` of each as
+    written, for review only."""
 
     schema: int
-    tests: dict[str, tuple[BaselineEntry, ...]]
+    tests: dict[str, tuple[SiteCount, ...]]
 
     @classmethod
-    def of(cls, surveyed: Mapping[str, Sequence[Mapping[str, Any]]]) -> Baseline:
+    def of(cls, surveyed: Mapping[str, Sequence[SiteCount]]) -> Baseline:
         """The baseline of a run's syncs: each test that made any, its sites as found."""
         return cls(
-            SCHEMA,
-            {
-                test: tuple(BaselineEntry.of(site) for site in sites)
-                for test, sites in sorted(surveyed.items())
-                if sites
-            },
+            SCHEMA, {test: tuple(sites) for test, sites in sorted(surveyed.items()) if sites}
         )
 
     @classmethod
@@ -93,15 +61,15 @@ class Baseline(Record):
         partial.write_text(json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
         partial.replace(path)
 
-    def new(self, test: str, sites: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    def new(self, test: str, found: Sequence[SiteCount]) -> list[SiteCount]:
         """The sites of `test` that its entries do not hold."""
-        known = {entry.identity for entry in self.tests.get(test, ())}
-        return [site for site in sites if BaselineEntry.of(site).identity not in known]
+        known = {entry.site.identity for entry in self.tests.get(test, ())}
+        return [synced for synced in found if synced.site.identity not in known]
 
-    def gone(self, test: str, sites: Sequence[Mapping[str, Any]]) -> list[BaselineEntry]:
+    def gone(self, test: str, found: Sequence[SiteCount]) -> list[SiteCount]:
         """The entries of `test` that its run no longer made."""
-        found = {BaselineEntry.of(site).identity for site in sites}
-        return [entry for entry in self.tests.get(test, ()) if entry.identity not in found]
+        made = {synced.site.identity for synced in found}
+        return [entry for entry in self.tests.get(test, ()) if entry.site.identity not in made]
 
 
 class BaselineError(ValueError):

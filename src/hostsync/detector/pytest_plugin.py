@@ -28,12 +28,12 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
-from hostsync.detector.baseline import Baseline, BaselineEntry, BaselineError
-from hostsync.detector.sites import COMPILED
+from hostsync.detector.baseline import Baseline, BaselineError
+from hostsync.detector.sites import COMPILED, SiteCount
 
 if TYPE_CHECKING:
     from hostsync.detector import AllowRule, SyncScope
@@ -42,7 +42,9 @@ MARKER = "no_host_sync"
 REPORT_OPTION = "--host-sync-report"
 BASELINE_OPTION = "--host-sync-baseline"
 GATE_OPTION = "--host-sync-gate"
-_SITES = "host_sync_sites"  # the user property a report carries the sites of its call in
+# The user property a report carries the sites of its call in, as JSON: pytest-xdist sends reports
+# from its workers as plain values.
+_SITES = "host_sync_sites"
 _KIND_SHOWN = {COMPILED: "compiled, not judged"}
 
 
@@ -77,7 +79,7 @@ class _Session:
     rootpath: Path
     baseline_path: Path | None
     baseline: Baseline | None
-    surveyed: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    surveyed: dict[str, list[SiteCount]] = field(default_factory=dict)
 
     @property
     def surveys(self) -> bool:
@@ -87,7 +89,7 @@ class _Session:
     def writes_baseline(self) -> bool:
         return self.baseline_path is not None and self.baseline is None
 
-    def unexpected(self, test: str, scope: SyncScope) -> list[dict[str, Any]]:
+    def unexpected(self, test: str, scope: SyncScope) -> list[SiteCount]:
         """The syncs a gated test fails on: none while the baseline is written, else those the
         baseline (if any) lacks."""
         if self.writes_baseline:
@@ -109,7 +111,7 @@ class _Session:
         if report.when == "call":
             for name, sites in report.user_properties:
                 if name == _SITES:
-                    self.surveyed[report.nodeid] = sites
+                    self.surveyed[report.nodeid] = [SiteCount.from_json(site) for site in sites]
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.writes_baseline and not hasattr(session.config, "workerinput"):
@@ -156,13 +158,13 @@ def _allowed(item: pytest.Item) -> list[AllowRule]:
     return rules
 
 
-def unexpected_syncs(sites: list[dict[str, Any]], baseline: Path | None) -> str:
+def unexpected_syncs(found: list[SiteCount], baseline: Path | None) -> str:
     """Each unexpected sync as `file:line` with its code and count, for a failure."""
-    lines = [f"{sum(site['count'] for site in sites)} unexpected host sync(s):"]
-    for site in sites:
+    lines = [f"{sum(synced.count for synced in found)} unexpected host sync(s):"]
+    for synced in found:
+        site = synced.site
         lines.append(
-            f"  {site['file']}:{site['line']}: {site['code']}  ({site['count']}x in"
-            f" {site['function']})"
+            f"  {site.file}:{site.line}: {site.code}  ({synced.count}x in {site.function})"
         )
     accept = f"{MARKER}(allow=[AllowRule(file, reason=...)])"
     if baseline is not None:
@@ -185,7 +187,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
             result = yield
         finally:
             if run.surveys:
-                item.user_properties.append((_SITES, scope.sync_sites()))
+                found = [synced.to_json() for synced in scope.sync_sites()]
+                item.user_properties.append((_SITES, found))
     unexpected = run.unexpected(item.nodeid, scope) if gated else []
     if unexpected:
         pytest.fail(unexpected_syncs(unexpected, run.baseline_path), pytrace=False)
@@ -200,7 +203,9 @@ def host_syncs() -> Callable[..., SyncScope]:
     return SyncScope
 
 
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
     run = config.stash[_SESSION]
     if run.report:
         _write_survey(terminalreporter, run.surveyed)
@@ -227,20 +232,24 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
                     terminalreporter.write_line(f"  {test}: {_shown(entry)}")
 
 
-def _shown(entry: BaselineEntry) -> str:
-    return f"{entry.file}:{entry.line}: {entry.code}  (in {entry.function})"
+def _shown(entry: SiteCount) -> str:
+    site = entry.site
+    return f"{site.file}:{site.line}: {site.code}  (in {site.function})"
 
 
-def _write_survey(terminalreporter: Any, surveyed: dict[str, list[dict[str, Any]]]) -> None:
+def _write_survey(
+    terminalreporter: pytest.TerminalReporter, surveyed: dict[str, list[SiteCount]]
+) -> None:
     terminalreporter.section("host syncs per test")
-    for nodeid, sites in surveyed.items():
-        if sites:
-            total = sum(site["count"] for site in sites)
+    for nodeid, found in surveyed.items():
+        if found:
+            total = sum(synced.count for synced in found)
             terminalreporter.write_line(f"{nodeid}: {total} host sync(s)")
-            for site in sites:
-                kinds = ", ".join(_KIND_SHOWN.get(kind, kind) for kind in site["kinds"])
+            for synced in found:
+                site = synced.site
+                kinds = ", ".join(_KIND_SHOWN.get(kind, kind) for kind in synced.kinds)
                 terminalreporter.write_line(
-                    f"  {site['file']}:{site['line']}: {site['code']}  ({site['count']}x, {kinds})"
+                    f"  {site.file}:{site.line}: {site.code}  ({synced.count}x, {kinds})"
                 )
     quiet = sum(1 for sites in surveyed.values() if not sites)
     terminalreporter.write_line(f"{quiet} of {len(surveyed)} test(s) made no host sync")

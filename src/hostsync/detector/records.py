@@ -5,9 +5,10 @@ The detector writes these; the workspace's records compose them into its results
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from hostsync.detector.codec import Record
+from hostsync.detector.codec import FLAT, Record
+from hostsync.detector.sites import Site
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,7 @@ class SiteCost(Record):
     """One source line's host reads, how many stalled (device work was queued since the host
     last waited), and the device work those stalls waited for."""
 
-    file: str
-    line: int
-    function: str
-    code: str
+    site: Site = field(metadata=FLAT)
     reads: int
     stalls: int
     waited_for: DeviceWork

@@ -74,13 +74,14 @@ from torch.utils._python_dispatch import (
 from hostsync.detector import ops
 from hostsync.detector.accounting import Accounting
 from hostsync.detector.records import Cost, DeviceWork, SiteCost
-from hostsync.detector.sites import COMPILED, AllowRule, Site, require_reason
+from hostsync.detector.sites import COMPILED, AllowRule, Site, SiteCount, require_reason
 
 __all__ = [
     "COMPILED",
     "AllowRule",
     "CompiledInScope",
     "Site",
+    "SiteCount",
     "SyncEvent",
     "SyncScope",
     "SyncScopeError",
@@ -194,17 +195,14 @@ class SyncScope:
             by_site.setdefault(event.site, []).append(event)
         sites = [
             SiteCost(
-                site.file,
-                site.line,
-                site.function,
-                site.code,
+                site,
                 len(events),
                 sum(event.stall for event in events),
                 sum((event.waited_for for event in events if event.stall), DeviceWork()),
             )
             for site, events in by_site.items()
         ]
-        sites.sort(key=lambda site: (-site.reads, site.file, site.line))
+        sites.sort(key=lambda cost: (-cost.reads, cost.site.file, cost.site.line))
         stalls = sum(event.stall for event in self.events)
         return Cost(steps, len(self.events), stalls, self.work, tuple(sites))
 
@@ -221,24 +219,24 @@ class SyncScope:
         allowed = (event for event in self.events if event.allowed is not None)
         return dict(Counter((event.site, event.allowed) for event in allowed).most_common())
 
-    def sync_sites(self, by_caller: bool = False) -> list[dict[str, Any]]:
-        """The unexpected sites as JSON-ready dicts: file, line, function, code, count, kinds;
-        `by_caller` gives one entry per (site, caller), each with its `caller`."""
+    def sync_sites(self, by_caller: bool = False) -> list[SiteCount]:
+        """The unexpected sites, each with its count and kinds, most frequent first; `by_caller`
+        gives one per (site, caller), each with its `caller`."""
         if not by_caller:
             return [
-                {**site._asdict(), "count": count, "kinds": self._kinds_at(site)}
+                SiteCount(site, count, self._kinds_at(site))
                 for site, count in self.counts().items()
             ]
         per_caller = Counter((event.site, event.caller) for event in self.unexpected)
         return [
-            {**site._asdict(), "caller": caller, "count": count, "kinds": self._kinds_at(site)}
+            SiteCount(site, count, self._kinds_at(site), caller=caller)
             for (site, caller), count in per_caller.most_common()
         ]
 
-    def allowed_sync_sites(self) -> list[dict[str, Any]]:
-        """The allowed sites as JSON-ready dicts, each with its reason."""
+    def allowed_sync_sites(self) -> list[SiteCount]:
+        """The allowed sites, each with its count, kinds and reason, most frequent first."""
         return [
-            {**site._asdict(), "count": count, "kinds": self._kinds_at(site), "reason": reason}
+            SiteCount(site, count, self._kinds_at(site), reason=reason)
             for (site, reason), count in self.allowed_counts().items()
         ]
 
@@ -264,8 +262,8 @@ class SyncScope:
                 "AllowRule(file, reason=..., function=..., line=...) or scope.allow(reason)."
             )
 
-    def _kinds_at(self, site: Site) -> list[str]:
-        return sorted({event.kind for event in self.events if event.site == site})
+    def _kinds_at(self, site: Site) -> tuple[str, ...]:
+        return tuple(sorted({event.kind for event in self.events if event.site == site}))
 
 
 def package_path(filename: str, search_path: Sequence[str] | None = None) -> str:

@@ -1,4 +1,4 @@
-"""A source line that makes the host wait, and the rules that accept one.
+"""A source line that makes the host wait, its syncs counted, and the rules that accept one.
 
 Shared by the detector, which records sites in a rank, and the engine, which judges them (the
 hunt's allow-list, the sites a case's fix removes): the standard library and the codec only, so
@@ -7,18 +7,20 @@ that neither side needs the other's imports.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
 
-from hostsync.detector.codec import RecordError
+from hostsync.detector.codec import FLAT, OPTIONAL, Record, RecordError
 
 # The event kind of a compiled function's call in a scope that lets it run (the survey's, a
 # baseline's): its syncs are not judged, the call is recorded where it was made.
 COMPILED = "compiled"
 
 
-class Site(NamedTuple):
-    """A source line that caused host syncs; `file` is relative to its package root."""
+@dataclass(frozen=True, order=True)
+class Site(Record):
+    """A source line that caused host syncs: its file (relative to its package root, or, where a
+    release's source is searched, to the tree's top), line, the function it lies in and the
+    statement's code. Every record that names a site holds one, flat in its document."""
 
     file: str
     line: int
@@ -27,6 +29,26 @@ class Site(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line} in {self.function}"
+
+    @property
+    def identity(self) -> tuple[str, str, str]:
+        """What names one site across releases and edits: its file, function and code. Its line
+        is left out, as lines move when code above them changes. So is the caller, which is not
+        the site's own: the hunt, which charges each caller of a shared helper apart, adds it
+        (`HuntSite.key`); a baseline accepts a site whoever calls it."""
+        return (self.file, self.function, self.code)
+
+
+@dataclass(frozen=True)
+class SiteCount(Record):
+    """A site's syncs in one scope: how many, of which kinds; `caller` where they are counted
+    per caller, `reason` where a rule accepted them."""
+
+    site: Site = field(metadata=FLAT)
+    count: int
+    kinds: tuple[str, ...] = field(default=(), metadata=OPTIONAL)
+    caller: str = field(default="", metadata=OPTIONAL)
+    reason: str = field(default="", metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)

@@ -610,7 +610,8 @@ def render(result: BisectResult, source: str) -> str:
                 release.version,
                 release.uploaded,
                 release.finding.presence,
-                "; ".join(f"{at} `{at.code}`" for at in release.finding.found) or None,
+                "; ".join(f"{presence.located(at)} `{at.code}`" for at in release.finding.found)
+                or None,
                 "; ".join(f"{c.label}: {c.verdict} ({c.reason})" for c in release.judged) or None,
             )
             for release in history.releases
@@ -621,7 +622,7 @@ def render(result: BisectResult, source: str) -> str:
 
 def _sentence(history: SiteHistory) -> str:
     first = next(r for r in history.releases if r.version == history.first)
-    where = ", ".join(str(at) for at in first.finding.found)
+    where = ", ".join(presence.located(at) for at in first.finding.found)
     since = (
         f"since {history.project} {history.first} (uploaded {first.uploaded or 'on a day unknown'}"
         f"; {history.before_first} does not have it)"

@@ -130,7 +130,7 @@ def hunt_new_sites(
         return "the newest release is the pinned one: nothing new to hunt", ()
     layout = home.layout
     rules = load_allowlist(layout.allowlist).allow
-    found: dict[tuple, HuntSite] = {}
+    found: dict[tuple[str, str, str, str], HuntSite] = {}
     with locks.case(layout):
         trees = [prepare_tree(home, version) for version in (watched.pinned, watched.newest)]
         for setup in settings.setups:
@@ -141,11 +141,11 @@ def hunt_new_sites(
             failed = [tree for tree in (pinned, newest) if not tree.measured]
             if failed:
                 return f"{failed[0].label} could not be hunted: {failed[0].error}", ()
-            before = {site.identity for site in pinned.sites}
+            before = {hunted.key for hunted in pinned.sites}
             found |= {
-                site.identity: site
-                for site in newest.sites
-                if site.identity not in before and site.allowed is None
+                hunted.key: hunted
+                for hunted in newest.sites
+                if hunted.key not in before and hunted.allowed is None
             }
     setups = ", ".join(setup.label for setup in settings.setups)
     said = f"hunted {watched.pinned} and {watched.newest} through the training step ({setups})"
@@ -219,10 +219,11 @@ def _project(watched: ProjectWatch) -> Iterator[str]:
         )
     if watched.hunt:
         yield f"  - hunt: {watched.hunt}."
-    for site in watched.new_sites:
+    for hunted in watched.new_sites:
+        site = hunted.site
         yield (
             f"  - new per-step read at {site.file}:{site.line} ({site.function}):"
-            f" `{site.code}`, {site.per_step} per step ({site.when})."
+            f" `{site.code}`, {hunted.per_step} per step ({hunted.when})."
         )
 
 
@@ -233,7 +234,7 @@ def _case(watched: CaseWatch) -> Iterator[str]:
     fixed = f"; upstream fixed it in {watched.fixed}" if watched.fixed else ""
     yield f"- **{watched.case}** ({watched.project} {watched.newest}, {newest}{fixed}):"
     for site in watched.sites:
-        where = ", ".join(str(at) for at in site.finding.found)
+        where = ", ".join(presence.located(at) for at in site.finding.found)
         state = f"{_STATES[site.finding.presence]} {where}".strip()
         run = f"; run there: {site.judged.verdict} ({site.judged.reason})" if site.judged else ""
         yield f"  - {site.project} {site.version}: {presence.described(site.site)} {state}{run}."

@@ -131,31 +131,27 @@ def summarize(
     logging_steps = sorted(
         {s.step for rank in ranks for s in rank.hunt.steps if s.logging and not s.warmup}
     )
-    counts: dict[tuple, Counter] = defaultdict(Counter)
-    stalls: Counter = Counter()
-    kinds: dict[tuple, set[str]] = defaultdict(set)
+    counts: dict[tuple[Site, str], Counter[tuple[int, int]]] = defaultdict(Counter)
+    stalls: Counter[tuple[Site, str]] = Counter()
+    kinds: dict[tuple[Site, str], set[str]] = defaultdict(set)
     for rank in ranks:
         for step in rank.hunt.steps:
-            for site in step.sites:
-                key = (site.file, site.line, site.function, site.code, site.caller)
-                counts[key][(rank.rank, step.step)] += site.count
+            for found in step.sites:
+                key = (found.site, found.caller)
+                counts[key][(rank.rank, step.step)] += found.count
                 if step.step in steady:
-                    stalls[key] += site.stalls
-                kinds[key].add(site.kind)
+                    stalls[key] += found.stalls
+                kinds[key].add(found.kind)
     sites = []
     for key, by_rank_step in counts.items():
-        file, line, function, code, caller = key
+        site, caller = key
         steps = sorted({step for _, step in by_rank_step})
         in_steady = [n for (_, step), n in by_rank_step.items() if step in steady]
-        where = Site(file, line, function, code)
-        carried_by = reason(carried, where, caller)
+        carried_by = reason(carried, site, caller)
         sites.append(
             HuntSite(
-                package=package(file),
-                file=file,
-                line=line,
-                function=function,
-                code=code,
+                package=package(site.file),
+                site=site,
                 caller=caller,
                 kinds=tuple(sorted(kinds[key])),
                 steps=tuple(steps),
@@ -163,7 +159,7 @@ def summarize(
                 per_step=max(in_steady or by_rank_step.values()),
                 rate=sum(in_steady) / (len(ranks) * len(steady)) if steady else 0.0,
                 carried=carried_by,
-                allowed=None if carried_by else reason(rules, where, caller),
+                allowed=None if carried_by else reason(rules, site, caller),
                 stall_rate=stalls[key] / (len(ranks) * len(steady)) if steady else 0.0,
             )
         )
@@ -193,10 +189,10 @@ def when(steps: list[int], steady: list[int], logging_steps: list[int]) -> str:
     return "steps " + ", ".join(map(str, seen))
 
 
-def rank_key(site: HuntSite) -> tuple:
+def rank_key(hunted: HuntSite) -> tuple[float, int, str, int]:
     """Most syncs per step first; then transformers before the libraries under it."""
-    order = PACKAGES.index(site.package) if site.package in PACKAGES else len(PACKAGES)
-    return (-site.rate, order, site.file, site.line)
+    order = PACKAGES.index(hunted.package) if hunted.package in PACKAGES else len(PACKAGES)
+    return (-hunted.rate, order, hunted.site.file, hunted.site.line)
 
 
 def profiler_only(ranks: Sequence[HuntRank], twin: int) -> list[ProfilerOnly]:
@@ -210,9 +206,9 @@ def profiler_only(ranks: Sequence[HuntRank], twin: int) -> list[ProfilerOnly]:
         detected: Counter = Counter()
         for step in rank.hunt.steps:
             if step.step == twin:
-                for site in step.sites:
-                    if site.kind == "scalar_read":
-                        detected[(site.file, site.function)] += site.count
+                for read in step.sites:
+                    if read.kind == "scalar_read":
+                        detected[(read.site.file, read.site.function)] += read.count
         profiled: dict[tuple, Counter] = defaultdict(Counter)
         for read in rank.hunt.profiled:
             profiled[(read.file, read.function)][read.via] += read.count

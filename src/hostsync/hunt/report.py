@@ -16,15 +16,10 @@ from hostsync.workspace.records import HuntResult, HuntSite, HuntTree
 
 @dataclass
 class SiteAcross:
-    """One site (matched on file, function, code and caller) and where each tree has it."""
+    """One site from one caller (matched on `HuntSite.key`) and where each tree has it; `first`
+    is the site as the first tree holding it has it (its package and verdict)."""
 
-    package: str
-    file: str
-    function: str
-    caller: str
-    code: str
-    allowed: str | None
-    carried: str | None
+    first: HuntSite
     trees: dict[str, HuntSite] = field(default_factory=dict)
     change: str = ""
 
@@ -35,22 +30,10 @@ def compare(trees: Sequence[HuntTree]) -> list[SiteAcross]:
     `change` says how the later trees differ from the first: "gone in X", "new in X".
     """
     labels = [tree.label for tree in trees]
-    rows: dict[tuple, SiteAcross] = {}
+    rows: dict[tuple[str, str, str, str], SiteAcross] = {}
     for tree in trees:
-        for site in tree.sites:
-            row = rows.setdefault(
-                site.identity,
-                SiteAcross(
-                    site.package,
-                    site.file,
-                    site.function,
-                    site.caller,
-                    site.code,
-                    site.allowed,
-                    site.carried,
-                ),
-            )
-            row.trees[tree.label] = site
+        for hunted in tree.sites:
+            rows.setdefault(hunted.key, SiteAcross(hunted)).trees[tree.label] = hunted
     for row in rows.values():
         present = [label for label in labels if label in row.trees]
         if labels[0] in present:
@@ -62,10 +45,10 @@ def compare(trees: Sequence[HuntTree]) -> list[SiteAcross]:
         rows.values(),
         key=lambda r: (
             r.change == "",
-            r.allowed is not None,
+            r.first.allowed is not None,
             -max(s.rate for s in r.trees.values()),
-            r.file,
-            r.function,
+            r.first.site.file,
+            r.first.site.function,
         ),
     )
 
@@ -105,13 +88,13 @@ _KIND_READINGS = {
 }
 
 
-def reading(site: HuntSite) -> str:
+def reading(hunted: HuntSite) -> str:
     """Why this line syncs, from its kind and code; the obvious alternative where there is one."""
-    for kind in site.kinds:
+    for kind in hunted.kinds:
         if kind in _KIND_READINGS:
             return _KIND_READINGS[kind]
     for pattern, text in _READINGS:
-        if re.search(pattern, site.code):
+        if re.search(pattern, hunted.site.code):
             return text
     return "reads a tensor value on the host"
 
@@ -152,13 +135,13 @@ def render(result: HuntResult, source: str) -> str:
             ("package", "file", "function", *labels, "change", "verdict", "code"),
             [
                 (
-                    row.package,
-                    row.file,
+                    row.first.package,
+                    row.first.site.file,
                     _function(row),
                     *_cells(row, labels),
                     _change(row),
                     _verdict(row),
-                    f"`{row.code}`",
+                    f"`{row.first.site.code}`",
                 )
                 for row in compare(trees)
             ],
@@ -222,28 +205,32 @@ def _header(result: HuntResult, source: str) -> list[str]:
 def _cells(row: SiteAcross, labels: list[str]) -> list[str]:
     cells = []
     for label in labels:
-        site = row.trees.get(label)
-        cells.append("-" if site is None else f"{site.line}: {site.per_step}x, {site.when}")
+        hunted = row.trees.get(label)
+        cells.append(
+            "-" if hunted is None else f"{hunted.site.line}: {hunted.per_step}x, {hunted.when}"
+        )
     return cells
 
 
 def _change(row: SiteAcross) -> str:
-    return row.change or ("accepted" if row.allowed else "")
+    return row.change or ("accepted" if row.first.allowed else "")
 
 
 def _function(row: SiteAcross) -> str:
-    return f"{row.function} (from {row.caller})" if row.caller else row.function
+    function, caller = row.first.site.function, row.first.caller
+    return f"{function} (from {caller})" if caller else function
 
 
 def _verdict(row: SiteAcross) -> str:
     """Where the site stands: carried by a case, accepted (why), or a candidate."""
-    if row.carried:
-        return f"carried by case {row.carried}"
-    return f"accepted: {row.allowed}" if row.allowed else "candidate"
+    if row.first.carried:
+        return f"carried by case {row.first.carried}"
+    return f"accepted: {row.first.allowed}" if row.first.allowed else "candidate"
 
 
-def _site(site: HuntSite) -> str:
-    called = f", called from `{site.caller}`" if site.caller else ""
+def _site(hunted: HuntSite) -> str:
+    site = hunted.site
+    called = f", called from `{hunted.caller}`" if hunted.caller else ""
     return f"{site.file}:{site.line} `{site.function}`{called}"
 
 
@@ -284,7 +271,7 @@ def _tree_section(tree: HuntTree) -> list[str]:
                     _site(site),
                     site.when,
                     site.per_step,
-                    f"`{site.code}`",
+                    f"`{site.site.code}`",
                     reading(site),
                 )
                 for number, site in enumerate(candidates, start=1)
@@ -337,7 +324,13 @@ def write_reports(layout: Layout, json_path: Path) -> list[Path]:
 def console_summary(trees: Sequence[HuntTree]) -> str:
     labels = [tree.label for tree in trees]
     rows = [
-        (row.file, _function(row), *_cells(row, labels), _change(row), _verdict(row)[:40])
+        (
+            row.first.site.file,
+            _function(row),
+            *_cells(row, labels),
+            _change(row),
+            _verdict(row)[:40],
+        )
         for row in compare(trees)
     ]
     sites = table.text(("file", "function", *labels, "change", "verdict"), rows)

@@ -380,7 +380,7 @@ def _accelerate(run: Run, world: World, what: LaunchPlan) -> list[str]:
         "--backend",
         backend,
         "--precision",
-        what.deepspeed.precision,
+        what.deepspeed.precision.value,
         *world.args,
     ]
 

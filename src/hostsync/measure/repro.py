@@ -4,12 +4,12 @@ The case card says how: each `[[repro.launch]]` names a script of `repro/<case>/
 (`python`, `fork`, `torchrun` or `accelerate`, see `hostsync.launch.launchers`), the rank counts to
 run it at and its scenarios. Every (tree, launch, rank count) is one run; `fork` starts the ranks of
 all of a launch's rank counts from one import of the script (`hostsync.rank.prefork`). A rank script
-takes `--scenarios a,b --device D` (and `--no-detector`, to time the detector) and returns `{"runs":
-[row, ...]}` (read as `records.ReproRank`), one row per scenario: `scenario`, the figures, site
-lists (lists of {file, line, function, code, count}), and `problems`, what the rank found wrong (a
-loss off its reference, say). The ranks' rows are merged here (`merge_ranks`): a figure every rank
-agrees on is kept as it is; where they differ, the row holds the largest number (or all() of flags,
-or each rank's message) and every rank's value beside it, and the report says so.
+takes `--scenarios a,b --device D` (and `--no-detector`, to time the detector) and returns a
+`records.ReproRank`, one `RankRow` per scenario: `scenario`, the figures, site lists (`SiteCount`s
+by figure name), and `problems`, what the rank found wrong (a loss off its reference, say). The
+ranks' rows are merged here (`merge_ranks`): a site list by line; a figure every rank agrees on is
+kept as it is; where they differ, the row holds the largest number (or all() of flags, or each
+rank's message) and every rank's value beside it, and the report says so.
 
 With `--trainer`, `trainer` holds per tree the full Trainer path's per-step losses with and
 without SP (`trainer_step.compare_losses`). The card's `compare` keys are compared across trees:
@@ -21,6 +21,7 @@ Writes `profiles/<case>/repro-<stamp>.json` (`records.ReproResult`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hostsync.detector.codec import RecordError
+from hostsync.detector.sites import SiteCount
 from hostsync.launch import devices, launchers, trainer_step
 from hostsync.launch.launchers import (
     LaunchPlan,
@@ -55,14 +57,15 @@ from hostsync.workspace.records import (
     Comparison,
     Device,
     Json,
+    MergedSite,
     NodeShare,
+    RankRow,
     ReproRank,
     ReproResult,
     ScenarioRow,
     SnippetExit,
     SnippetRuns,
     TrainerComparison,
-    is_site_list,
 )
 from hostsync.workspace.values import comma_list
 
@@ -147,11 +150,11 @@ def _timed(call: Callable[[], T]) -> tuple[T, float]:
 
 
 def check_contract(rank_results: RankResults, scenarios: Sequence[str], where: Path) -> None:
-    """Refuse what a rank returned unless it is {"runs": [row, ...]} (`ReproRank`), one row per
-    scenario asked, in order; the run folder, with each rank's result, is kept for a look."""
+    """Refuse what a rank returned unless it is a `ReproRank`, one row per scenario asked, in
+    order; the run folder, with each rank's result, is kept for a look."""
     contract = (
         f"not one row for each of {list(scenarios)} (its result is under {where}): a rank script"
-        ' returns {"runs": [row, ...]}, each row with its `scenario`'
+        " returns a `ReproRank`, one `RankRow` for each scenario asked, in order"
     )
     for result in rank_results:
         if not isinstance(result.payload.get("runs"), list):
@@ -167,18 +170,20 @@ def check_contract(rank_results: RankResults, scenarios: Sequence[str], where: P
 # --- merging the ranks' rows ----------------------------------------------------------------------
 
 
-def merge_sites(per_rank: list[list[dict]]) -> list[dict]:
-    """One entry per source line: its count on each rank, and the largest as `count`."""
-    merged: dict[tuple[str, int], dict] = {}
-    for rank, sites in enumerate(per_rank):
-        for site in sites or ():
-            entry = merged.setdefault(
-                (site["file"], site["line"]), site | {"count_per_rank": [0] * len(per_rank)}
-            )
-            entry["count_per_rank"][rank] = site["count"]
-    for entry in merged.values():
-        entry["count"] = max(entry["count_per_rank"])
-    return [merged[key] for key in sorted(merged)]
+def merge_sites(per_rank: Sequence[Sequence[SiteCount]]) -> tuple[MergedSite, ...]:
+    """One entry per source line: as the first rank that found it reports it, with its count on
+    each rank, and the largest as its count; by file and line."""
+    first: dict[tuple[str, int], SiteCount] = {}
+    counts: dict[tuple[str, int], list[int]] = {}
+    for rank, found in enumerate(per_rank):
+        for synced in found:
+            line = (synced.site.file, synced.site.line)
+            first.setdefault(line, synced)
+            counts.setdefault(line, [0] * len(per_rank))[rank] = synced.count
+    return tuple(
+        MergedSite(dataclasses.replace(first[line], count=max(counts[line])), tuple(counts[line]))
+        for line in sorted(first)
+    )
 
 
 def per_rank_text(values: list[Any]) -> str | None:
@@ -205,37 +210,42 @@ def disagreement(values: list[Any]) -> Any:
 
 
 def merge_ranks(rank_results: RankResults, tree: str, launch: str, ranks: int) -> list[ScenarioRow]:
-    """One row per scenario from every rank's rows: site lists merged by line, problems pooled,
-    other figures kept where the ranks agree and set apart (`disagreement`) where not."""
-    rows = []
-    read = [result.read(ReproRank) for result in rank_results]
-    for index, first in enumerate(read[0].runs):
-        by_rank = [rank.runs[index] for rank in read]
-        documents = [
-            ({"host_syncs": row.host_syncs} if row.host_syncs is not None else {}) | row.figures
-            for row in by_rank
-        ]
-        keys = list(dict.fromkeys(key for row in documents for key in row))
-        figures: dict[str, Json] = {}
-        per_rank: dict[str, tuple[Json, ...]] = {}
-        problems = tuple(sorted({problem for row in by_rank for problem in row.problems}))
-        costs = tuple(row.cost for row in by_rank if row.cost is not None)
-        for key in keys:
-            values = [row.get(key) for row in documents]
-            if any(is_site_list(value) for value in values):
-                figures[key] = merge_sites(values)
-            elif all(v == values[0] for v in values):
-                figures[key] = values[0]
-            else:
-                figures[key] = disagreement(values)
-                per_rank[key] = tuple(values)
-        host_syncs = figures.pop("host_syncs", None)
-        rows.append(
-            ScenarioRow(
-                tree, launch, ranks, first.scenario, figures, per_rank, problems, costs, host_syncs
-            )
-        )
-    return rows
+    """One row per scenario from every rank's rows (`merge_rows`)."""
+    read = [result.read(ReproRank).runs for result in rank_results]
+    return [merge_rows(rows, tree, launch, ranks) for rows in zip(*read, strict=True)]
+
+
+def merge_rows(rows: Sequence[RankRow], tree: str, launch: str, ranks: int) -> ScenarioRow:
+    """One scenario's row from each rank's: site lists merged by line (`merge_sites`), problems
+    pooled, the count and the other figures kept where the ranks agree and set apart
+    (`disagreement`) where not."""
+    values = {"host_syncs": [row.host_syncs for row in rows]}
+    for key in dict.fromkeys(key for row in rows for key in row.figures):
+        values[key] = [row.figures.get(key) for row in rows]
+    merged = {key: merge_values(found) for key, found in values.items()}
+    figures = {key: value for key, (value, _) in merged.items()}
+    names = dict.fromkeys(name for row in rows for name in row.site_lists)
+    lists = {name: [row.site_lists.get(name, ()) for row in rows] for name in names}
+    return ScenarioRow(
+        tree=tree,
+        launch=launch,
+        ranks=ranks,
+        scenario=rows[0].scenario,
+        host_syncs=figures.pop("host_syncs"),
+        # A list no rank found a site in is a figure every rank agrees on.
+        figures=figures | {name: [] for name, found in lists.items() if not any(found)},
+        per_rank={key: each for key, (_, each) in merged.items() if each is not None},
+        problems=tuple(sorted({problem for row in rows for problem in row.problems})),
+        costs=tuple(row.cost for row in rows if row.cost is not None),
+        site_lists={name: merge_sites(found) for name, found in lists.items() if any(found)},
+    )
+
+
+def merge_values(values: list[Json]) -> tuple[Json, tuple[Json, ...] | None]:
+    """What the ranks' values of one figure merge to, and, where they differ, each rank's."""
+    if all(value == values[0] for value in values):
+        return values[0], None
+    return disagreement(values), tuple(values)
 
 
 # --- presenting -----------------------------------------------------------------------------------
@@ -243,9 +253,12 @@ def merge_ranks(rank_results: RankResults, tree: str, launch: str, ranks: int) -
 
 def cell(run: ScenarioRow, key: str) -> object:
     """A column of the case card, shown: sites as `file:line xN`, rank differences as `a/b`."""
+    if key in run.site_lists:
+        return ", ".join(
+            f"{_short(merged.found.site.file)}:{merged.found.site.line} x{merged.found.count}"
+            for merged in run.site_lists[key]
+        )
     value = run.get(key)
-    if is_site_list(value):
-        return ", ".join(f"{_short(s['file'])}:{s['line']} x{s['count']}" for s in value)
     if key in run.per_rank:
         return "/".join(table.cell(v) for v in run.per_rank[key])
     if isinstance(value, list):

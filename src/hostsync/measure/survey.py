@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hostsync import detector
-from hostsync.detector.baseline import Baseline, BaselineEntry
-from hostsync.detector.sites import COMPILED
+from hostsync.detector.baseline import Baseline
+from hostsync.detector.sites import COMPILED, Site
 from hostsync.launch import devices, launchers
 from hostsync.measure.test_patch import read_junit
 from hostsync.upstream.sdists import fetch_sdist
@@ -298,23 +298,22 @@ def differences(outcomes: dict[tuple[SurveyMode, int], list[TestOutcome]]) -> li
 
 
 def top_sites(baseline: Baseline) -> tuple[SurveySite, ...]:
-    """The sites of the slice by syncs summed over its tests, most first."""
+    """The sites of the slice by syncs summed over its tests, most first; each at the line of
+    the first test that made it."""
     counts: Counter[tuple[str, str, str]] = Counter()
     tests: Counter[tuple[str, str, str]] = Counter()
-    first: dict[tuple[str, str, str], BaselineEntry] = {}
+    first: dict[tuple[str, str, str], Site] = {}
     kinds: dict[tuple[str, str, str], set[str]] = {}
     for entries in baseline.tests.values():
         for entry in entries:
-            counts[entry.identity] += entry.count
-            tests[entry.identity] += 1
-            first.setdefault(entry.identity, entry)
-            kinds.setdefault(entry.identity, set()).update(entry.kinds)
+            key = entry.site.identity
+            counts[key] += entry.count
+            tests[key] += 1
+            first.setdefault(key, entry.site)
+            kinds.setdefault(key, set()).update(entry.kinds)
     return tuple(
-        SurveySite(
-            file, first[key].line, function, code, tuple(sorted(kinds[key])), count, tests[key]
-        )
+        SurveySite(first[key], tuple(sorted(kinds[key])), count, tests[key])
         for key, count in counts.most_common(TOP)
-        for file, function, code in [key]
     )
 
 
@@ -392,10 +391,11 @@ def render(result: SurveyResult, path: Path) -> str:
         "| file:line | function | code | kinds | syncs | tests |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for site in result.sites:
+    for found in result.sites:
+        site = found.site
         code = site.code.replace("|", "\\|")
         lines.append(
-            f"| {site.file}:{site.line} | {site.function} | `{code}` | {', '.join(site.kinds)} |"
-            f" {site.count} | {site.tests} |"
+            f"| {site.file}:{site.line} | {site.function} | `{code}` | {', '.join(found.kinds)} |"
+            f" {found.count} | {found.tests} |"
         )
     return "\n".join(lines) + "\n"

@@ -384,7 +384,7 @@ def release_expectation(
         if finding.presence == Presence.MISSING
     ]
     elsewhere = [
-        str(at)
+        presence.located(at)
         for finding in findings
         if finding.presence == Presence.ELSEWHERE
         for at in finding.found

@@ -2,7 +2,10 @@
 records only.
 
 Rank scripts import this module, torch and the tree under test, nothing else of the workspace
-(besides the detector): the launcher's git, download and environment code never loads in a rank.
+(besides the detector and `rankkit`): the launcher's git, download and environment code never
+loads in a rank. The records a rank returns are named here for them: a repro script's
+`ReproRank` of `RankRow`s, a profile script's `ProfiledRank` (`rankkit.profiled_rank`), the
+Trainer worker's `TrainerRank`.
 """
 
 from __future__ import annotations
@@ -16,8 +19,33 @@ import traceback
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from hostsync.detector.codec import dump, write_file
-from hostsync.workspace.records import RankReport
+from hostsync.detector.codec import Record, dump, write_file
+from hostsync.workspace.records import (
+    Device,
+    HuntRecording,
+    HuntStep,
+    LoggedStep,
+    ProfiledRank,
+    ProfiledRead,
+    RankReport,
+    RankRow,
+    ReproRank,
+    StepSite,
+    TrainerRank,
+)
+
+__all__ = [
+    "Device",
+    "HuntRecording",
+    "HuntStep",
+    "LoggedStep",
+    "ProfiledRank",
+    "ProfiledRead",
+    "RankRow",
+    "ReproRank",
+    "StepSite",
+    "TrainerRank",
+]
 
 RUN_DIR_ENV = "HOSTSYNC_RUN_DIR"
 TREE_SRC_ENV = "HOSTSYNC_TREE_SRC"
@@ -72,9 +100,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def rank_entry(main: Callable[[], object]) -> Callable[[], None]:
-    """Decorate a rank's main: what it returns (a record, or a case's document), in a
-    `RankReport`, or its traceback, lands in the run folder."""
+def rank_entry(main: Callable[[], Record]) -> Callable[[], None]:
+    """Decorate a rank's main: the record it returns, in a `RankReport`, or its traceback, lands
+    in the run folder."""
 
     @functools.wraps(main)
     def wrapper() -> None:

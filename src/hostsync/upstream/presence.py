@@ -45,7 +45,7 @@ from hostsync.upstream.sdists import fetch_sdist
 from hostsync.workspace.cases import Sdist
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import PROJECTS, Project
-from hostsync.workspace.records import Finding, Presence, SiteLocation
+from hostsync.workspace.records import Finding, Presence
 
 # The file of a package's source: its path from the tree's top, and its text.
 Sources = dict[str, str]
@@ -131,11 +131,11 @@ class _Parsed:
         scope = self.scope_at(line)
         return Site(self.file, line, scope.name if scope else "", self.lines[line - 1].strip())
 
-    def location(self, line: int) -> SiteLocation:
+    def location(self, line: int) -> Site:
+        """The site at `line` as a finding names it: its file from the tree's top, its
+        function as `Class.method`."""
         scope = self.scope_at(line)
-        return SiteLocation(
-            self.path, line, scope.qualname if scope else "", self.lines[line - 1].strip()
-        )
+        return Site(self.path, line, scope.qualname if scope else "", self.lines[line - 1].strip())
 
 
 def _import_path(path: str, project: Project) -> str:
@@ -334,7 +334,7 @@ class _Tree:
 
 def _calls_from_caller(
     rule: AllowRule, sites: list[tuple[_Parsed, Site]], tree: _Tree
-) -> list[SiteLocation]:
+) -> list[Site]:
     """Where the rule's caller calls the functions `sites` lie in: a read inside a shared helper
     counts where that caller calls it."""
     helpers = {site.function: site for _, site in sites if site.function}
@@ -609,3 +609,8 @@ def described(rule: AllowRule) -> str:
     )
     called = f", called from {rule.caller}()" if rule.caller else ""
     return f"{words} ({rule.file}){called}"
+
+
+def located(site: Site) -> str:
+    """Where a finding has a site, as a report names it: `file:line (Class.method)`."""
+    return f"{site.file}:{site.line}" + (f" ({site.function})" if site.function else "")

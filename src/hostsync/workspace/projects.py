@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.records import Precision
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ class DeepSpeedSetup:
     check_grad_overflow; fp16 scales the loss dynamically)."""
 
     zero_stage: int = 1
-    precision: str = "fp32"
+    precision: Precision = Precision.FP32
 
     @property
     def label(self) -> str:
@@ -238,10 +239,10 @@ class DeepSpeedSetup:
 
     @classmethod
     def parse(cls, text: str) -> DeepSpeedSetup:
-        match = re.fullmatch(r"(bf16|fp16|fp32)-zero([123])", text)
-        if not match:
+        precision, _, stage = text.partition("-zero")
+        if precision not in set(Precision) or stage not in ("1", "2", "3"):
             raise WorkspaceError(f"setup {text!r}: use PRECISION-zeroSTAGE, e.g. bf16-zero2")
-        return cls(zero_stage=int(match[2]), precision=match[1])
+        return cls(zero_stage=int(stage), precision=Precision(precision))
 
     def config(self) -> dict:
         """The DeepSpeed config, every size left to the Trainer ("auto") so that runs with and
@@ -250,8 +251,8 @@ class DeepSpeedSetup:
         the Trainer from TrainingArguments before a CPU run may set bf16."""
         return {
             "zero_optimization": {"stage": self.zero_stage},
-            "bf16": {"enabled": self.precision == "bf16"},
-            "fp16": {"enabled": self.precision == "fp16"},
+            "bf16": {"enabled": self.precision == Precision.BF16},
+            "fp16": {"enabled": self.precision == Precision.FP16},
             "train_batch_size": "auto",
             "train_micro_batch_size_per_gpu": "auto",
             "gradient_accumulation_steps": "auto",

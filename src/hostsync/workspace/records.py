@@ -36,7 +36,7 @@ from hostsync.detector.codec import (
     shown,
 )
 from hostsync.detector.records import Cost
-from hostsync.detector.sites import AllowRule
+from hostsync.detector.sites import AllowRule, Site, SiteCount
 
 SCHEMA_VERSION = 4
 
@@ -368,7 +368,7 @@ class Environment(Record):
     python: str
     packages: dict[str, str] = field(metadata=FLAT)
     platform: str
-    device: str
+    device: str  # the first GPU's name, or cpu
     device_count: int
     devices: tuple[str, ...] = field(default=(), metadata=OPTIONAL)
 
@@ -434,45 +434,50 @@ class CostComparison(Record):
 # --- repro ---------------------------------------------------------------------------------------
 
 
-def is_site_list(value: Json) -> bool:
-    """A figure that lists host-sync sites: objects with a file and a line each."""
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(v, dict) and "file" in v and "line" in v for v in value)
-    )
-
-
 @dataclass(frozen=True)
 class RankRow(Record):
     """One scenario as one rank's script reports it (`ReproRank`): the counts every case reports,
     typed (`host_syncs`, the reads no rule accepts, where the script counts them; `problems`;
-    `cost`, where it accounts), and the case's own figures (its sites, values, flags) as they
-    are."""
+    `cost`, where it accounts), its lists of sites by figure name (`site_lists`: the scope's
+    `sync_sites()`, or sites the script picked), and the case's own figures (values, flags) as
+    they are."""
 
     scenario: str
     host_syncs: int | None = field(default=None, metadata=OPTIONAL)
     problems: tuple[str, ...] = field(default=(), metadata=OPTIONAL)
     cost: Cost | None = field(default=None, metadata=OPTIONAL)
+    site_lists: dict[str, tuple[SiteCount, ...]] = field(default_factory=dict, metadata=OPTIONAL)
     figures: dict[str, Json] = field(default_factory=dict, metadata=FLAT)
 
 
 @dataclass(frozen=True)
 class ReproRank(Record):
-    """What a case's rank script returns to `repro` (`{"runs": [row, ...]}`): one row per
-    scenario asked, in order."""
+    """What a case's rank script returns to `repro`: one row per scenario asked, in order."""
 
     runs: tuple[RankRow, ...]
+
+
+@dataclass(frozen=True)
+class MergedSite(Record):
+    """One site of a site list over the ranks of a run: as the first rank that found it reports
+    it, its count the largest of any rank's, and each rank's count (0: none there)."""
+
+    found: SiteCount = field(metadata=FLAT)
+    count_per_rank: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class ScenarioRow(Record):
     """One (tree, launch, rank count, scenario) of a repro: the figures the case's rank script
     reported, merged over the ranks. A figure the ranks disagree on keeps every rank's value
-    in `per_rank`; the file holds it beside the figure as `<name>_per_rank`. `costs`: each
-    rank's reads, stalls and device work, where its script accounted for them (`cost` in its
-    row). `host_syncs`, where the script counts them, is typed: a file holding anything but a
-    count there is refused."""
+    in `per_rank`; the file holds it beside the figure as `<name>_per_rank`. `site_lists`: the
+    lists of sites some rank found sites in, merged by line; one no rank found a site in is the
+    figure `[]`, as every rank agrees on it. `costs`: each rank's reads, stalls and device work,
+    where its script accounted for them (`cost` in its row). `host_syncs`, where the script
+    counts them, is typed: a file holding anything but a count there is refused.
+
+    The file holds the site lists among the figures, by name: a list of objects that each carry
+    `count_per_rank`, which only merging writes, is read as one."""
 
     tree: str
     launch: str
@@ -483,6 +488,7 @@ class ScenarioRow(Record):
     problems: tuple[str, ...] = ()
     costs: tuple[Cost, ...] = ()
     host_syncs: int | None = None
+    site_lists: dict[str, tuple[MergedSite, ...]] = field(default_factory=dict)
 
     _OWN: ClassVar = ("tree", "launch", "ranks", "scenario", "problems", "costs", "host_syncs")
 
@@ -493,7 +499,7 @@ class ScenarioRow(Record):
             "ranks": self.ranks,
             "scenario": self.scenario,
         }
-        figures = self.figures
+        figures = self.figures | {name: dump(sites) for name, sites in self.site_lists.items()}
         if self.host_syncs is not None:
             figures = {"host_syncs": self.host_syncs} | figures
         for name, value in figures.items():
@@ -518,14 +524,25 @@ class ScenarioRow(Record):
             if name in data:
                 own[name] = load(hints[name], data[name], inner)
         rest = {k: v for k, v in data.items() if k not in cls._OWN}
-        figures, per_rank = {}, {}
+        figures, per_rank, site_lists = {}, {}, {}
         for key, value in rest.items():
+            inner = f"{where}.{key}" if where else key
             figure = key.removesuffix("_per_rank")
             if figure != key and figure in data:
-                per_rank[figure] = load(tuple[Any, ...], value, f"{where}.{key}")
+                per_rank[figure] = load(tuple[Any, ...], value, inner)
+            elif cls._merged_sites(value):
+                site_lists[key] = load(tuple[MergedSite, ...], value, inner)
             else:
                 figures[key] = value
-        return cls(**own, figures=figures, per_rank=per_rank)
+        return cls(**own, figures=figures, per_rank=per_rank, site_lists=site_lists)
+
+    @staticmethod
+    def _merged_sites(value: Json) -> bool:
+        return (
+            isinstance(value, list)
+            and bool(value)
+            and all(isinstance(item, dict) and "count_per_rank" in item for item in value)
+        )
 
     @property
     def cost(self) -> Cost:
@@ -534,9 +551,11 @@ class ScenarioRow(Record):
         return sum(others, first)
 
     def get(self, name: str, default: Json = None) -> Json:
-        """A figure, or a field of the row, by name (what a card's columns name)."""
+        """A figure, a site list or a field of the row, by name (what a card's columns name)."""
         if name in self._OWN:
             return getattr(self, name)
+        if name in self.site_lists:
+            return self.site_lists[name]
         return self.figures.get(name, default)
 
 
@@ -560,7 +579,7 @@ class TrainerComparison(Record):
     tree: str
     steps: int
     sp_size: int
-    device: str
+    device: Device
     sp: tuple[float, ...]
     sp_ranks_agree: bool
     no_sp: tuple[float, ...]
@@ -644,7 +663,7 @@ class ProfiledRank(Record):
     rank: int
     world_size: int
     backend: str
-    device: str
+    device: str  # the torch device the rank ran on, with its index (cuda:0)
     scenario: str
     warmup_steps: int
     steps: int
@@ -701,7 +720,7 @@ class Capture(Record):
     commit: str
     backend: str
     world_size: int
-    device: str
+    device: str  # its first rank's, as `ProfiledRank` has it
     profiler: str
     command: str
     wall_s: float
@@ -774,7 +793,7 @@ class GpuResult(Result):
 
     KIND: ClassVar[str] = "gpu"
     MADE_BY: ClassVar[str] = "`measure` of the `gpu/` script on a GPU machine"
-    device: str
+    device: str  # the GPU's name, or cpu for a dry run
     torch: str
     dry_run: bool
     warmup_steps: int
@@ -798,13 +817,11 @@ class HuntPlan(Record):
 
 @dataclass(frozen=True)
 class HuntSite(Record):
-    """One host-sync site of a hunted tree, over all ranks and steps, with its verdict."""
+    """One host-sync site of a hunted tree, from one caller, over all ranks and steps, with its
+    verdict."""
 
     package: str
-    file: str
-    line: int
-    function: str
-    code: str
+    site: Site = field(metadata=FLAT)
     caller: str
     kinds: tuple[str, ...]
     steps: tuple[int, ...]
@@ -817,9 +834,10 @@ class HuntSite(Record):
     stall_rate: float = field(default=0.0, metadata=OPTIONAL)
 
     @property
-    def identity(self) -> tuple[str, str, str, str]:
-        """What stays the same for one site across releases: its line number does not."""
-        return (self.file, self.function, self.code, self.caller)
+    def key(self) -> tuple[str, str, str, str]:
+        """What names a hunted site across releases: its site's identity and its caller, as a
+        read inside a shared helper is paid by each caller, and each is judged on its own."""
+        return (*self.site.identity, self.caller)
 
 
 @dataclass(frozen=True)
@@ -848,10 +866,7 @@ class StepSite(Record):
     those stalled."""
 
     kind: str
-    file: str
-    line: int
-    function: str
-    code: str
+    site: Site = field(metadata=FLAT)
     caller: str
     count: int
     stalls: int
@@ -909,7 +924,7 @@ class TrainerRank(Record):
 
     world_size: int
     sp_size: int
-    device: str
+    device: Device
     backend: str
     model: str
     logged: dict[str, LoggedStep]
@@ -923,7 +938,7 @@ class HuntRank(Record):
     model, and what it recorded."""
 
     rank: int
-    device: str
+    device: Device
     backend: str
     model: str
     hunt: HuntRecording = field(metadata=FLAT)
@@ -961,7 +976,7 @@ class HuntSetup(Record):
     world_size: int
     sp_size: int
     model: str
-    device: str
+    device: Device
     backend: str
     versions: dict[str, str]
 
@@ -1100,25 +1115,12 @@ class BenchResult(Result):
 
 
 @dataclass(frozen=True)
-class SiteLocation(Record):
-    """Where a release's source has a site: the file from the tree's top, the line, the
-    function it lies in (`Class.method`) and that line's code."""
-
-    file: str
-    line: int
-    function: str
-    code: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}" + (f" ({self.function})" if self.function else "")
-
-
-@dataclass(frozen=True)
 class Finding(Record):
-    """One site in one source tree: whether it is there, and where."""
+    """One site in one source tree: whether it is there, and where (each `Site`'s file from the
+    tree's top, its function as `Class.method`)."""
 
     presence: Presence
-    found: tuple[SiteLocation, ...] = ()
+    found: tuple[Site, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -1329,12 +1331,9 @@ class SurveyPass(Record):
 
 @dataclass(frozen=True)
 class SurveySite(Record):
-    """One site over the slice's tests (matched on file, function and code, as a baseline)."""
+    """One site over the slice's tests (matched on `Site.identity`, as a baseline)."""
 
-    file: str
-    line: int
-    function: str
-    code: str
+    site: Site = field(metadata=FLAT)
     kinds: tuple[str, ...]
     count: int
     tests: int

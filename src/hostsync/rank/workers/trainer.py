@@ -29,7 +29,18 @@ from pathlib import Path
 import torch
 
 from hostsync.detector import CompiledInScope
-from hostsync.rank.protocol import SYNC_OP, SYNC_OPS, rank_entry
+from hostsync.rank.protocol import (
+    SYNC_OP,
+    SYNC_OPS,
+    Device,
+    HuntRecording,
+    HuntStep,
+    LoggedStep,
+    ProfiledRead,
+    StepSite,
+    TrainerRank,
+    rank_entry,
+)
 from hostsync.rank.rankkit import (
     MODEL_SUMMARY,
     SEQ_LEN,
@@ -44,14 +55,6 @@ from hostsync.rank.rankkit import (
     training_arguments,
 )
 from hostsync.workspace.projects import PROJECTS
-from hostsync.workspace.records import (
-    HuntRecording,
-    HuntStep,
-    LoggedStep,
-    ProfiledRead,
-    StepSite,
-    TrainerRank,
-)
 
 # Every project's package, imported here, once, when the fork launcher imports this script: each
 # forked rank then starts with them loaded. An import error of the tree under test is raised
@@ -186,16 +189,7 @@ class SyncHunt:
             (event.kind, event.site, event.caller) for event in scope.events if event.stall
         )
         sites = tuple(
-            StepSite(
-                kind,
-                site.file,
-                site.line,
-                site.function,
-                site.code,
-                caller,
-                count,
-                stalled[kind, site, caller],
-            )
+            StepSite(kind, site, caller, count, stalled[kind, site, caller])
             for (kind, site, caller), count in sorted(found.items(), key=_site_order)
         )
         self.steps.append(
@@ -434,7 +428,7 @@ def main() -> TrainerRank:
     return TrainerRank(
         world_size=accelerator.num_processes,
         sp_size=pc.sp_size if pc is not None and pc.sp_enabled else 1,
-        device=str(device),
+        device=Device(device.type),
         backend=args.backend,
         model=MODEL_SUMMARY,
         logged={str(step): values for step, values in sorted(logged.items())},
