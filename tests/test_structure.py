@@ -1,8 +1,8 @@
 """The engine's imports, read from its source: each module imports only from its own floor and
 the floors below it (docs/architecture.md, bottom up), no import cycle exists, no command imports
 another and the detector imports nothing outside its package, so that a lower floor can be read,
-tested and changed without the ones above it. The cases' rank scripts import only what the README
-allows them and return their record."""
+tested and changed without the ones above it. The cases' rank scripts import only what
+docs/adding-a-case.md allows them, and return their record."""
 
 from __future__ import annotations
 
