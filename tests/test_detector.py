@@ -456,3 +456,14 @@ def test_a_rule_can_accept_a_shared_helper_only_for_one_caller() -> None:
     )
     (allowed,) = scope.allowed_sync_sites()
     assert allowed.reason == "decides a skipped step"
+
+
+def test_a_factory_inside_a_device_context_is_host_memory_and_judged_once():
+    """`with torch.device(...)` (transformers' from_pretrained opens one) makes torch find the
+    default device by making a tensor: the scope judges the factory without observing that."""
+    with SyncScope() as scope:
+        with torch.device("cpu"):
+            made = torch.zeros(2)
+        made.tolist()
+
+    assert scope.events == []

@@ -679,14 +679,20 @@ def _names_host_memory(
     return destination is not None and destination.type == "cpu" and host.named()
 
 
-def _made_on_host(name: str, call: ops.OpCall, destination: torch.device | None) -> bool:
+def _made_on_host(
+    name: str, call: ops.OpCall, destination: torch.device | None, observer: _Observer
+) -> bool:
     """A torch factory given no device and no tensor to follow, while the default device is the
-    CPU: its result is host memory on a GPU box too (`torch.tensor(0.0)`, `torch.zeros(3)`)."""
+    CPU: its result is host memory on a GPU box too (`torch.tensor(0.0)`, `torch.zeros(3)`).
+
+    Inside `with torch.device(...)` torch finds the default device by making a tensor, which the
+    scope must not observe again: it would ask the same question without end."""
     if destination is not None or name.startswith("torch.Tensor.") or name.endswith("_like"):
         return False
     if any(isinstance(value, torch.Tensor) for value in (*call.args, *call.kwargs.values())):
         return False
-    return torch.get_default_device().type == "cpu"
+    with observer.quieted():
+        return torch.get_default_device().type == "cpu"
 
 
 class _HostPropagation(TorchDispatchMode):
@@ -854,7 +860,7 @@ def _observing(
         on_host = made and _names_host_memory(where, call, observer.host)
         if on_host:
             observer.host.add(result)
-        elif made and _made_on_host(name, call, where):
+        elif made and _made_on_host(name, call, where, observer):
             on_host = True
             observer.host.made(result)
         elif not made and where is not None:
