@@ -9,6 +9,7 @@ candidate with none of these is listed apart, as one without a disposition."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,10 @@ KIND_COLOURS = {
     "not carried": "tab:blue",
     "candidate": "tab:red",
 }
+# What the colours of the heat map's site labels mean.
+LABEL_COLOURS = (
+    "site labels: green carried, grey accepted, blue not carried, red without a disposition"
+)
 # The verdict of a candidate no case carries, no allow rule accepts and no reason leaves.
 UNDECIDED = (
     "candidate without a disposition: carry it in a case, or give it an [[allow]] or a"
@@ -85,6 +90,17 @@ class CensusSite:
         return "not carried" if self.not_carried else "candidate"
 
 
+def disposed(site: HuntSite, rules: Dispositions) -> CensusSite:
+    """`site`, where its run left it a candidate, with the reason of the first of `rules`
+    matching it now, if any."""
+    entry = CensusSite(site)
+    if not (site.carried or site.allowed):
+        where = Site(site.file, site.line, site.function, site.code)
+        entry.accepted = reason(rules.accepted, where, site.caller)
+        entry.not_carried = reason(rules.not_carried, where, site.caller)
+    return entry
+
+
 def census_sites(
     runs: Sequence[HuntTree], rules: Dispositions = Dispositions()
 ) -> list[CensusSite]:
@@ -94,14 +110,9 @@ def census_sites(
     found: dict[tuple, CensusSite] = {}
     for run in runs:
         for site in run.sites:
-            entry = found.setdefault(site.identity, CensusSite(site))
-            entry.rates.setdefault(run.tree, {})[run.setup] = site.rate
-    for entry in found.values():
-        site = entry.site
-        if not (site.carried or site.allowed):
-            where = Site(site.file, site.line, site.function, site.code)
-            entry.accepted = reason(rules.accepted, where, site.caller)
-            entry.not_carried = reason(rules.not_carried, where, site.caller)
+            if site.identity not in found:
+                found[site.identity] = disposed(site, rules)
+            found[site.identity].rates.setdefault(run.tree, {})[run.setup] = site.rate
     return sorted(
         found.values(),
         key=lambda s: (-s.total(TODAY), -s.total(FIXED), s.kind != "candidate", s.site.file),
@@ -302,19 +313,34 @@ def _column_text(name: str, trees) -> str:
 def heat_map(result: CensusResult, path: Path, rules: Dispositions = Dispositions()) -> None:
     """Setups x the top sites, reads per optimizer step today, each cell written in; the
     site labels coloured by verdict (carried, accepted, not carried, candidate)."""
+    setups = list(result.setups)
+    sites = census_sites(result.runs, rules)[:TOP]
+    values = [[s.rates.get(TODAY, {}).get(name, 0.0) for s in sites] for name in setups]
+    draw_heat_map(
+        path, setups, sites, values, f"Host reads per optimizer step ({TODAY}); {LABEL_COLOURS}"
+    )
+
+
+def draw_heat_map(
+    path: Path,
+    rows: Sequence[str],
+    sites: Sequence[CensusSite],
+    values: Sequence[Sequence[float]],
+    title: str,
+) -> None:
+    """`rows` x `sites`, each cell written in, on a square-root scale; the site labels coloured
+    by verdict (carried, accepted, not carried, candidate). A PNG at `path`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import PowerNorm
 
-    setups = list(result.setups)
-    sites = census_sites(result.runs, rules)[:TOP]
-    values = [[s.rates.get(TODAY, {}).get(name, 0.0) for s in sites] for name in setups]
-    figure, axes = plt.subplots(figsize=(2.2 + 0.55 * len(sites), 1.6 + 0.42 * len(setups)))
+    width = 2.2 + 0.55 * len(sites)
+    figure, axes = plt.subplots(figsize=(width, 1.6 + 0.42 * len(rows)))
     # A square-root scale: a one-off burst (ZeRO 3's trace check) must not wash out the rest.
     image = axes.imshow(values, cmap="Reds", aspect="auto", norm=PowerNorm(0.5, vmin=0))
-    axes.set_yticks(range(len(setups)), setups, fontsize=8)
+    axes.set_yticks(range(len(rows)), rows, fontsize=8)
     labels = [
         f"#{n} {s.site.file.rsplit('/', 1)[-1]}:{s.site.line}" for n, s in enumerate(sites, start=1)
     ]
@@ -325,11 +351,8 @@ def heat_map(result: CensusResult, path: Path, rules: Dispositions = Disposition
         for column, value in enumerate(line):
             if value:
                 axes.text(column, row, _rate(value), ha="center", va="center", fontsize=6)
-    axes.set_title(
-        f"Host reads per optimizer step ({TODAY}); site labels: green carried, grey accepted,"
-        " blue not carried, red without a disposition",
-        fontsize=9,
-    )
+    # Wrapped to the figure's width (about 12 characters an inch at this size).
+    axes.set_title("\n".join(textwrap.wrap(title, int(12 * width))), fontsize=9)
     figure.colorbar(image, ax=axes, fraction=0.02)
     figure.tight_layout()
     figure.savefig(path, dpi=110, metadata={"Software": None})
