@@ -1,0 +1,78 @@
+"""A scan as a CI gate: a baseline of what a run saw, in `hostsync.detector.baseline`'s format
+with the script as its one test (sites matched on file, function and code, so a line that moves
+still matches), the sites a later run finds that it does not hold, and a budget of waits per step.
+
+A new site fails only where hunt_allowlist.toml does not accept it; a compiled call is no site.
+Each failure is one line naming the site and its line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hostsync.detector.baseline import SCHEMA, Baseline, BaselineEntry
+from hostsync.scan.report import compiled_only
+from hostsync.workspace.records import HuntSite, ScanResult
+
+NEW = "new"
+
+
+def test_name(result: ScanResult) -> str:
+    """What the baseline keys the script's sites by: its path as it was given."""
+    return Path(result.script).as_posix()
+
+
+def _entry(site: HuntSite) -> BaselineEntry:
+    return BaselineEntry(site.file, site.function, site.code, site.line, site.kinds, site.per_step)
+
+
+def judged_sites(result: ScanResult) -> list[HuntSite]:
+    return [site for site in result.sites if not compiled_only(site)]
+
+
+def baseline_of(result: ScanResult) -> Baseline:
+    """What the run saw, every judged site of its watched steps, under the script's name."""
+    entries = tuple(_entry(site) for site in judged_sites(result))
+    return Baseline(SCHEMA, {test_name(result): entries} if entries else {})
+
+
+def new_sites(result: ScanResult, baseline: Baseline) -> list[str]:
+    """One line for each site the baseline does not hold and the allow-list does not accept."""
+    known = {entry.identity for entry in baseline.tests.get(test_name(result), ())}
+    return [
+        f"new host sync at {site.file}:{site.line} in {site.function}: `{site.code}`"
+        f" ({_rate(site)}): remove it, or accept it by writing the baseline again (--baseline"
+        " without --fail-on) or with an [[allow]] in hunt_allowlist.toml"
+        for site in judged_sites(result)
+        if _entry(site).identity not in known and site.allowed is None
+    ]
+
+
+def _rate(site: HuntSite) -> str:
+    if site.when == "warm-up only":
+        return f"{site.per_step} read(s) in the warm-up"
+    return f"{site.rate:.2f}".rstrip("0").rstrip(".") + f" read(s) per step, {site.when}"
+
+
+def over_budget(result: ScanResult, max_waits: int) -> list[str]:
+    """One line for the step after the warm-up that waited most, where it waited more than
+    `max_waits` times: the rank, the step, and the site that waited most in it."""
+    worst = max(
+        (
+            (step.hunt.cost.stalls, rank.rank, step)
+            for rank in result.ranks
+            for step in rank.steps
+            if not step.hunt.warmup
+        ),
+        key=lambda found: found[0],
+        default=None,
+    )
+    if worst is None or worst[0] <= max_waits:
+        return []
+    waits, rank, step = worst
+    site = max(step.hunt.sites, key=lambda s: s.stalls)
+    return [
+        f"rank {rank} waited {waits} times in step {step.hunt.step}, over the budget of"
+        f" {max_waits} per step (--max-waits): most at {site.file}:{site.line} in"
+        f" {site.function} ({site.stalls} waits): `{site.code}`"
+    ]
