@@ -441,3 +441,18 @@ def test_deepspeeds_launcher_starts_a_script_that_expects_it(
     assert [len(rank.steps) for rank in result.ranks] == [4, 4]
     clip = [s for s in result.sites if s.carried == "ds-clip-norm"]
     assert clip and clip[0].function == "is_invalid_grad_norm"
+
+
+def test_bench_prints_what_scan_adds_per_step(workspace: Layout, tmp_path: Path) -> None:
+    loop = script(tmp_path, "loop.py", LOOP, READ)
+
+    done = hostsync(
+        workspace,
+        *("bench", "--scan", str(loop), "--scan-args", "6", "--warm-runs", "1"),
+        env_extra={"OMP_NUM_THREADS": "1"},
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert f"scan overhead on {loop} (5 steps after the warm-up, 1 run(s) each way" in done.stdout
+    per_step = next(line for line in done.stdout.splitlines() if line.startswith("per step"))
+    assert float(per_step.split()[-1]) > 0

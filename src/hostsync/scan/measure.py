@@ -9,6 +9,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,6 +181,14 @@ def read_rank(folder: Path, rank: int) -> ScanRank | None:
     return ScanRank(found["rank"], found["world_size"], ScanEnd.RUNNING, 0.0, tuple(steps))
 
 
+def hunt_ranks(ranks: Sequence[ScanRank]) -> list[HuntRank]:
+    """The ranks as the hunt's summing up reads them: their steps (nothing else is read)."""
+    return [
+        HuntRank(rank.rank, "", "", "", RankHunt(tuple(step.hunt for step in rank.steps), ()))
+        for rank in ranks
+    ]
+
+
 def scan_result(
     layout: Layout,
     plan: ScanPlan,
@@ -189,23 +198,13 @@ def scan_result(
 ) -> ScanResult:
     """The run summed up: sites over the ranks (each with its disposition), the steady cost."""
     ranks = [rank for rank in scanned.ranks if rank is not None]
-    environment = devices.describe(sys.executable)
-    hunted = [
-        HuntRank(
-            rank.rank,
-            environment.device,
-            "",
-            plan.script.name,
-            RankHunt(tuple(step.hunt for step in rank.steps), ()),
-        )
-        for rank in ranks
-    ]
+    hunted = hunt_ranks(ranks)
     measured = dataclasses.replace(
         provenance.workspace_inputs(layout), scripts={plan.script.name: sha256(plan.script)}
     )
     return ScanResult(
         stamp=provenance.stamp(layout, measured),
-        environment=environment,
+        environment=devices.describe(sys.executable),
         script=plan.script.as_posix(),
         args=plan.args,
         launcher=plan.launcher,

@@ -331,14 +331,13 @@ def run_script(script: Path, step_fn: str | None, recorder: Recorder) -> None:
 
 
 def failure(error: BaseException, script: Path) -> str:
-    """One line: the exception, and the script's line it went through last (else the last)."""
+    """One line: the exception, and the script's line it went through last, if it did."""
     summary = traceback.format_exception_only(error)[-1].strip()
     frames = traceback.extract_tb(error.__traceback__)
     own = [frame for frame in frames if Path(frame.filename).resolve() == script.resolve()]
-    where = (own or frames or [None])[-1]
-    if where is None:
+    if not own:
         return summary
-    return f"{summary} ({Path(where.filename).name}:{where.lineno} in {where.name})"
+    return f"{summary} ({script.name}:{own[-1].lineno} in {own[-1].name})"
 
 
 def main(argv: list[str] | None = None) -> int:
