@@ -379,6 +379,18 @@ def test_two_ranks_on_torchrun_are_scanned_each_and_together(
 
 
 @pytest.mark.distributed
+def test_two_nodes_on_this_machine_pool_their_ranks(workspace: Layout, tmp_path: Path) -> None:
+    train = script(tmp_path, "train.py", DDP)
+
+    done = scan(workspace, "--nnodes", "2", "--nproc-per-node", "1", "--steps", "2", train)
+
+    assert done.returncode == 0, done.stderr
+    _, result = written(workspace)
+    assert (result.world_size, [rank.rank for rank in result.ranks]) == (2, [0, 1])
+    assert all(rank.ended == ScanEnd.STOPPED for rank in result.ranks)
+
+
+@pytest.mark.distributed
 def test_a_rank_that_dies_is_named_and_what_it_measured_kept(
     workspace: Layout, tmp_path: Path
 ) -> None:

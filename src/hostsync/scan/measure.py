@@ -160,15 +160,21 @@ def with_the_silent(error: RunFailed, run: launchers.Run, ranks: int) -> str:
 
 
 def read_rank(folder: Path, rank: int) -> ScanRank | None:
-    """A rank's whole record, else the steps its snapshot holds, else None."""
-    whole = folder / f"rank-{rank}.json"
-    if whole.exists():
+    """A rank's whole record, else the steps its snapshot holds, else None; in the world's
+    folder, or (a run across nodes that failed before they pooled their ranks) its node's."""
+    where = [folder, *sorted(folder.glob("node-*"))]
+
+    def first(name: str) -> Path | None:
+        return next((f / name for f in where if (f / name).exists()), None)
+
+    whole = first(f"rank-{rank}.json")
+    if whole is not None:
         try:
             return read_file(RankReport, whole).read(ScanRank)
         except RecordError:
             pass  # cut short as it was written: its snapshot holds the steps
-    snapshot = folder / f"rank-{rank}.partial.jsonl"
-    if not snapshot.exists():
+    snapshot = first(f"rank-{rank}.partial.jsonl")
+    if snapshot is None:
         return None
     header, *lines = snapshot.read_text().splitlines()
     steps = []

@@ -20,6 +20,8 @@ from hostsync.census.report import (
     LABEL_COLOURS,
     CensusSite,
     Dispositions,
+    _rate,
+    _where,
     disposed,
     dispositions,
     draw_heat_map,
@@ -95,19 +97,9 @@ def waited_for(ranks: Sequence[ScanRank]) -> dict[tuple[str, int, str, str], Dev
     }
 
 
-def _rate(value: float | None) -> str:
-    """A rate; none shows as "-"."""
-    return "-" if not value else _figure(value)
-
-
 def _figure(value: float) -> str:
-    """A figure per step, 0 shown as 0."""
+    """A figure per step, 0 shown as 0 (a rate shows none as "-")."""
     return f"{value:.2f}".rstrip("0").rstrip(".")
-
-
-def _where(site: HuntSite) -> str:
-    called = f" (from `{site.caller}`)" if site.caller else ""
-    return f"{site.file}:{site.line} `{site.function}`{called}"
 
 
 def verdict(site: ScanSite) -> str:
