@@ -4,6 +4,7 @@ detector, every host sync it makes reported with its disposition; a CI gate on t
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def plan_of(args: argparse.Namespace, layout: Layout) -> ScanPlan:
         script=args.script,
         args=tuple(args.args),
         launcher=launcher or (Launcher.TORCHRUN if world > 1 else Launcher.PYTHON),
-        launcher_args=tuple(args.launcher_args.split()),
+        launcher_args=tuple(shlex.split(args.launcher_args)),
         ranks=args.nproc_per_node,
         nodes=nodes,
         warmup=args.warmup,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -371,7 +372,7 @@ def main(argv: list[str]) -> int:
         if not args.scan.is_file():
             raise WorkspaceError(f"--scan {args.scan}: no such script, give a Python file")
         figures = scan_overhead(
-            Layout(), args.scan, args.scan_args.split(), args.warm_runs, args.timeout
+            Layout(), args.scan, shlex.split(args.scan_args), args.warm_runs, args.timeout
         )
         print_scan_overhead(args.scan, figures, args.warm_runs)
         return 0

@@ -344,7 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     options = parser().parse_args(argv)
     if options.warmup < 1:
         parser().error("--warmup: give 1 or more: the first step runs unwatched")
+    if options.out is None and RUN_DIR_ENV not in os.environ:
+        parser().error(f"give --out DIR, the folder each rank writes into (or set {RUN_DIR_ENV})")
     out = options.out or Path(os.environ[RUN_DIR_ENV])
+    out.mkdir(parents=True, exist_ok=True)
     args = [f"--local_rank={options.local_rank}"] if options.local_rank else []
     args += options.args
     recorder = Recorder(out, options.warmup, options.steps, not options.no_detector)
