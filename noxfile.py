@@ -136,6 +136,14 @@ def survey(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def scan(session: nox.Session) -> None:
+    """Every host sync of your own training script, run unchanged (`-- SCRIPT [ARGS...]`)."""
+    # The script and its paths are the caller's: it runs from where nox was started.
+    session.chdir(session.invoked_from)
+    hostsync(session, "scan", *session.posargs)
+
+
+@nox.session(python=False)
 def tests(session: nox.Session) -> None:
     """The workspace's tests (fast lane: `-- -m "not distributed and not network"`)."""
     run_module(session, "pytest", *session.posargs)

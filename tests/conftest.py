@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -52,9 +54,9 @@ def own_downloads(layout: Layout) -> Layout:
 
 
 def hostsync(
-    layout: Layout, *args: str, env_extra: dict[str, str] | None = None
+    layout: Layout, *args: str, env_extra: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m hostsync ARGS` on the workspace `layout`, as a user runs it."""
+    """`python -m hostsync ARGS` on the workspace `layout`, as a user runs it (from `cwd`)."""
     env = os.environ | {"PYTHONPATH": str(ROOT / "src"), "HOSTSYNC_ROOT": str(layout.root)}
     # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     return subprocess.run(
@@ -62,6 +64,7 @@ def hostsync(
         capture_output=True,
         text=True,
         env=env | (env_extra or {}),
+        cwd=cwd,
         timeout=600,
     )
 
@@ -77,6 +80,20 @@ def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
     assert "Traceback" not in done.stderr, done.stderr
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     return line
+
+
+def wait_until(happened: Callable[[], bool]) -> None:
+    """Until `happened()`: an event another process makes, looked for often (no time limit of
+    its own: the run it waits on has one)."""
+    while not happened():
+        time.sleep(0.05)
+
+
+def processes_running(text: str) -> dict[int, str]:
+    """Live processes (zombies aside) whose command line holds `text`: pid -> command line."""
+    listing = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True)
+    rows = [line.split(None, 2) for line in listing.stdout.splitlines()]
+    return {int(pid): args for pid, stat, args in rows if text in args and stat[0] != "Z"}
 
 
 class OwnEnvironment(Run):

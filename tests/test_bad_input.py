@@ -14,7 +14,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,7 +35,7 @@ from hostsync.workspace.projects import get
 from hostsync.workspace.records import Device, EnvRecord, Launcher, TreeRole, Verdict
 
 import made
-from conftest import hostsync, make_workspace, one_line_error
+from conftest import hostsync, make_workspace, one_line_error, processes_running, wait_until
 
 # --- the case option and the card ----------------------------------------------------------------
 
@@ -352,13 +351,6 @@ STOPPED_ONCE_ANOTHER_BUILDS = """
 """
 
 
-def wait_until(happened: Callable[[], bool]) -> None:
-    """Until `happened()`: an event another process makes, looked for often (no time limit of
-    its own: the run it waits on has one)."""
-    while not happened():
-        time.sleep(0.05)
-
-
 class ExtensionsHere(Run):
     """A run of a command that is no rank: this process's variables, one extensions folder."""
 
@@ -436,13 +428,6 @@ RETURNS_ROWS = """
         args = repro_parser("rows").parse_args()
         return {"runs": [{"scenario": name, "host_syncs": 0} for name in args.scenarios]}
 """
-
-
-def processes_running(text: str) -> dict[int, str]:
-    """Live processes (zombies aside) whose command line holds `text`: pid -> command line."""
-    listing = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True)
-    rows = [line.split(None, 2) for line in listing.stdout.splitlines()]
-    return {int(pid): args for pid, stat, args in rows if text in args and stat[0] != "Z"}
 
 
 def entry_point(layout: Layout, how: str) -> list[str]:

@@ -67,6 +67,10 @@ COMMANDS = {
         "hostsync.commands.survey:main",
         "a project's own tests without and with the pytest plugin: outcomes, cost, sites",
     ),
+    "scan": (
+        "hostsync.commands.scan:main",
+        "the host syncs of your own training script, run unchanged",
+    ),
 }
 
 

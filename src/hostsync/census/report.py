@@ -9,6 +9,7 @@ candidate with none of these is listed apart, as one without a disposition."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,10 @@ KIND_COLOURS = {
     "not carried": "tab:blue",
     "candidate": "tab:red",
 }
+# What the colours of the heat map's site labels mean.
+LABEL_COLOURS = (
+    "site labels: green carried, grey accepted, blue not carried, red without a disposition"
+)
 # The verdict of a candidate no case carries, no allow rule accepts and no reason leaves.
 UNDECIDED = (
     "candidate without a disposition: carry it in a case, or give it an [[allow]] or a"
@@ -80,6 +85,16 @@ class CensusSite:
         return "not carried" if self.not_carried else "candidate"
 
 
+def disposed(hunted: HuntSite, rules: AllowList = NO_RULES) -> CensusSite:
+    """`hunted`, where its run left it a candidate, with the reason of the first of `rules`
+    matching it now, if any."""
+    entry = CensusSite(hunted)
+    if not (hunted.carried or hunted.allowed):
+        entry.accepted = reason(rules.allow, hunted.site, hunted.caller)
+        entry.not_carried = reason(rules.not_carried, hunted.site, hunted.caller)
+    return entry
+
+
 def census_sites(runs: Sequence[HuntTree], rules: AllowList = NO_RULES) -> list[CensusSite]:
     """Every site of any run, ranked by its reads per step summed over the setups today (then
     with every fix), candidates first among equals; each site the census left a candidate with
@@ -87,13 +102,9 @@ def census_sites(runs: Sequence[HuntTree], rules: AllowList = NO_RULES) -> list[
     found: dict[tuple[str, str, str, str], CensusSite] = {}
     for run in runs:
         for hunted in run.sites:
-            entry = found.setdefault(hunted.key, CensusSite(hunted))
-            entry.rates.setdefault(run.tree, {})[run.setup] = hunted.rate
-    for entry in found.values():
-        hunted = entry.hunted
-        if not (hunted.carried or hunted.allowed):
-            entry.accepted = reason(rules.allow, hunted.site, hunted.caller)
-            entry.not_carried = reason(rules.not_carried, hunted.site, hunted.caller)
+            if hunted.key not in found:
+                found[hunted.key] = disposed(hunted, rules)
+            found[hunted.key].rates.setdefault(run.tree, {})[run.setup] = hunted.rate
     return sorted(
         found.values(),
         key=lambda s: (-s.total(TODAY), -s.total(FIXED), s.kind != "candidate", s.hunted.site.file),
@@ -131,11 +142,11 @@ def fix_verdicts(result: CensusResult) -> dict[str, str]:
     }
 
 
-def _rate(value: float | None) -> str:
+def rate_text(value: float | None) -> str:
     return "-" if not value else f"{value:.2f}".rstrip("0").rstrip(".")
 
 
-def _where(hunted: HuntSite) -> str:
+def where_text(hunted: HuntSite) -> str:
     site = hunted.site
     called = f" (from `{hunted.caller}`)" if hunted.caller else ""
     return f"{site.file}:{site.line} `{site.function}`{called}"
@@ -195,14 +206,14 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
                     name,
                     result.setups[name].about,
                     *[
-                        _rate(totals[c].get(name))
+                        rate_text(totals[c].get(name))
                         if name in totals[c]
                         else unmeasured.get((name, c), "failed")
                         for c in columns
                     ],
                     " -> ".join(_stalls(stalls[c].get(name)) for c in columns),
                     *[
-                        _rate(open_reads[c].get(name))
+                        rate_text(open_reads[c].get(name))
                         if name in totals[c]
                         else unmeasured.get((name, c), "failed")
                         for c in columns
@@ -228,7 +239,7 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
             table.markdown(
                 ("setup", *[f"#{n}" for n in range(1, len(top) + 1)]),
                 [
-                    (name, *[_rate(s.rates.get(TODAY, {}).get(name)) for s in top])
+                    (name, *[rate_text(s.rates.get(TODAY, {}).get(name)) for s in top])
                     for name in setups
                 ],
             ),
@@ -262,8 +273,8 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
                 (
                     number,
                     s.hunted.package,
-                    _where(s.hunted),
-                    *[_rate(s.total(c)) for c in columns],
+                    where_text(s.hunted),
+                    *[rate_text(s.total(c)) for c in columns],
                     len(s.rates.get(TODAY, s.rates.get(FIXED, {}))),
                     s.verdict,
                     f"`{s.hunted.site.code}`",
@@ -275,7 +286,7 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
     ]
     if undecided(sites):
         out += ["", "## Candidates without a disposition", ""]
-        out += [f"- {_where(s.hunted)} `{s.hunted.site.code}`" for s in undecided(sites)]
+        out += [f"- {where_text(s.hunted)} `{s.hunted.site.code}`" for s in undecided(sites)]
     failed = [run for run in result.runs if not run.measured]
     if failed:
         out += ["", "## Not measured", ""]
@@ -293,19 +304,34 @@ def _column_text(name: str, trees) -> str:
 def heat_map(result: CensusResult, path: Path, rules: AllowList = NO_RULES) -> None:
     """Setups x the top sites, reads per optimizer step today, each cell written in; the
     site labels coloured by verdict (carried, accepted, not carried, candidate)."""
+    setups = list(result.setups)
+    sites = census_sites(result.runs, rules)[:TOP]
+    values = [[s.rates.get(TODAY, {}).get(name, 0.0) for s in sites] for name in setups]
+    draw_heat_map(
+        path, setups, sites, values, f"Host reads per optimizer step ({TODAY}); {LABEL_COLOURS}"
+    )
+
+
+def draw_heat_map(
+    path: Path,
+    rows: Sequence[str],
+    sites: Sequence[CensusSite],
+    values: Sequence[Sequence[float]],
+    title: str,
+) -> None:
+    """`rows` x `sites`, each cell written in, on a square-root scale; the site labels coloured
+    by verdict (carried, accepted, not carried, candidate). A PNG at `path`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import PowerNorm
 
-    setups = list(result.setups)
-    sites = census_sites(result.runs, rules)[:TOP]
-    values = [[s.rates.get(TODAY, {}).get(name, 0.0) for s in sites] for name in setups]
-    figure, axes = plt.subplots(figsize=(2.2 + 0.55 * len(sites), 1.6 + 0.42 * len(setups)))
+    width = 2.2 + 0.55 * len(sites)
+    figure, axes = plt.subplots(figsize=(width, 1.6 + 0.42 * len(rows)))
     # A square-root scale: a one-off burst (ZeRO 3's trace check) must not wash out the rest.
     image = axes.imshow(values, cmap="Reds", aspect="auto", norm=PowerNorm(0.5, vmin=0))
-    axes.set_yticks(range(len(setups)), setups, fontsize=8)
+    axes.set_yticks(range(len(rows)), rows, fontsize=8)
     labels = [
         f"#{n} {s.hunted.site.file.rsplit('/', 1)[-1]}:{s.hunted.site.line}"
         for n, s in enumerate(sites, start=1)
@@ -316,12 +342,9 @@ def heat_map(result: CensusResult, path: Path, rules: AllowList = NO_RULES) -> N
     for row, line in enumerate(values):
         for column, value in enumerate(line):
             if value:
-                axes.text(column, row, _rate(value), ha="center", va="center", fontsize=6)
-    axes.set_title(
-        f"Host reads per optimizer step ({TODAY}); site labels: green carried, grey accepted,"
-        " blue not carried, red without a disposition",
-        fontsize=9,
-    )
+                axes.text(column, row, rate_text(value), ha="center", va="center", fontsize=6)
+    # Wrapped to the figure's width (about 12 characters an inch at this size).
+    axes.set_title("\n".join(textwrap.wrap(title, int(12 * width))), fontsize=9)
     figure.colorbar(image, ax=axes, fraction=0.02)
     figure.tight_layout()
     figure.savefig(path, dpi=110, metadata={"Software": None})
@@ -360,7 +383,7 @@ def console_summary(result: CensusResult) -> str:
     rows = [
         (
             name,
-            *[_rate(totals[c][name]) if name in totals[c] else "failed" for c in columns],
+            *[rate_text(totals[c][name]) if name in totals[c] else "failed" for c in columns],
             " -> ".join(_stalls(stalls[c].get(name)) for c in columns),
             verdicts.get(name, "-"),
         )

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+from pathlib import Path
 
 from hostsync.commands.options import add_case, add_device, add_timeout, chosen_cases
 from hostsync.measure import provenance
@@ -14,8 +16,12 @@ from hostsync.measure.bench import (
     detector_truth,
     intercepted_op_us,
     print_detector,
+    print_scan_overhead,
+    scan_overhead,
 )
 from hostsync.workspace import locks, results
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import BenchResult
 
 
@@ -47,11 +53,28 @@ def parser() -> argparse.ArgumentParser:
         help="only the detector's precision, recall and cost per operation (no multi-rank runs)",
     )
     parser.add_argument("--write", action="store_true", help="keep the figures in profiles/")
+    parser.add_argument(
+        "--scan",
+        type=Path,
+        metavar="SCRIPT",
+        help="only what `scan` adds to SCRIPT's time per step (--warm-runs runs each way)",
+    )
+    parser.add_argument(
+        "--scan-args", default="", metavar="ARGS", help="SCRIPT's arguments, as one string"
+    )
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    if args.scan:
+        if not args.scan.is_file():
+            raise WorkspaceError(f"--scan {args.scan}: no such script, give a Python file")
+        figures = scan_overhead(
+            Layout(), args.scan, shlex.split(args.scan_args), args.warm_runs, args.timeout
+        )
+        print_scan_overhead(args.scan, figures, args.warm_runs)
+        return 0
     settings = BenchSettings(
         args.tree, args.warm_runs, args.repeat, args.device, args.timeout, args.write
     )

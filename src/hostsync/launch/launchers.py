@@ -11,7 +11,11 @@ it can do (one process, forked ranks, setting up SP itself) so that no caller co
 - `accelerate`: `accelerate launch` with a DeepSpeed config written at run time (its ZeRO stage
   and precision from `projects.DeepSpeedSetup`, accelerate's own config from
   `projects.accelerate_config`) and, with several ranks, DeepSpeed Ulysses SP over all of them;
-  the script also gets `--output-dir`, `--backend` and `--precision`.
+  the script also gets `--output-dir`, `--backend` and `--precision`;
+- `deepspeed`: DeepSpeed's own launcher (`deepspeed --num_gpus N`), one machine.
+
+A user's own script (`scan`) starts as its users start it (`start_users`): `python`, torchrun,
+`accelerate launch` or `deepspeed` with the user's own launcher options, nothing set up for it.
 
 Across nodes (`LaunchPlan.nodes`, see `hostsync.launch.nodes`) torchrun and accelerate start this
 node's share of each world's ranks on torchrun's c10d rendezvous, and the nodes pool their ranks'
@@ -37,6 +41,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -102,22 +107,32 @@ class Run:
     """Where one multi-process run reads its inputs and leaves its outputs."""
 
     run_dir: Path
-    tree: Tree
+    # None: a user's own script (`scan`), run by this interpreter with the packages it has.
+    tree: Tree | None
     layout: Layout = field(default_factory=Layout)
+
+    @property
+    def python(self) -> str:
+        """The interpreter the ranks run: the tree's environment's, else this one."""
+        return self.tree.python if self.tree else sys.executable
+
+    @property
+    def label(self) -> str:
+        return self.tree.label if self.tree else "script"
 
     @property
     def extensions_dir(self) -> Path:
         """Compiled extensions, apart per environment, and per tree where the tree (or one
         stacked beside it, say DeepSpeed's under the census) compiles from its own sources."""
-        where = Path(self.tree.python).parent.parent.name
-        if self.tree.project.extensions_per_tree or self.tree.stacked:
+        where = Path(self.python).parent.parent.name
+        if self.tree and (self.tree.project.extensions_per_tree or self.tree.stacked):
             where += f"-{self.layout.case}-{self.tree.label}"
         return self.layout.cache / "torch_extensions" / where
 
     @property
     def tree_paths(self) -> tuple[Path, ...]:
         """What goes first on sys.path to import the tree under test (and any stacked beside it)."""
-        return (self.tree.src, *self.tree.stacked)
+        return (self.tree.src, *self.tree.stacked) if self.tree else ()
 
     @property
     def log_file(self) -> Path:
@@ -128,10 +143,11 @@ class Run:
         find the tree's environment's own tools (torchrun, accelerate) first on the PATH."""
         env = dict(os.environ)
         env["PYTHONPATH"] = python_path(self.tree_paths)
-        env["PATH"] = os.pathsep.join([str(Path(self.tree.python).parent), env.get("PATH", "")])
+        env["PATH"] = os.pathsep.join([str(Path(self.python).parent), env.get("PATH", "")])
         env[RUN_DIR_ENV] = str(self.run_dir)
-        env[TREE_SRC_ENV] = str(self.tree.src)
-        env[TREE_PACKAGE_ENV] = self.tree.project.name
+        if self.tree:
+            env[TREE_SRC_ENV] = str(self.tree.src)
+            env[TREE_PACKAGE_ENV] = self.tree.project.name
         # Two ranks on two cores: one thread each, or they fight over the cores.
         env.setdefault("OMP_NUM_THREADS", "1")
         # Each rank imports the tree under test from source: let Python keep the bytecode it
@@ -196,6 +212,9 @@ class LaunchPlan:
     deepspeed: DeepSpeedSetup = field(default_factory=lambda: DEFAULT_SETUP)
     nodes: NodeLayout = SINGLE
     snippet: Snippet | None = None
+    # The user's own options to the launcher, right after it (`start_users`): an accelerate
+    # config file, `--use_deepspeed`, DeepSpeed's `--include`, an interpreter's `-X` options.
+    launcher_args: tuple[str, ...] = ()
 
     def environment(self) -> dict[str, str]:
         return device_env(self.device) | dict(self.env)
@@ -210,7 +229,7 @@ class LaunchPlan:
 
     def world_name(self, run: Run, world: World) -> str:
         """A world as every node names it: what it runs, not where (run folders differ)."""
-        return shlex.join([run.tree.label, self.script.name, f"x{world.ranks}", *world.args])
+        return shlex.join([run.label, self.script.name, f"x{world.ranks}", *world.args])
 
 
 def run_worlds(launcher: Launcher, run: Run, what: LaunchPlan) -> list[RankResults]:
@@ -304,13 +323,19 @@ def _visible_gpus(device: Device, layout: NodeLayout, node: int, per_node: int) 
 def _python(run: Run, world: World, what: LaunchPlan) -> list[str]:
     if world.ranks != 1:
         raise WorkspaceError(f"the python launcher runs one process, not {world.ranks}")
-    return [run.tree.python, str(what.script), *world.args]
+    return [run.python, *what.launcher_args, str(what.script), *world.args]
 
 
 def torchrun_command(
-    python: str, script: Path, nprocs: int, args: Sequence[str], layout: NodeLayout = SINGLE
+    python: str,
+    script: Path,
+    nprocs: int,
+    args: Sequence[str],
+    layout: NodeLayout = SINGLE,
+    options: Sequence[str] = (),
 ) -> list[str]:
-    """torchrun for one machine (`--standalone`), or this node's agent on the c10d rendezvous."""
+    """torchrun for one machine (`--standalone`), or this node's agent on the c10d rendezvous;
+    `options`, a user's own, after those."""
     if not layout.spans_nodes:
         where = ["--standalone", f"--nproc-per-node={nprocs}"]
     else:
@@ -323,7 +348,16 @@ def torchrun_command(
             f"--nproc-per-node={layout.per_node(nprocs, script.name)}",
             *(f"--rdzv-conf={conf}" for conf in _store_host(layout)),
         ]
-    return [python, "-m", "torch.distributed.run", *where, "--max-restarts=0", str(script), *args]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        *where,
+        *options,
+        "--max-restarts=0",
+        str(script),
+        *args,
+    ]
 
 
 def _store_host(layout: NodeLayout) -> list[str]:
@@ -357,7 +391,9 @@ def _accelerate_nodes(layout: NodeLayout, ranks: int) -> list[str]:
 
 
 def _torchrun(run: Run, world: World, what: LaunchPlan) -> list[str]:
-    return torchrun_command(run.tree.python, what.script, world.ranks, world.args, what.nodes)
+    return torchrun_command(
+        run.python, what.script, world.ranks, world.args, what.nodes, what.launcher_args
+    )
 
 
 def _accelerate(run: Run, world: World, what: LaunchPlan) -> list[str]:
@@ -381,6 +417,42 @@ def _accelerate(run: Run, world: World, what: LaunchPlan) -> list[str]:
         backend,
         "--precision",
         what.deepspeed.precision.value,
+        *world.args,
+    ]
+
+
+def _accelerate_as_users_run(run: Run, world: World, what: LaunchPlan) -> list[str]:
+    """`accelerate launch` as a user runs it: their config (`launcher_args`), nothing written."""
+    return [
+        run.python,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        str(world.ranks),
+        *_accelerate_nodes(what.nodes, world.ranks),
+        *what.launcher_args,
+        str(what.script),
+        *world.args,
+    ]
+
+
+def _deepspeed(run: Run, world: World, what: LaunchPlan) -> list[str]:
+    """DeepSpeed's launcher on this machine (across nodes it takes a hostfile and pdsh)."""
+    if what.nodes.spans_nodes:
+        raise WorkspaceError(
+            "the deepspeed launcher is run on one node here: across nodes, use torchrun"
+            " (--nnodes without --launcher) or accelerate launch"
+        )
+    return [
+        run.python,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        str(world.ranks),
+        "--master_port",
+        str(free_port()),
+        *what.launcher_args,
+        str(what.script),
         *world.args,
     ]
 
@@ -517,7 +589,7 @@ def _which_hung(error: RunHung, runs: Sequence[tuple[list[Path], LaunchPlan]]) -
     """The timeout, naming the first world whose ranks did not all write something."""
     for folders, what in runs:
         for folder, world in zip(folders, what.worlds, strict=True):
-            ranks = _unfinished(folder, world.ranks)
+            ranks = unfinished(folder, world.ranks)
             if ranks:
                 return RunHung(f"{error}; {_still_running(ranks, world.ranks)}")
     return error
@@ -532,7 +604,7 @@ def _fork_results(
     found: list[RankResults | RunFailed] = []
     for folder, world in zip(folders, what.worlds, strict=True):
         try:
-            if any(folder.glob("rank-*.error")) or _unfinished(folder, world.ranks):
+            if any(folder.glob("rank-*.error")) or unfinished(folder, world.ranks):
                 raise RunFailed(_describe_failure(run, returncode, folder))
             found.append(_read_rank_results(run, folder, world.ranks))
         except RunFailed as error:
@@ -549,13 +621,15 @@ class LauncherBackend:
     from one interpreter that imported the script once (one machine only; it alone runs a
     snippet after its worlds, and can run independent worlds past a failed one); `sets_up_sp`:
     it sets DeepSpeed up from `LaunchPlan.deepspeed` and Ulysses SP over a world's ranks itself (the
-    script also gets `--output-dir`, `--backend` and `--precision`)."""
+    script also gets `--output-dir`, `--backend` and `--precision`); `users`: how it starts a
+    user's own script as they would (`start_users`), None where it cannot."""
 
     name: Launcher
     command: Command | None = None
     one_process: bool = False
     forks: bool = False
     sets_up_sp: bool = False
+    users: Command | None = None
 
     def run(self, run: Run, what: LaunchPlan) -> list[RankResults]:
         """Each world's rank results; across nodes a forking launcher's worlds go to torchrun."""
@@ -572,12 +646,31 @@ class LauncherBackend:
 LAUNCHERS: dict[Launcher, LauncherBackend] = {
     entry.name: entry
     for entry in (
-        LauncherBackend(Launcher.PYTHON, _python, one_process=True),
+        LauncherBackend(Launcher.PYTHON, _python, one_process=True, users=_python),
         LauncherBackend(Launcher.FORK, forks=True),
-        LauncherBackend(Launcher.TORCHRUN, _torchrun),
-        LauncherBackend(Launcher.ACCELERATE, _accelerate, sets_up_sp=True),
+        LauncherBackend(Launcher.TORCHRUN, _torchrun, users=_torchrun),
+        LauncherBackend(
+            Launcher.ACCELERATE, _accelerate, sets_up_sp=True, users=_accelerate_as_users_run
+        ),
+        LauncherBackend(Launcher.DEEPSPEED, _deepspeed, users=_deepspeed),
     )
 }
+
+
+def users_launchers() -> list[Launcher]:
+    """The launchers that start a user's own script (`start_users`)."""
+    return [name for name, entry in LAUNCHERS.items() if entry.users is not None]
+
+
+def start_users(launcher: Launcher, run: Run, what: LaunchPlan) -> list[RankResults]:
+    """Run a user's own script (`what.script`, each world's arguments after it) as its users
+    start it with `launcher`, their options (`LaunchPlan.launcher_args`) after the launcher: each
+    world's rank results. Raises RunFailed as `start` does; every process is gone either way."""
+    command = LAUNCHERS[launcher].users
+    if command is None:
+        known = ", ".join(users_launchers())
+        raise WorkspaceError(f"the {launcher} launcher runs no script of a user's: use {known}")
+    return _each_world(command)(run, what)
 
 
 def run_each_world(launcher: Launcher, run: Run, what: LaunchPlan) -> list[RankResults | RunFailed]:
@@ -635,14 +728,14 @@ def run_ranks(
     try:
         returncode = run_group(run, command, timeout=timeout, env=env)
     except RunHung as error:
-        running = _still_running(_unfinished(run.run_dir, nprocs), nprocs)
+        running = _still_running(unfinished(run.run_dir, nprocs), nprocs)
         raise RunHung(f"{error}; {running}") from None
     if returncode != 0:
         raise RunFailed(_describe_failure(run, returncode))
     return _read_rank_results(run, run.run_dir, nprocs)
 
 
-def _unfinished(folder: Path, nprocs: int) -> list[int]:
+def unfinished(folder: Path, nprocs: int) -> list[int]:
     """The ranks of a run that have written neither a result nor an error."""
     return [
         rank

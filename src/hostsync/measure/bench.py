@@ -17,6 +17,11 @@ next slowdown shows where it is.
 The detector's precision and recall come from its labelled suite (`hostsync.detector.truth`),
 per family too, with its cost per operation; `--detector-only` prints those alone, without any
 run.
+
+`--scan SCRIPT` prints instead what `scan` adds to that script's time per step: its steps after
+the warm-up under the scan's runner with the detector, against the same steps with the runner
+finding them and timing them only (`--no-detector`), interleaved runs, medians; and the whole
+run against `python SCRIPT` itself.
 """
 
 from __future__ import annotations
@@ -29,14 +34,24 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from hostsync.detector.codec import read_file
 from hostsync.launch import devices
-from hostsync.launch.launchers import ENGINE_SRC, RankResults
+from hostsync.launch.launchers import ENGINE_SRC, RankResults, Run, run_group
 from hostsync.measure import provenance, repro
 from hostsync.upstream.trees import infos, prepare_tree, prepare_trees
 from hostsync.workspace import cases, results, table
+from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import BenchResult, DetectorTruth, FamilyTruth, Provenance
+from hostsync.workspace.records import (
+    BenchResult,
+    DetectorTruth,
+    FamilyTruth,
+    Provenance,
+    RankReport,
+    ScanRank,
+)
 
 
 def call_seconds(rank_results: RankResults) -> list[float]:
@@ -178,6 +193,66 @@ def print_detector(truth: DetectorTruth, op_us: dict[str, dict[str, float]]) -> 
             f" {figures['with_accounting']:.1f} us with the accounting mode"
             f" ({overhead(figures['with_accounting'], figures['without'], 'us')})"
         )
+
+
+# The scan's rank side, started by module name as `scan` starts it (no import: it sits above).
+SCAN_RUNNER = "hostsync.scan.runner"
+
+
+def scan_overhead(
+    layout: Layout, script: Path, args: list[str], runs: int, timeout: float
+) -> dict[str, list[float]]:
+    """Seconds per step after the warm-up under the scan's runner with the detector
+    (`scan`) and with the runner timing the steps only (`steps only`), and seconds of the
+    whole run, also as `python SCRIPT` (`python`): `runs` of each, interleaved."""
+    found: dict[str, list[float]] = {"scan": [], "steps only": [], "python": []}
+    walls: dict[str, list[float]] = {name: [] for name in found}
+    for _ in range(runs):
+        for name, runner in (
+            ("scan", [SCAN_RUNNER]),
+            ("steps only", [SCAN_RUNNER, "--no-detector"]),
+            ("python", []),
+        ):
+            run = Run(layout.new_run_dir("bench-scan"), None, layout)
+            command = [sys.executable, *(["-m", *runner] if runner else []), str(script), *args]
+            started = time.perf_counter()
+            if run_group(run, command, timeout=timeout) != 0:
+                raise WorkspaceError(f"{script} failed under `{name}`: see {run.log_file}")
+            walls[name].append(time.perf_counter() - started)
+            if runner:
+                rank = read_file(RankReport, run.run_dir / "rank-0.json").read(ScanRank)
+                found[name] += [s.seconds for s in rank.steps if not s.hunt.warmup]
+    return found | {f"{name} run": seconds for name, seconds in walls.items()}
+
+
+def print_scan_overhead(script: Path, figures: dict[str, list[float]], runs: int) -> None:
+    if not figures["scan"]:
+        raise WorkspaceError(f"{script} made no step after the warm-up: give it more steps")
+    step = {name: 1000 * statistics.median(figures[name]) for name in ("scan", "steps only")}
+    run = {name: statistics.median(figures[f"{name} run"]) for name in ("scan", "python")}
+    print(
+        f"scan overhead on {script} ({len(figures['scan']) // runs} steps after the warm-up,"
+        f" {runs} run(s) each way, interleaved; medians)"
+    )
+    print(
+        table.text(
+            ["", "with the detector", "without", "ratio"],
+            [
+                [
+                    "per step (ms; without: the runner times the steps only)",
+                    f"{step['scan']:.2f}",
+                    f"{step['steps only']:.2f}",
+                    f"{step['scan'] / step['steps only']:.2f}",
+                ],
+                [
+                    "whole run (s; without: `python SCRIPT`)",
+                    f"{run['scan']:.2f}",
+                    f"{run['python']:.2f}",
+                    f"{run['scan'] / run['python']:.2f}",
+                ],
+            ],
+        )
+    )
 
 
 ENV_CHECK, TREES_UP_TO_DATE, TOTAL = "environment check", "trees brought up to date", "total"

@@ -1,6 +1,6 @@
 """What rank scripts share: the tiny model and its samples, the Trainer's settings for a short
-run, the arguments `accelerate launch` passes, JSON-safe numbers, named profiler ranges and the
-recording of the profiled steps.
+run, the arguments `accelerate launch` passes, JSON-safe numbers, named profiler ranges, the
+recording of the profiled steps and the record of a step watched by the detector.
 
 Rank scripts import this module, `hostsync.rank.protocol`, `hostsync.detector`, torch and the tree
 under test, nothing else of the workspace. transformers is imported inside the functions that
@@ -18,6 +18,7 @@ import functools
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import torch
 
 from hostsync.detector.codec import dump
 from hostsync.rank.protocol import EXCLUDED_RANGE, MEASURED_RANGE, PROFILED_RANGE, RUN_DIR_ENV
-from hostsync.workspace.records import ProfiledRank
+from hostsync.workspace.records import HuntStep, ProfiledRank, StepSite
 
 VOCAB, LAYERS, HEADS = 128, 2, 4  # four heads: Ulysses splits them over 2 or 4 ranks
 SEQ_LEN = 16
@@ -361,3 +362,23 @@ class TrainerSteps:
                     return super().training_step(*inputs, **kwargs)
 
         return ExcludingForwardAndBackward
+
+
+def hunt_step(step: int, warmup: bool, logging: bool, scope) -> HuntStep:
+    """The record of one step watched by a closed `SyncScope(account=True)`: its sites, by
+    caller too (a read inside a shared helper is paid for by whoever called it), how often each
+    read and stalled, the step's cost and its reads of host memory."""
+    found = Counter((event.kind, event.site, event.caller) for event in scope.events)
+    stalled = Counter(
+        (event.kind, event.site, event.caller) for event in scope.events if event.stall
+    )
+    sites = tuple(
+        StepSite(kind, site, caller, count, stalled[kind, site, caller])
+        for (kind, site, caller), count in sorted(found.items(), key=_site_order)
+    )
+    return HuntStep(step, warmup, logging, sites, scope.cost(), scope.host_reads)
+
+
+def _site_order(item) -> tuple:
+    (kind, site, caller), _ = item
+    return (site.file, site.line, caller, kind)

@@ -35,7 +35,7 @@ from hostsync.detector.codec import (
     load,
     shown,
 )
-from hostsync.detector.records import Cost
+from hostsync.detector.records import Cost, DeviceWork
 from hostsync.detector.sites import AllowRule, Site, SiteCount
 
 SCHEMA_VERSION = 4
@@ -67,12 +67,14 @@ class Device(StrEnum):
 
 
 class Launcher(StrEnum):
-    """How a case's reproducer starts its ranks (see `hostsync.launch.launchers`)."""
+    """How a case's reproducer, or a scanned script, starts its ranks (see
+    `hostsync.launch.launchers`)."""
 
     PYTHON = "python"
     FORK = "fork"
     TORCHRUN = "torchrun"
     ACCELERATE = "accelerate"
+    DEEPSPEED = "deepspeed"
 
 
 class TreeRole(StrEnum):
@@ -1070,6 +1072,83 @@ class CensusResult(Result):
     wall_s: float
 
 
+# --- scan ----------------------------------------------------------------------------------------
+
+
+class ScanEnd(StrEnum):
+    """How a scanned rank's script ended, or that it had not ended (its last snapshot)."""
+
+    RUNNING = "running"  # the rank died, hung or was stopped after this snapshot
+    FINISHED = "finished"  # the script ran to its end
+    STOPPED = "stopped"  # stopped once it had run the steps `--steps` asked for
+    RAISED = "raised"  # the script raised: the rank's `error` says what, and where
+
+
+@dataclass(frozen=True)
+class ScanWait(Record):
+    """One host read on a rank's timeline: when (seconds since the rank's script started), its
+    kind, where, and the device work it waited for (none: a free read)."""
+
+    at_s: float
+    kind: str
+    site: Site = field(metadata=FLAT)
+    waited_for: DeviceWork
+
+
+@dataclass(frozen=True)
+class ScanStep(Record):
+    """One step of a scanned script on one rank: its record as the hunt keeps one (sites, cost,
+    the warm-up flag), when it began on the rank's timeline, its host seconds, its reads in
+    order. A step runs from the end of the one before (the first, from the script's start)."""
+
+    hunt: HuntStep = field(metadata=FLAT)
+    started_s: float
+    seconds: float
+    waits: tuple[ScanWait, ...]
+
+
+@dataclass(frozen=True)
+class ScanRank(Record):
+    """What one rank of a scanned script recorded: its place in the world, how it ended, its
+    seconds, its steps, and the reads after its last step (of the whole run where it never
+    stepped), which no step holds."""
+
+    rank: int
+    world_size: int
+    ended: ScanEnd
+    seconds: float
+    steps: tuple[ScanStep, ...]
+    after_last_step: ScanStep | None = field(default=None, metadata=OPTIONAL)
+    error: str | None = field(default=None, metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class ScanResult(Result):
+    """A user's training script run unchanged under the detector, how it was started, each
+    rank's steps, the sites over the ranks and the steps after the warm-up (each with its
+    disposition: carried by a case, accepted by hunt_allowlist.toml, or a candidate) and the
+    cost per step; `partial` says why a run that did not end cleanly is incomplete."""
+
+    KIND: ClassVar[str] = "scan"
+    MADE_BY: ClassVar[str] = "`nox -s scan -- SCRIPT`"
+    DETECTED: ClassVar[bool] = True
+    environment: Environment
+    script: str
+    args: tuple[str, ...]
+    launcher: Launcher
+    launcher_args: tuple[str, ...]
+    world_size: int
+    warmup: int
+    steps_asked: int | None
+    step_fn: str | None
+    allowlist: tuple[AllowRule, ...]
+    sites: tuple[HuntSite, ...]
+    cost: Cost | None
+    ranks: tuple[ScanRank, ...]
+    wall_s: float
+    partial: str | None = field(default=None, metadata=OPTIONAL)
+
+
 # --- bench ---------------------------------------------------------------------------------------
 
 
@@ -1399,5 +1478,6 @@ KINDS: dict[str, type[Result]] = {
         WatchResult,
         GpuResult,
         SurveyResult,
+        ScanResult,
     )
 }

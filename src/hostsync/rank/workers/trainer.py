@@ -37,7 +37,6 @@ from hostsync.rank.protocol import (
     HuntStep,
     LoggedStep,
     ProfiledRead,
-    StepSite,
     TrainerRank,
     rank_entry,
 )
@@ -47,6 +46,7 @@ from hostsync.rank.rankkit import (
     add_launch_arguments,
     check_one_group,
     cpu_group,
+    hunt_step,
     preference_samples,
     samples,
     sft_samples,
@@ -183,18 +183,7 @@ class SyncHunt:
         self.end_step()
 
     def _keep_step(self, step: int, scope) -> None:
-        # By caller too: a read inside a shared helper is paid for by whoever called it.
-        found = Counter((event.kind, event.site, event.caller) for event in scope.events)
-        stalled = Counter(
-            (event.kind, event.site, event.caller) for event in scope.events if event.stall
-        )
-        sites = tuple(
-            StepSite(kind, site, caller, count, stalled[kind, site, caller])
-            for (kind, site, caller), count in sorted(found.items(), key=_site_order)
-        )
-        self.steps.append(
-            HuntStep(step, step == 1, self._logged, sites, scope.cost(), scope.host_reads)
-        )
+        self.steps.append(hunt_step(step, step == 1, self._logged, scope))
 
     def _keep_profile(self, profile: torch.profiler.profile) -> None:
         found = Counter(_attribute(event) for event in profile.events() if event.name == SYNC_OP)
@@ -202,11 +191,6 @@ class SyncHunt:
             ProfiledRead(self.profiled_step, self._logged, file, function, via, count)
             for (file, function, via), count in sorted(found.items(), key=str)
         ]
-
-
-def _site_order(item) -> tuple:
-    (kind, site, caller), _ = item
-    return (site.file, site.line, caller, kind)
 
 
 def _attribute(event) -> tuple[str, str, str | None]:

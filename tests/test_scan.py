@@ -1,0 +1,478 @@
+"""`scan`: a training script of the test's own run unchanged under the detector, on real
+processes: its reads found at their lines with their cost and disposition, its reports, the
+gate, ranks under torchrun and DeepSpeed's launcher, and each bad input refused in one line that
+leaves no process behind and keeps what was measured, marked partial."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hostsync.scan import gate
+from hostsync.scan.measure import read_rank
+from hostsync.workspace import results
+from hostsync.workspace.layout import ROOT, Layout
+from hostsync.workspace.records import ScanEnd, ScanResult
+
+from conftest import hostsync, one_line_error, processes_running, wait_until
+
+# A plain training loop: `PLANTED` becomes a host read, or nothing.
+LOOP = """
+    import sys
+
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(int(sys.argv[1])):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        PLANTED
+"""
+READ = 'print(f"loss {loss.item():.3f}")'
+
+
+def script(folder: Path, name: str, text: str, planted: str = "pass") -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(text).replace("PLANTED", planted))
+    return path
+
+
+def line_of(path: Path, code: str) -> int:
+    return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if code in line)
+
+
+def scan(layout: Layout, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    """`python -m hostsync scan ARGS`, from the folder of the scripts (the test's own)."""
+    folder = next((Path(a).parent for a in args if str(a).endswith(".py")), layout.root)
+    return hostsync(layout, "scan", *map(str, args), env_extra={"OMP_NUM_THREADS": "1"}, cwd=folder)
+
+
+def written(layout: Layout) -> tuple[Path, ScanResult]:
+    (path,) = (layout.root / "profiles" / "scan").glob("scan-*.json")
+    return path, results.read(path, ScanResult)
+
+
+def test_a_planted_read_is_found_at_its_line_with_its_wait_and_reported(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    loop = script(tmp_path, "loop.py", LOOP, READ)
+
+    done = scan(workspace, loop, "5")
+
+    assert done.returncode == 0, done.stderr
+    path, result = written(workspace)
+    (site,) = result.sites
+    assert (site.site.file, site.site.line, site.site.code) == (
+        "loop.py",
+        line_of(loop, READ),
+        READ,
+    )
+    assert (site.rate, site.stall_rate, site.when) == (1.0, 1.0, "every step")
+    assert (site.carried, site.allowed, result.partial) == (None, None, None)
+    (rank,) = result.ranks
+    assert (rank.ended, len(rank.steps), result.warmup) == (ScanEnd.FINISHED, 5, 1)
+    assert result.cost.stalls == result.cost.reads == result.cost.steps == 4
+    assert f"loop.py:{site.site.line}" in done.stdout and "candidate" in done.stdout
+    report = path.with_suffix(".md").read_text()
+    assert "| candidate |" in report and "Not measured yet: blocking host-to-device" in report
+    assert path.with_suffix(".png").exists()
+    trace = json.loads((results.attachments(path) / "rank-0.trace.json").read_text())
+    waits = [e for e in trace["traceEvents"] if e.get("cat") == "wait"]
+    spans = [e["name"] for e in trace["traceEvents"] if e["ph"] == "X"]
+    # One read a step, the last one's after the last step (its optimizer step ends a step).
+    assert spans == [*(f"step {n}" for n in range(1, 6)), "after the last step"]
+    assert len(waits) == 5 and waits[0]["name"] == f"loop.py:{site.site.line}"
+    assert waits[0]["args"]["waited for"]["kernels"] > 0
+
+
+def test_steps_stops_the_script_once_it_has_run_them_and_the_result_is_complete(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    loop = script(tmp_path, "loop.py", LOOP, READ)
+
+    done = scan(workspace, "--steps", "3", loop, "1000000")
+
+    assert done.returncode == 0, done.stderr
+    _, result = written(workspace)
+    (rank,) = result.ranks
+    assert (rank.ended, len(rank.steps), result.partial) == (ScanEnd.STOPPED, 4, None)
+    assert [step.hunt.warmup for step in rank.steps] == [True, False, False, False]
+
+
+STEPS_BY_HAND = """
+    import torch
+
+    from helpers import train_step
+
+    weight = torch.ones(4, requires_grad=True)
+    for _ in range(4):
+        train_step(weight)
+"""
+HELPERS = """
+    import torch
+
+
+    def train_step(weight):
+        loss = (weight * torch.randn(4)).sum()
+        loss.backward()
+        with torch.no_grad():
+            weight -= 0.1 * weight.grad
+            weight.grad = None
+        return bool(loss > 0)
+"""
+
+
+@pytest.mark.parametrize("where", ["helpers", "__main__"])
+def test_a_step_function_is_a_step_each_call(workspace: Layout, tmp_path: Path, where: str) -> None:
+    """No optimizer: `--step-fn` names the step, in a module beside the script or in the
+    script itself."""
+    if where == "__main__":
+        train = script(tmp_path, "train.py", HELPERS + STEPS_BY_HAND.replace("from helpers", "#"))
+    else:
+        script(tmp_path, "helpers.py", HELPERS)
+        train = script(tmp_path, "train.py", STEPS_BY_HAND)
+
+    done = scan(workspace, "--step-fn", f"{where}:train_step", train)
+
+    assert done.returncode == 0, done.stderr
+    _, result = written(workspace)
+    assert len(result.ranks[0].steps) == 4
+    (site,) = result.sites
+    assert (site.site.function, site.site.code, site.rate) == (
+        "train_step",
+        "return bool(loss > 0)",
+        1.0,
+    )
+
+
+COMPILED = """
+    import torch
+
+    model = torch.nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_of = torch.compile(lambda out: out.pow(2).mean(), backend="eager")
+    for step in range(4):
+        loss = loss_of(model(torch.randn(4, 8)))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_a_compiled_call_is_reported_compiled_not_judged(workspace: Layout, tmp_path: Path) -> None:
+    train = script(tmp_path, "train.py", COMPILED)
+
+    done = scan(workspace, train)
+
+    assert done.returncode == 0, done.stderr
+    path, result = written(workspace)
+    (site,) = result.sites
+    assert (site.kinds, site.site.line) == (("compiled",), line_of(train, "loss_of(model"))
+    assert result.cost.reads == 0 and gate.judged_sites(result) == []
+    assert "compiled, not judged" in done.stdout
+    assert "## Compiled, not judged" in path.with_suffix(".md").read_text()
+
+
+# --- the gate ------------------------------------------------------------------------------------
+
+
+def test_fail_on_new_fails_a_ci_run_on_a_planted_read_the_baseline_does_not_hold(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    baseline = tmp_path / "host-syncs.json"
+    clean = script(tmp_path, "loop.py", LOOP)
+    assert scan(workspace, "--baseline", baseline, clean, "4").returncode == 0
+    assert baseline.exists()
+    planted = script(tmp_path, "loop.py", LOOP, READ)
+    line = line_of(planted, READ)
+
+    done = scan(
+        workspace, "--baseline", baseline, "--fail-on", "new", "--max-waits", "0", planted, "4"
+    )
+
+    assert done.returncode == 1, done.stderr
+    failures = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(failures) == 2, done.stderr
+    assert failures[0].startswith(f"error: new host sync at loop.py:{line} in <module>: `{READ}`")
+    assert "over the budget of 0 per step" in failures[1]
+    assert f"loop.py:{line}" in failures[1]
+
+
+def test_a_baseline_holding_the_read_passes_and_lines_that_move_still_match(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    baseline = tmp_path / "host-syncs.json"
+    planted = script(tmp_path, "loop.py", LOOP, READ)
+    assert scan(workspace, "--baseline", baseline, planted, "3").returncode == 0
+    moved = script(tmp_path, "loop.py", "\n\n" + textwrap.dedent(LOOP), READ)
+
+    done = scan(workspace, "--baseline", baseline, "--fail-on", "new", moved, "3")
+
+    assert done.returncode == 0, done.stderr
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+def test_a_script_that_does_not_exist_is_refused_before_anything_runs(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    done = scan(workspace, tmp_path / "missing.py")
+
+    assert "no script at" in one_line_error(done)
+    assert not (workspace.root / "profiles" / "scan").exists()
+
+
+RAISES = """
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(5):
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        if step == 2:
+            raise ValueError("the loss diverged")
+"""
+NEVER_STEPS = """
+    import torch
+
+    print(torch.ones(3).sum().item())
+"""
+HANGS = """
+    import time
+
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+    time.sleep(3600)
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "options", "said", "steps"),
+    [
+        (RAISES, (), "raised ValueError: the loss diverged (train.py:10 in <module>)", 3),
+        (NEVER_STEPS, (), "without a step", 0),
+        (HANGS, ("--timeout", "15"), "run hung: no exit after 15 s", 3),
+    ],
+    ids=["raises", "never-steps", "hangs"],
+)
+def test_a_script_that_fails_is_named_in_one_line_and_its_partial_result_kept(
+    workspace: Layout,
+    tmp_path: Path,
+    text: str,
+    options: tuple[str, ...],
+    said: str,
+    steps: int,
+) -> None:
+    train = script(tmp_path, "train.py", text)
+
+    done = scan(workspace, *options, train)
+
+    line = one_line_error(done)
+    assert said in line and "the partial result is profiles/scan/scan-" in line
+    if "never" in said:
+        assert "--step-fn MODULE:FUNCTION" in line
+    _, result = written(workspace)
+    assert result.partial and said in result.partial
+    assert sum(len(rank.steps) for rank in result.ranks) == steps
+    assert processes_running(str(tmp_path)) == {}
+
+
+def test_ctrl_c_stops_the_script_and_keeps_the_partial_result(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    train = script(tmp_path, "train.py", HANGS)
+    env = os.environ | {
+        "PYTHONPATH": str(ROOT / "src"),
+        "HOSTSYNC_ROOT": str(workspace.root),
+        "OMP_NUM_THREADS": "1",
+    }
+    log = tmp_path / "output.txt"
+    with log.open("w") as output:
+        started = subprocess.Popen(
+            [sys.executable, "-m", "hostsync", "scan", str(train)],
+            env=env,
+            cwd=tmp_path,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def stepped() -> bool:
+        snapshots = list(workspace.work.glob("runs/scan-*/world-*/rank-0.partial.jsonl"))
+        return bool(snapshots) and len(snapshots[0].read_text().splitlines()) > 3
+
+    wait_until(lambda: stepped() or started.poll() is not None)
+    assert started.poll() is None, log.read_text()
+    os.killpg(started.pid, signal.SIGINT)
+    started.wait(timeout=30)
+
+    output = log.read_text()
+    assert started.returncode == 130, output
+    assert "interrupted: every process it started was stopped; the partial result is" in output
+    assert "Traceback" not in output
+    assert processes_running(str(tmp_path)) == {}
+    _, result = written(workspace)
+    assert result.partial == "interrupted by Ctrl-C"
+    assert result.ranks[0].ended == ScanEnd.RUNNING and len(result.ranks[0].steps) == 3
+
+
+def test_a_rank_snapshot_cut_short_keeps_its_whole_steps(tmp_path: Path) -> None:
+    """A rank killed while it wrote a step: the steps before it stand."""
+    line = json.dumps({"rank": 1, "world_size": 2})
+    (tmp_path / "rank-1.partial.jsonl").write_text(f'{line}\n{{"step": 1, "warm')
+
+    found = read_rank(tmp_path, 1)
+
+    assert (found.rank, found.ended, found.steps) == (1, ScanEnd.RUNNING, ())
+    assert read_rank(tmp_path, 0) is None
+
+
+# --- ranks ---------------------------------------------------------------------------------------
+
+DDP = """
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    for step in range(5):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if rank == 0:
+            print(f"step {step}: loss {loss.item():.3f}")
+        PLANTED
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.distributed
+def test_two_ranks_on_torchrun_are_scanned_each_and_together(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    train = script(tmp_path, "train.py", DDP)
+
+    done = scan(workspace, "--nproc-per-node", "2", train)
+
+    assert done.returncode == 0, done.stderr
+    path, result = written(workspace)
+    assert (result.launcher, result.world_size, len(result.ranks)) == ("torchrun", 2, 2)
+    (site,) = [s for s in result.sites if "loss.item()" in s.site.code]
+    assert site.rate == 0.5  # one read per step on rank 0, none on rank 1: per rank
+    assert [len(rank.steps) for rank in result.ranks] == [5, 5]
+    traces = sorted(p.name for p in results.attachments(path).iterdir())
+    assert traces == ["rank-0.trace.json", "rank-1.trace.json"]
+
+
+@pytest.mark.distributed
+def test_two_nodes_on_this_machine_pool_their_ranks(workspace: Layout, tmp_path: Path) -> None:
+    train = script(tmp_path, "train.py", DDP)
+
+    done = scan(workspace, "--nnodes", "2", "--nproc-per-node", "1", "--steps", "2", train)
+
+    assert done.returncode == 0, done.stderr
+    _, result = written(workspace)
+    assert (result.world_size, [rank.rank for rank in result.ranks]) == (2, [0, 1])
+    assert all(rank.ended == ScanEnd.STOPPED for rank in result.ranks)
+
+
+@pytest.mark.distributed
+def test_a_rank_that_dies_is_named_and_what_it_measured_kept(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    train = script(tmp_path, "train.py", DDP, "if rank == 1 and step == 2: os._exit(3)")
+    train.write_text("import os\n" + train.read_text())
+
+    done = scan(workspace, "--nproc-per-node", "2", "--timeout", "120", train)
+
+    line = one_line_error(done)
+    assert line.startswith("error: rank 1 of 2 stopped mid-run without an error")
+    assert "the partial result is profiles/scan/scan-" in line
+    _, result = written(workspace)
+    assert result.partial
+    assert len(result.ranks[1].steps) == 3 and result.ranks[1].ended == ScanEnd.RUNNING
+    assert processes_running(str(tmp_path)) == {}
+
+
+DEEPSPEED_ENGINE = """
+    import argparse
+
+    import deepspeed
+    import torch
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local_rank", type=int, default=-1)
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args()
+    deepspeed.init_distributed(dist_backend="gloo")
+    model = torch.nn.Linear(8, 2)
+    engine, *_ = deepspeed.initialize(
+        model=model,
+        optimizer=torch.optim.AdamW(model.parameters(), lr=0.01),
+        config={
+            "train_micro_batch_size_per_gpu": 4,
+            "zero_optimization": {"stage": 1},
+            "gradient_clipping": 1.0,
+        },
+    )
+    for step in range(args.steps):
+        loss = engine(torch.randn(4, 8)).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+"""
+
+
+@pytest.mark.distributed
+def test_deepspeeds_launcher_starts_a_script_that_expects_it(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    """The script parses the `--local_rank` DeepSpeed gives it; ZeRO's inner optimizer steps."""
+    pytest.importorskip("deepspeed", reason="the environment has no DeepSpeed")
+    train = script(tmp_path, "train.py", DEEPSPEED_ENGINE)
+
+    done = scan(
+        workspace, "--launcher", "deepspeed", "--nproc-per-node", "2", train, "--steps", "4"
+    )
+
+    assert done.returncode == 0, done.stderr
+    _, result = written(workspace)
+    assert [len(rank.steps) for rank in result.ranks] == [4, 4]
+    clip = [s for s in result.sites if s.carried == "ds-clip-norm"]
+    assert clip and clip[0].site.function == "is_invalid_grad_norm"
+
+
+def test_bench_prints_what_scan_adds_per_step(workspace: Layout, tmp_path: Path) -> None:
+    loop = script(tmp_path, "loop.py", LOOP, READ)
+
+    done = hostsync(
+        workspace,
+        *("bench", "--scan", str(loop), "--scan-args", "6", "--warm-runs", "1"),
+        env_extra={"OMP_NUM_THREADS": "1"},
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert f"scan overhead on {loop} (5 steps after the warm-up, 1 run(s) each way" in done.stdout
+    per_step = next(line for line in done.stdout.splitlines() if line.startswith("per step"))
+    assert float(per_step.split()[-1]) > 0
