@@ -109,7 +109,7 @@ def row(tree: str, ranks: int, syncs: int, scenario: str = "all_tokens") -> Scen
 def verdict(stalls: tuple[float, float], kernels: tuple[float, float]) -> CostComparison:
     """The fix judged on the scenario `repro` runs, from stalls and kernels per step."""
     judged = FixAssessment(
-        FixVerdict.SAVES_STALLS, stalls, stalls, kernels, (0.0, 0.0), (0.0, 0.0), "", ""
+        FixVerdict.SAVES_IDLE, stalls, stalls, kernels, (0.0, 0.0), (0.0, 0.0), "", ""
     )
     return CostComparison("sp_loss.py", 2, "all_tokens", "pinned", "patched", judged)
 

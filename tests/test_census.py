@@ -13,8 +13,8 @@ import pytest
 
 from hostsync.census import report, setups
 from hostsync.census.run import census_cases
-from hostsync.detector.records import Cost, DeviceWork
-from hostsync.detector.sites import Site
+from hostsync.detector.records import Cost, DeviceWork, HostSpan, Idle
+from hostsync.detector.sites import DEVICE_COPY, Site
 from hostsync.rank import rankkit
 from hostsync.workspace import cases, results, table
 from hostsync.workspace.errors import WorkspaceError
@@ -122,12 +122,22 @@ def test_the_fixed_column_stacks_every_case_at_the_newest_release_of_its_project
     assert {"ds-clip-norm", "ds-ulysses-seqlen", "trl-sft-metrics"} <= set(names)
 
 
-def _site(file: str, rate: float, carried: str | None = None, allowed: str | None = None):
+def _site(
+    file: str,
+    rate: float,
+    carried: str | None = None,
+    allowed: str | None = None,
+    kinds: tuple[str, ...] = ("scalar_read",),
+    idle: Idle | None = None,
+):
+    idle = idle or Idle()
     return HuntSite(
         package=file.split("/")[0],
         site=Site(file, 1, "f", "x.item()"),
         caller="",
-        kinds=("scalar_read",),
+        kinds=kinds,
+        idle=idle,
+        idle_rate=round(sum(idle.windows_us) / 2, 1),
         steps=(2, 3),
         when="every step",
         per_step=int(rate),
@@ -137,10 +147,17 @@ def _site(file: str, rate: float, carried: str | None = None, allowed: str | Non
     )
 
 
-def _run(setup: str, column: str, sites: tuple[HuntSite, ...], stalls: int = 0) -> HuntTree:
+def _run(
+    setup: str,
+    column: str,
+    sites: tuple[HuntSite, ...],
+    stalls: int = 0,
+    idle: tuple[float, ...] = (),
+) -> HuntTree:
     info = TreeInfo("transformers", "5.24.0", "abc", "a test", "src")
     reads = round(sum(site.rate for site in sites) * 2)
-    cost = Cost(steps=2, reads=reads, stalls=stalls, work=DeviceWork(kernels=100, bytes=4000))
+    work = DeviceWork(kernels=100, bytes=4000)
+    cost = Cost(steps=2, reads=reads, stalls=stalls, work=work, idle_us=idle)
     return HuntTree(
         label=f"{setup} {column}",
         tree=column,
@@ -157,6 +174,8 @@ def test_the_report_ranks_sites_by_reads_per_step_summed_over_the_setups(tmp_pat
     workspace = make_workspace(tmp_path / "workspace")
     candidate, carried = _site("trl/a.py", 2.0), _site("transformers/b.py", 3.0, carried="case")
     accepted = _site("deepspeed/c.py", 1.0, allowed="by design")
+    windows = Idle((200.0, 210.0), (HostSpan("transformers/trainer.py:10", 400.0),))
+    copied = _site("accelerate/d.py", 1.0, kinds=(DEVICE_COPY,), idle=windows)
     info = TreeInfo("transformers", "5.24.0", "abc", "a test", "src")
     result = CensusResult(
         stamp=Stamp.now("census", "census", Provenance("", "", {}, {})),
@@ -166,10 +185,10 @@ def test_the_report_ranks_sites_by_reads_per_step_summed_over_the_setups(tmp_pat
         columns={"today": CensusTrees(info, (), ()), "fixed": CensusTrees(info, (), ("case",))},
         allowlist=(),
         runs=(
-            _run("one", "today", (carried, candidate, accepted), stalls=4),
-            _run("two", "today", (candidate,), stalls=2),
-            _run("one", "fixed", (candidate, accepted), stalls=2),
-            _run("two", "fixed", (candidate,), stalls=2),
+            _run("one", "today", (carried, candidate, accepted), 4, (500.0, 300.0, 310.0)),
+            _run("two", "today", (candidate, copied), 2, (500.0, 200.0, 210.0)),
+            _run("one", "fixed", (candidate, accepted), 2, (500.0, 100.0, 105.0)),
+            _run("two", "fixed", (candidate, copied), 2, (500.0, 200.0, 210.0)),
         ),
         wall_s=10.0,
     )
@@ -179,18 +198,26 @@ def test_the_report_ranks_sites_by_reads_per_step_summed_over_the_setups(tmp_pat
     written = report.write_reports(layout, path)
 
     ranked = [site.hunted.site.file for site in report.census_sites(result.runs)]
-    assert ranked == ["trl/a.py", "transformers/b.py", "deepspeed/c.py"]  # 4, 3 and 1 a step
-    assert report.per_setup(result, "today") == {"one": 6.0, "two": 2.0}
-    assert report.per_setup(result, "fixed", unaccepted=True) == {"one": 2.0, "two": 2.0}
+    # 4, 3, 1 and 1 a step
+    assert ranked == ["trl/a.py", "transformers/b.py", "accelerate/d.py", "deepspeed/c.py"]
+    assert report.per_setup(result, "today") == {"one": 6.0, "two": 3.0}
+    assert report.per_setup(result, "fixed", unaccepted=True) == {"one": 2.0, "two": 3.0}
     text = written[0].read_text()
     assert "carried by case case" in text and "accepted: by design" in text
     assert report.stalls_per_setup(result, "today") == {"one": 2.0, "two": 1.0}
+    assert report.copies_per_setup(result, "today") == {"one": 0.0, "two": 1.0}
+    assert report.idle_per_setup(result, "fixed") == {"one": 102.5, "two": 205.0}
     assert report.fix_verdicts(result) == {
-        "one": "saves stalls: 1 stall(s) per step saved",
-        "two": "no change: neither stalls nor reads down",
+        "one": "saves idle time: idle 305 -> 102.5 us per step (host time, measured on CPU),"
+        " a drop beyond the spread of 10 us between steps",
+        "two": "no change: neither waits nor stalls down",
     }
     assert "| 2 -> 1 |" in text and "stalls/step today -> fixed" in text
-    assert "stalls/step today -> fixed" in report.console_summary(result)
+    assert "| 305 -> 102.5 |" in text and "| 0 -> 0 |" in text
+    (largest,) = report.largest_windows(result)
+    assert (largest.setup, largest.hunted.site.file) == ("two", "accelerate/d.py")
+    assert "transformers/trainer.py:10 (400)" in text
+    assert "idle us/step today -> fixed" in report.console_summary(result)
     assert written[1].suffix == ".png" and written[1].stat().st_size > 0
     assert results.read(path, CensusResult) == result
 

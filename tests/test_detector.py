@@ -35,8 +35,12 @@ def site_of(cause: Callable[[torch.Tensor], object]) -> Site:
 DEVICE = torch.device("cpu")
 
 
+# Made outside any scope: `torch.tensor(data, device=d)` in one would be a blocking copy.
+_NUMBERS = torch.tensor([1.0, -2.0, 3.0, 3.0], device=DEVICE)
+
+
 def numbers() -> torch.Tensor:
-    return torch.tensor([1.0, -2.0, 3.0, 3.0], device=DEVICE)
+    return _NUMBERS.clone()
 
 
 # One cause per way of reading the device; each syncs on the first line of its body.

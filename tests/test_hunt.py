@@ -215,9 +215,12 @@ def test_a_trees_cost_is_every_ranks_steps_after_the_warm_up_and_judged_against_
     fixed = dataclasses.replace(hunt_tree("patched", ()), cost=fixed_cost)
     rows = report.cost_rows([base, fixed])
 
-    assert rows[0] == ("pinned", 3.75, 1.75, 17.5, "-")
-    assert rows[1][:4] == ("patched", 2.0, 0.0, 10.0)
-    assert rows[1][4] == "saves stalls: 1.75 stall(s) per step saved"
+    assert rows[0] == ("pinned", 3.75, 1.75, 0.0, 17.5, "-")
+    assert rows[1][:5] == ("patched", 2.0, 0.0, 0.0, 10.0)
+    assert rows[1][5] == (
+        "moves the wait: 1.75 stall(s) per step fewer, but idle 0 -> 0 us per step (host time,"
+        " measured on CPU), idle time not measured"
+    )
 
 
 def test_the_allow_list_accepts_by_file_and_function_with_its_reason() -> None:

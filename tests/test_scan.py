@@ -85,7 +85,7 @@ def test_a_planted_read_is_found_at_its_line_with_its_wait_and_reported(
     assert result.cost.stalls == result.cost.reads == result.cost.steps == 4
     assert f"loop.py:{site.site.line}" in done.stdout and "candidate" in done.stdout
     report = path.with_suffix(".md").read_text()
-    assert "| candidate |" in report and "Not measured yet: blocking host-to-device" in report
+    assert "| candidate |" in report and "Blocking copies of host memory to the device" in report
     assert path.with_suffix(".png").exists()
     trace = json.loads((results.attachments(path) / "rank-0.trace.json").read_text())
     waits = [e for e in trace["traceEvents"] if e.get("cat") == "wait"]

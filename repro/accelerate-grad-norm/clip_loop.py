@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import functools
-import operator
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -133,10 +130,9 @@ def train(args: argparse.Namespace) -> tuple[Accelerator, list[dict[str, Any]]]:
 
 
 def steps_cost(steps: list[dict[str, Any]]) -> Cost:
-    """Every step's cost together: reads, stalls and device work over the optimizer steps (the
-    reads after a step, what the loop logs, left out)."""
-    total = functools.reduce(operator.add, [step["cost"] for step in steps])
-    return dataclasses.replace(total, steps=len(steps))
+    """Every step's cost together: waits, stalls, device work and idle time over the optimizer
+    steps (the reads after a step, what the loop logs, left out)."""
+    return Cost.in_sequence(step["cost"] for step in steps)
 
 
 @rank_entry

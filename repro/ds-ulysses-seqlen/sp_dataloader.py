@@ -1,10 +1,13 @@
 """One rank of the Ulysses SP data loader reproducer: DeepSpeed's adapter over a real DataLoader.
 
 `UlyssesSPDataLoaderAdapter.refill` all-gathers the sequence length of each SP rank's batch as a
-device tensor, then compares every tensor of the batch with it on the host. Each rank (forked,
-as torchrun starts them; gloo on CPU, NCCL with one GPU each) wraps a DataLoader of a few
-batches in the adapter, all ranks forming one SP group, and draws every micro-batch under
-`hostsync.detector.SyncScope`.
+device tensor, then copies every tensor of the batch to the device and compares it with that
+length on the host. Each rank (forked, as torchrun starts them; gloo on CPU, NCCL with one GPU
+each) wraps a few batches in the adapter, all ranks forming one SP group, and draws every
+micro-batch under `hostsync.detector.SyncScope`. Two data paths: a plain DataLoader, whose
+batches are in host memory (what DeepSpeed's Ulysses tutorial uses: `refill` copies each tensor
+to the device, a blocking copy), and batches already on the device (what accelerate's prepared
+loader yields).
 
 Returns through `rank_entry` one row per scenario: the reads of ulysses_sp.py per refill, those
 of the length check apart, by source line; the reads, stalls and device work of the whole
@@ -30,10 +33,12 @@ from hostsync.rank.protocol import RankRow, ReproRank, rank_entry, repro_parser
 SP_FILE = "deepspeed/runtime/sequence_parallel/ulysses_sp.py"
 LENGTH_CHECK = "shape[1]"  # the code of the per-tensor length check
 SEQ_LEN, BATCHES = 16, 3
-# name: the tensors of each sample
+THREE = ("input_ids", "labels", "position_ids")
+# name: the tensors of each sample, and where the batches come from
 SCENARIOS = {
-    "refill": ("input_ids", "labels", "position_ids"),
-    "extra_tensor": ("input_ids", "labels", "position_ids", "attention_mask"),
+    "refill": (THREE, "host"),
+    "extra_tensor": ((*THREE, "attention_mask"), "host"),
+    "on_device": (THREE, "device"),
 }
 
 
@@ -57,9 +62,13 @@ def samples(keys: tuple[str, ...], count: int = BATCHES) -> list[dict[str, torch
 
 
 def run_scenario(name: str, device: torch.device, no_detector: bool) -> RankRow:
-    keys = SCENARIOS[name]
+    keys, batches_from = SCENARIOS[name]
+    batches = DataLoader(samples(keys), batch_size=1)
+    if batches_from == "device":
+        # Collated and moved before the watch begins, as a prepared loader hands them over.
+        batches = [{key: value.to(device) for key, value in batch.items()} for batch in batches]
     loader = UlyssesSPDataLoaderAdapter(
-        DataLoader(samples(keys), batch_size=1),
+        batches,
         sp_rank=dist.get_rank(),
         sp_group=None,
         sp_world_size=dist.get_world_size(),
@@ -84,6 +93,7 @@ def run_scenario(name: str, device: torch.device, no_detector: bool) -> RankRow:
         cost=scope.cost(len(per_refill)) if scope else None,
         site_lists={"sites": tuple(SiteCount(site, n) for site, n in sorted(Counter(own).items()))},
         figures={
+            "batches_from": batches_from,
             "tensors": len(keys),
             "reads_per_refill": per_refill or None,
             "length_check_reads_per_refill": checks or None,

@@ -5,10 +5,11 @@
 `torch.isnan(loss) or torch.isinf(loss)`: one or two host reads per micro-batch.
 
 Each scenario trains a tiny Llama built from a config (no download) for a few optimizer steps,
-logging every step, with the whole training under `hostsync.detector.SyncScope`. A forward hook
-makes the loss of one chosen micro-batch nan or inf by adding a constant: the value is non-finite
-like a real overflow, the gradients stay finite (as the filter only changes what is logged), and
-the hook marks where each micro-batch starts, so each sync is attributed to its micro-batch.
+logging every step (one scenario every 2), with the whole training under
+`hostsync.detector.SyncScope`. A forward hook makes the loss of one chosen micro-batch nan or inf by
+adding a constant: the value is non-finite like a real overflow, the gradients stay finite (as the
+filter only changes what is logged), and the hook marks where each micro-batch starts, so each sync
+is attributed to its micro-batch.
 
 Started with plain `python` (single-process scenarios, several per process), or by
 `accelerate launch` with DeepSpeed ZeRO 1 + Ulysses SP over 2 ranks (scenario `sp`, one per
@@ -41,14 +42,22 @@ from hostsync.rank.rankkit import (
 SITE_FILE = "transformers/trainer.py"
 SITE_FUNCTION = "_run_epoch"
 
-# name: (what it shows, gradient accumulation steps, {micro-batch index: added loss}, filter on)
-SCENARIOS: dict[str, tuple[str, int, dict[int, float], bool]] = {
-    "finite": ("every micro-batch finite", 1, {}, True),
-    "nan": ("micro-batch 2 of 4 has a nan loss", 1, {2: math.nan}, True),
-    "inf": ("micro-batch 2 of 4 has an inf loss", 1, {2: math.inf}, True),
-    "grad_accum": ("2 micro-batches per step, micro-batch 3 of 8 nan", 2, {3: math.nan}, True),
-    "filter_off": ("logging_nan_inf_filter=False, micro-batch 2 nan", 1, {2: math.nan}, False),
-    "sp": ("DeepSpeed Ulysses SP over 2 ranks, micro-batch 2 nan", 1, {2: math.nan}, True),
+# name: (what it shows, gradient accumulation steps, {micro-batch index: added loss}, filter on,
+# logging steps)
+SCENARIOS: dict[str, tuple[str, int, dict[int, float], bool, int]] = {
+    "finite": ("every micro-batch finite", 1, {}, True, 1),
+    "nan": ("micro-batch 2 of 4 has a nan loss", 1, {2: math.nan}, True, 1),
+    "inf": ("micro-batch 2 of 4 has an inf loss", 1, {2: math.inf}, True, 1),
+    "grad_accum": ("2 micro-batches per step, micro-batch 3 of 8 nan", 2, {3: math.nan}, True, 1),
+    "filter_off": ("logging_nan_inf_filter=False, micro-batch 2 nan", 1, {2: math.nan}, False, 1),
+    "nan_logged_every_2": (
+        "logging every 2 steps, micro-batch 2 of 4 nan",
+        1,
+        {2: math.nan},
+        True,
+        2,
+    ),
+    "sp": ("DeepSpeed Ulysses SP over 2 ranks, micro-batch 2 nan", 1, {2: math.nan}, True, 1),
 }
 STEPS = 4
 
@@ -104,12 +113,12 @@ def run_scenario(name: str, args: argparse.Namespace) -> RankRow:
 
     from hostsync.detector import SyncScope
 
-    what, accumulation, added_loss, nan_inf_filter = SCENARIOS[name]
+    what, accumulation, added_loss, nan_inf_filter, logging_steps = SCENARIOS[name]
     training_args = training_arguments(
         f"{args.output_dir}/{name}",
         max_steps=STEPS,
         gradient_accumulation_steps=accumulation,
-        logging_steps=1,
+        logging_steps=logging_steps,
         logging_nan_inf_filter=nan_inf_filter,
         # TreeLaunch ranks need a backend (and on CPU `use_cpu`, which training_arguments adds);
         # one process must not.
@@ -136,6 +145,7 @@ def run_scenario(name: str, args: argparse.Namespace) -> RankRow:
             "zero_stage": plugin.zero_stage if plugin is not None else None,
             "gradient_accumulation_steps": accumulation,
             "logging_nan_inf_filter": nan_inf_filter,
+            "logging_steps": logging_steps,
             "non_finite_micro_batches": {str(i): str(v) for i, v in added_loss.items()},
             "world_size": trainer.accelerator.num_processes,
             "sp_size": pc.sp_size if pc is not None and pc.sp_enabled else 1,

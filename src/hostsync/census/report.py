@@ -1,6 +1,7 @@
 """The census's report: every site ranked by its reads per optimizer step summed over the
-setups, with its verdict; the setups with their reads per step today and with every carried
-fix; a heat map of setups x sites. Markdown and PNG beside the JSON result.
+setups, with its verdict; the setups with their waits, blocking copies and idle time per step
+today and with every carried fix; the largest idle windows, where the host does the most work
+after a drain; a heat map of setups x sites. Markdown and PNG beside the JSON result.
 
 Every candidate ends somewhere: carried by a case, accepted by an allow rule, or not carried
 with its reason (hunt_allowlist.toml's `[[not_carried]]`). The allow-list is matched again when
@@ -14,18 +15,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hostsync.detector.records import Idle
+from hostsync.detector.sites import DEVICE_COPY
 from hostsync.hunt.allowlist import AllowList, load_allowlist, reason
 from hostsync.hunt.report import reading
-from hostsync.measure.cost import BOUND, assess
+from hostsync.measure.cost import BOUND, assess, idle_per_step
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import CensusResult, HuntSite, HuntTree
 
 # The columns of the census: the releases as published, and with every carried fix.
 TODAY, FIXED = "today", "fixed"
-# How many sites the heat map and the setups x sites table show.
+# How many sites the heat map and the setups x sites table show; how many idle windows.
 TOP = 25
 TOP_IN_TABLE = 10
+TOP_WINDOWS = 10
 # A site's kind of verdict, and its label's colour in the heat map.
 KIND_COLOURS = {
     "carried": "tab:green",
@@ -131,6 +135,48 @@ def stalls_per_setup(result: CensusResult, column: str) -> dict[str, float]:
     }
 
 
+def copies_per_setup(result: CensusResult, column: str) -> dict[str, float]:
+    """Blocking copies to the device per optimizer step of each measured setup in `column`."""
+    return {
+        run.setup: round(sum(s.rate for s in run.sites if DEVICE_COPY in s.kinds), 2)
+        for run in result.runs
+        if run.tree == column and run.measured
+    }
+
+
+def idle_per_setup(result: CensusResult, column: str) -> dict[str, float]:
+    """Idle time per optimizer step (us of host time, the median over the steady steps) of each
+    setup measured with accounting in `column`."""
+    return {
+        run.setup: idle_per_step(run.cost)[0]
+        for run in result.runs
+        if run.tree == column and run.measured and run.cost is not None
+    }
+
+
+@dataclass(frozen=True)
+class Window:
+    """A site's idle windows in one setup: the host time after its drains, per step."""
+
+    setup: str
+    hunted: HuntSite
+
+
+def largest_windows(result: CensusResult, column: str = TODAY) -> list[Window]:
+    """The sites after whose drains the host does the most work, per step, in `column`: each
+    line once, in the setup where its windows are longest."""
+    found: dict[tuple[str, str, str], Window] = {}
+    for run in result.runs:
+        if run.tree != column or not run.measured:
+            continue
+        for hunted in run.sites:
+            kept = found.get(hunted.site.identity)
+            if hunted.idle_rate and (kept is None or hunted.idle_rate > kept.hunted.idle_rate):
+                found[hunted.site.identity] = Window(run.setup, hunted)
+    ranked = sorted(found.values(), key=lambda w: -w.hunted.idle_rate)
+    return ranked[:TOP_WINDOWS]
+
+
 def fix_verdicts(result: CensusResult) -> dict[str, str]:
     """Each setup's verdict on the carried fixes together: today's cost against the fixed one."""
     costs = {(run.setup, run.tree): run.cost for run in result.runs if run.cost is not None}
@@ -140,6 +186,11 @@ def fix_verdicts(result: CensusResult) -> dict[str, str]:
         if (name, TODAY) in costs and (name, FIXED) in costs
         for judgement in [assess(costs[name, TODAY], costs[name, FIXED])]
     }
+
+
+def spans_text(idle: Idle) -> str:
+    """Where a site's windows went: each statement with the host time (us) that ran before it."""
+    return "; ".join(f"{span.statement} ({span.us:g})" for span in idle.lines)
 
 
 def rate_text(value: float | None) -> str:
@@ -164,6 +215,8 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
     totals = {column: per_setup(result, column) for column in columns}
     open_reads = {column: per_setup(result, column, unaccepted=True) for column in columns}
     stalls = {column: stalls_per_setup(result, column) for column in columns}
+    copies = {column: copies_per_setup(result, column) for column in columns}
+    idle = {column: idle_per_setup(result, column) for column in columns}
     verdicts = fix_verdicts(result)
     seconds = {(run.setup, run.tree): run.seconds for run in result.runs}
     unmeasured = {(r.setup, r.tree): "compiled, not judged" for r in result.runs if r.not_judged}
@@ -197,6 +250,8 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
                 "what",
                 *[f"reads/step {c}" for c in columns],
                 "stalls/step " + " -> ".join(columns),
+                "copies/step " + " -> ".join(columns),
+                "idle us/step " + " -> ".join(columns),
                 *[f"not accepted {c}" for c in columns],
                 *[f"run s {c}" for c in columns],
                 "verdict",
@@ -212,6 +267,8 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
                         for c in columns
                     ],
                     " -> ".join(_stalls(stalls[c].get(name)) for c in columns),
+                    " -> ".join(_stalls(copies[c].get(name)) for c in columns),
+                    " -> ".join(_stalls(idle[c].get(name)) for c in columns),
                     *[
                         rate_text(open_reads[c].get(name))
                         if name in totals[c]
@@ -227,10 +284,41 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
         "",
         f"*not accepted*: the reads left when the accepted ones ({len(result.allowlist)} rules of"
         " hunt_allowlist.toml, each with its reason) are set aside: candidates and carried."
-        " *stalls/step*: the reads that waited for device work queued since the host last"
-        f" waited. *verdict*: the carried fixes together, {TODAY} against {FIXED} ({BOUND}).",
+        " *stalls/step*: the waits (reads and blocking copies to the device) that waited for"
+        " device work queued since the host last waited. *copies/step*: the blocking copies of"
+        " host memory to the device among the waits. *idle us/step*: the windows after the"
+        " stalls, from each stall's return to the next kernel launch, summed per step (the"
+        " median over the steady steps): host time in microseconds measured on this CPU, the"
+        " detector's own time taken out, during which a GPU would have nothing to run."
+        f" *verdict*: the carried fixes together, {TODAY} against {FIXED} ({BOUND}).",
         "",
     ]
+    windows = largest_windows(result)
+    if windows:
+        out += [
+            f"## The largest idle windows ({TODAY}): where the host works most after a drain",
+            "",
+            table.markdown(
+                ("setup", "site", "stalls/step", "idle us/step", "median window us", "ran"),
+                [
+                    (
+                        w.setup,
+                        where_text(w.hunted),
+                        rate_text(w.hunted.stall_rate),
+                        rate_text(w.hunted.idle_rate),
+                        rate_text(w.hunted.idle.median_us),
+                        spans_text(w.hunted.idle),
+                    )
+                    for w in windows
+                ],
+            ),
+            "",
+            "*ran*: the statements the host reached in those windows, with the host time (us) that"
+            " ran before each: the time before a torch call is charged to it. Each line is shown"
+            " once, in the setup where its windows are longest; every one is a candidate for"
+            " moving host work out of the window (before the wait, or off the step).",
+            "",
+        ]
     top = sites[:TOP_IN_TABLE]
     if top:
         out += [
@@ -379,12 +467,14 @@ def console_summary(result: CensusResult) -> str:
     columns = list(result.columns)
     totals = {column: per_setup(result, column) for column in columns}
     stalls = {column: stalls_per_setup(result, column) for column in columns}
+    idle = {column: idle_per_setup(result, column) for column in columns}
     verdicts = fix_verdicts(result)
     rows = [
         (
             name,
             *[rate_text(totals[c][name]) if name in totals[c] else "failed" for c in columns],
             " -> ".join(_stalls(stalls[c].get(name)) for c in columns),
+            " -> ".join(_stalls(idle[c].get(name)) for c in columns),
             verdicts.get(name, "-"),
         )
         for name in result.setups
@@ -393,6 +483,7 @@ def console_summary(result: CensusResult) -> str:
         "setup",
         *[f"reads/step {c}" for c in columns],
         "stalls/step " + " -> ".join(columns),
+        "idle us/step " + " -> ".join(columns),
         "verdict",
     )
     return f"{table.text(headers, rows)}\nverdict bound: {BOUND}"

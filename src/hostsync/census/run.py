@@ -14,7 +14,7 @@ from hostsync.census import setups
 from hostsync.census.report import FIXED
 from hostsync.census.setups import Matrix
 from hostsync.detector.sites import AllowRule
-from hostsync.hunt.allowlist import carried_rules, load_allowlist
+from hostsync.hunt.allowlist import carried_rules, host_memory_args, load_allowlist
 from hostsync.hunt.measure import rank_records, steady_cost, summarize
 from hostsync.launch import devices, launchers, trainer_step
 from hostsync.launch.launchers import LaunchPlan, RankResults, RunFailed, read_ranks
@@ -123,7 +123,8 @@ def run_column(
     forked = {
         n: s for n, s in matrix.setups.items() if launchers.LAUNCHERS[setups.launcher(s)].forks
     }
-    worlds = tuple(setups.world(s, matrix.steps, run.run_dir) for s in forked.values())
+    host_memory = host_memory_args(rules)
+    worlds = tuple(setups.world(s, matrix.steps, run.run_dir, host_memory) for s in forked.values())
     what = LaunchPlan(worker, worlds, device, timeout)
     outcomes = dict(
         zip(
@@ -138,7 +139,7 @@ def run_column(
         alone = dataclasses.replace(run, run_dir=run.run_dir / name)
         what = LaunchPlan(
             worker,
-            (setups.world(setup, matrix.steps, alone.run_dir),),
+            (setups.world(setup, matrix.steps, alone.run_dir, host_memory),),
             device,
             timeout,
             deepspeed=setups.deepspeed(setup),

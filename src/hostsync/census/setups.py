@@ -4,6 +4,7 @@ asks of its launch: the worker's arguments, the launcher, the DeepSpeed config."
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,11 +92,13 @@ def deepspeed(setup: CensusSetup) -> DeepSpeedSetup | None:
     return DeepSpeedSetup(zero_stage=setup.zero_stage, precision=setup.precision)
 
 
-def world(setup: CensusSetup, steps: int, run_dir: Path) -> World:
-    """The worker's ranks, arguments and variables for `setup`. A forked setup's DeepSpeed config
-    is written into `run_dir` and passed as `accelerate launch` passes it (`deepspeed_env`);
-    a launcher that sets DeepSpeed up itself writes its own."""
+def world(setup: CensusSetup, steps: int, run_dir: Path, host_memory: Sequence[str] = ()) -> World:
+    """The worker's ranks, arguments and variables for `setup` (`host_memory`: the option naming
+    reads of host memory). A forked setup's DeepSpeed config is written into `run_dir` and passed
+    as `accelerate launch` passes it (`deepspeed_env`); a launcher that sets DeepSpeed up itself
+    writes its own."""
     args = [
+        *host_memory,
         "--trainer",
         setup.trainer.value,
         "--steps",

@@ -1,10 +1,17 @@
-"""Which host reads stall a GPU, and the device work each stall waits for.
+"""Which host waits stall a GPU, the device work each stall waits for, and the idle window after.
 
-A read costs a GPU only when device work was queued since the host last waited for it (the
-previous read, a blocking copy): then the host stalls until that work is done. A read right
-after another read costs nothing, the stream is already drained. The detector's scopes turn
-this on with `SyncScope(account=True)`; the gate (a plain scope, the pytest plugin) never pays
-for it.
+A wait (a read, a blocking copy to the device) costs a GPU only when device work was queued
+since the host last waited for it: then the host stalls until that work is done. A wait right
+after another costs nothing, the stream is already drained. What the GPU pays is the window
+after a stall: the queue is empty, and the device idles until the host launches its next
+kernel. On a CPU that window is the host's time from the stall's return to the next operator
+that would launch a kernel: Python, work on host memory, data loading, logging. A free read
+inside it does not end it. It is timed here with the detector's own time taken out (its
+bookkeeping, measured; each dispatch through its Python mode, calibrated once per process),
+and the time is charged to the statements the host reached, each span to the torch call (or
+read) that ended it. A window still open when the outermost scope closes ends there. The
+detector's scopes turn this on with `SyncScope(account=True)`; the gate (a plain scope, the
+pytest plugin) never pays for it.
 
 Device work is what a GPU would run on its streams, counted below autograd (a dispatch mode):
 each operator that makes or writes tensors launches a kernel, except views, allocations and
@@ -15,16 +22,22 @@ and writes, its FLOPs torch.utils.flop_counter's formula for the operator (0 whe
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from hostsync.detector.ops import OpCall
-from hostsync.detector.records import DeviceWork
+from hostsync.detector.records import DeviceWork, HostSpan
+from hostsync.detector.sites import Site
 
 _aten = torch.ops.aten
 # Operators that make or describe tensors without running a kernel on a device.
@@ -50,23 +63,56 @@ class HostMemory(Protocol):
     def holds(self, tensor: object) -> bool: ...
 
 
+@dataclass(frozen=True)
+class Window:
+    """One idle window: the stall that opened it, the optimizer step it opened in (counted from
+    the accounting's start), its host time and where that time went (microseconds)."""
+
+    site: Site
+    step: int
+    us: float
+    spans: tuple[HostSpan, ...]
+
+
+@dataclass
+class _Opening:
+    site: Site
+    step: int
+    started: int
+    own: int = 0
+    last: int = 0
+    spans: dict[str, int] = field(default_factory=dict)
+
+
 class Accounting(TorchDispatchMode):
-    """Device work in total and since the host last waited, counted per aten call.
+    """Device work in total and since the host last waited, counted per aten call, and the idle
+    windows after stalls (`windows`, in order; `step`: optimizer steps seen so far).
 
     A higher-order operator (vmap's `custom_function_call`, `invoke_subgraph`) launches no
     kernel of its own: it runs as it would without the mode, which torch pops for the call, so
     the work of its body is not counted (its reads still are: the detector's kernels judge them).
+    `locate` names the statement the host is at (`file:line`), for the spans of a window.
     """
 
     supports_higher_order_operators = True
 
-    def __init__(self, host: HostMemory) -> None:
+    def __init__(self, host: HostMemory, locate: Callable[[], str]) -> None:
         super().__init__()
         self.host = host
         self.total = DeviceWork()
+        self.windows: list[Window] = []
+        self.step = 0
+        # The detector's dispatch modes each aten call passes (this one; the host memory
+        # propagation's, once pushed).
+        self.modes = 1
+        self._locate = locate
         self._queued = DeviceWork()
         self._last: tuple[int, DeviceWork] | None = None
+        self._opening: _Opening | None = None
+        self._hosting = 0
+        self._per_dispatch = _dispatch_ns()
         self._lock = threading.Lock()
+        self._stepping = register_optimizer_step_post_hook(self._stepped)
 
     def __torch_dispatch__(
         self,
@@ -75,17 +121,91 @@ class Accounting(TorchDispatchMode):
         args: tuple[object, ...] = (),
         kwargs: dict[str, object] | None = None,
     ) -> object:
+        entered = time.perf_counter_ns()
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
         if isinstance(func, torch._ops.HigherOrderOperator):
             return result
-        work = self.work_of(func, OpCall(args, kwargs), result)
+        returned = time.perf_counter_ns()
+        work = self.work_of(func, OpCall(args, kwargs), result) if not self._hosting else _NONE
         if work.queued:
             with self._lock:
                 self.total += work
                 self._queued += work
                 self._last = (id(result), work)
+        opening = self._opening
+        if opening is not None:
+            if work.queued:
+                self._close(entered)
+            else:
+                counted = time.perf_counter_ns()
+                opening.own += int(self.modes * self._per_dispatch) + counted - returned
+                self._span(opening, entered)
+                opening.last = time.perf_counter_ns()
         return result
+
+    def drained(self, site: Site) -> None:
+        """A stall at `site` has just returned: the device idles from now until the next launch."""
+        now = time.perf_counter_ns()
+        self._opening = _Opening(site, self.step, now, last=now)
+
+    def own_begins(self) -> tuple[_Opening, int] | None:
+        """The detector's own work begins (a read's bookkeeping): not host time of the window it
+        falls in; the span before it ends at its statement. Hand the mark to `own_ends`."""
+        opening = self._opening
+        if opening is None:
+            return None
+        began = time.perf_counter_ns()
+        self._span(opening, began)
+        return opening, began
+
+    def own_ends(self, mark: tuple[_Opening, int] | None) -> None:
+        if mark is None or self._opening is not mark[0]:
+            return
+        ended = time.perf_counter_ns()
+        mark[0].own += ended - mark[1]
+        mark[0].last = ended
+
+    @contextmanager
+    def hosting(self) -> Iterator[None]:
+        """Every call in this block works on host memory (a DataLoader collating a batch)."""
+        self._hosting += 1
+        try:
+            yield
+        finally:
+            self._hosting -= 1
+
+    def own(self, ns: int) -> None:
+        """`ns` of the detector's own time (a wrapper's), spent in the window now open."""
+        if self._opening is not None:
+            self._opening.own += ns
+
+    def close(self) -> None:
+        """The measurement ends: a window still open ends now, and steps are no longer seen."""
+        if self._opening is not None:
+            self._close(time.perf_counter_ns())
+        self._stepping.remove()
+
+    def _span(self, opening: _Opening, now: int) -> None:
+        began = time.perf_counter_ns()
+        statement = self._locate()
+        opening.spans[statement] = opening.spans.get(statement, 0) + now - opening.last
+        opening.own += time.perf_counter_ns() - began
+
+    def _close(self, now: int) -> None:
+        opening, self._opening = self._opening, None
+        host = max(0, now - opening.started - opening.own)
+        self._span(opening, now)  # its own time lies past the window's end
+        # Spans hold the detector's time too: scaled to the window's host time.
+        spent = sum(opening.spans.values()) or 1
+        spans = tuple(
+            HostSpan(statement, round(ns * host / spent / 1000, 1))
+            for statement, ns in sorted(opening.spans.items(), key=lambda item: -item[1])[:3]
+        )
+        self.windows.append(Window(opening.site, opening.step, round(host / 1000, 1), spans))
+
+    def _stepped(self, *_: object) -> None:
+        self.step += 1
 
     def work_of(self, func: torch._ops.OpOverload, call: OpCall, result: object) -> DeviceWork:
         """The device work one call launches (nothing for views, allocations, host memory)."""
@@ -117,6 +237,33 @@ class Accounting(TorchDispatchMode):
                 self.total -= self._last[1]
                 self._queued -= self._last[1]
                 self._last = None
+
+
+_NONE = DeviceWork()
+
+
+@functools.cache
+def _dispatch_ns() -> float:
+    """What one aten call pays for passing through a Python dispatch mode that only runs it,
+    in nanoseconds on this CPU: the part of the detector's time no clock inside it can see."""
+    a, b = torch.ones(1), torch.ones(1)
+
+    def timed(calls: int) -> int:
+        began = time.perf_counter_ns()
+        for _ in range(calls):
+            torch.add(a, b)
+        return time.perf_counter_ns() - began
+
+    class _Bare(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    calls = 400
+    timed(calls)
+    plain = min(timed(calls) for _ in range(3))
+    with _Bare():
+        passed = min(timed(calls) for _ in range(3))
+    return max(0.0, (passed - plain) / calls)
 
 
 def _tensors(*values: object) -> Iterator[torch.Tensor]:

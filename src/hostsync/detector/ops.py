@@ -20,6 +20,8 @@ from typing import Protocol
 
 import torch
 
+from hostsync.detector.sites import DEVICE_COPY
+
 _MASK_DTYPES = (torch.bool, torch.uint8)
 
 
@@ -400,10 +402,63 @@ def _to_host(call: OpCall, host: HostMemory) -> int:
     return int(host.named() and not host.holds(call.args[0]))
 
 
+def _blocking(call: OpCall) -> bool:
+    """No `non_blocking=True`, by keyword or as the first bool after the destination."""
+    given = call.kwargs.get("non_blocking")
+    if given is None:
+        given = next((value for value in call.args[1:] if isinstance(value, bool)), False)
+    return not given
+
+
+def _to_device(call: OpCall, host: HostMemory) -> int:
+    """`host.to(device)`: host memory copied to a destination the statement does not spell as
+    the host, blocking unless non_blocking."""
+    device = destination(call)
+    if device is None or not host.holds(call.args[0]) or not _blocking(call):
+        return 0
+    target = next((v for v in call.args[1:] if isinstance(v, torch.Tensor)), None)
+    to_host = host.holds(target) if target is not None else device.type == "cpu" and host.named()
+    return int(not to_host)
+
+
+def _cuda(call: OpCall, host: HostMemory) -> int:
+    return int(host.holds(call.args[0]) and _blocking(call))
+
+
+def _copy_to_device(call: OpCall, host: HostMemory) -> int:
+    target, source = call.args[0], call.args[1]
+    blocking = not call.argument(2, "non_blocking", False)
+    return int(blocking and host.holds(source) and not host.holds(target))
+
+
+def _built_then_copied(call: OpCall, host: HostMemory) -> int:
+    """`torch.tensor(data, device=d)`: the data is laid out in host memory, then copied to `d`
+    (a device tensor as the data is copied on the device; device tensors inside a list are
+    read one by one, by `_tensor_elements`, which leaves the copy nothing to wait for)."""
+    device = call.kwargs.get("device")
+    if device is None or (torch.device(device).type == "cpu" and host.named()):
+        return 0
+    data = call.argument(0, "data")
+    if isinstance(data, torch.Tensor):
+        return int(host.holds(data))
+    if isinstance(data, torch.UntypedStorage | torch.TypedStorage):
+        # A storage is viewed where it lies: safetensors hands over its file's storage with the
+        # device it loads to, which only a run on a GPU box tells apart from the storage's.
+        return 0
+    elements = _flat(data) if isinstance(data, list | tuple) else ()
+    return int(not any(isinstance(value, torch.Tensor) for value in elements))
+
+
 def _one_hot(call: OpCall, host: HostMemory) -> int:
     classes = call.argument(1, "num_classes", -1)
     return int(classes == -1 and call.args[0].numel() > 0 and not host.holds(call.args[0]))
 
+
+_TO_DEVICE = (
+    f"{_NATIVE}cuda/Copy.cu copy_kernel_cuda: a host-to-device copy without non_blocking ends"
+    " in at::cuda::memcpy_and_sync (cudaMemcpyAsync, then cudaStreamSynchronize;"
+    " c10/cuda/CUDAFunctions.h), which set_sync_debug_mode('warn') flags"
+)
 
 FUNCTION_SYNCS: tuple[FunctionSync, ...] = (
     FunctionSync(
@@ -422,6 +477,25 @@ FUNCTION_SYNCS: tuple[FunctionSync, ...] = (
         " the copies aten makes inside other operators are theirs",
     ),
     FunctionSync("cpu", "torch.Tensor.to", _to_host, f"{_NATIVE}cuda/Copy.cu: blocking D2H copy"),
+    FunctionSync(
+        DEVICE_COPY,
+        "torch.Tensor.to",
+        _to_device,
+        _TO_DEVICE + " (TensorConversions.cpp _to_copy: copy_ with the call's non_blocking)",
+    ),
+    FunctionSync(DEVICE_COPY, "torch.Tensor.cuda", _cuda, _TO_DEVICE + " (.cuda() is .to)"),
+    FunctionSync(
+        DEVICE_COPY, "torch.Tensor.copy_", _copy_to_device, _TO_DEVICE + " (copy_ from the host)"
+    ),
+    FunctionSync(
+        DEVICE_COPY,
+        "torch.tensor",
+        _built_then_copied,
+        "torch/csrc/utils/tensor_new.cpp internal_new_from_data: built on the host, then"
+        " .to(device, non_blocking=false); " + _TO_DEVICE,
+    ),
+    FunctionSync(DEVICE_COPY, "torch.as_tensor", _built_then_copied, "as torch.tensor"),
+    FunctionSync(DEVICE_COPY, "torch.asarray", _built_then_copied, "as torch.tensor"),
     FunctionSync(
         "numpy",
         "torch.Tensor.numpy",

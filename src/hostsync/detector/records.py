@@ -1,13 +1,16 @@
-"""What a host read costs: the device work queued before it, per site and per measured region.
+"""What a host wait costs: the device work queued before it, and the idle window after it, per
+site and per measured region.
 
 The detector writes these; the workspace's records compose them into its results.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from hostsync.detector.codec import FLAT, Record
+from hostsync.detector.codec import FLAT, OPTIONAL, Record
 from hostsync.detector.sites import Site
 
 
@@ -39,32 +42,100 @@ class DeviceWork(Record):
 
 
 @dataclass(frozen=True)
+class HostSpan(Record):
+    """A statement the host reached inside idle windows (`file:line`), and the host time, in
+    microseconds, that ran before it got there."""
+
+    statement: str
+    us: float
+
+
+@dataclass(frozen=True)
+class Idle(Record):
+    """The idle windows after a site's draining waits: host time, in microseconds on the CPU
+    that measured it, from the wait's return to the next kernel launch, the detector's own time
+    taken out. A GPU has nothing to run during it. `lines`: where that time went, the three
+    statements that took most of it."""
+
+    windows_us: tuple[float, ...] = ()
+    lines: tuple[HostSpan, ...] = ()
+
+    @property
+    def median_us(self) -> float:
+        return statistics.median(self.windows_us) if self.windows_us else 0.0
+
+    @property
+    def spread_us(self) -> tuple[float, float]:
+        """The shortest and the longest window."""
+        return (min(self.windows_us), max(self.windows_us)) if self.windows_us else (0.0, 0.0)
+
+    def __add__(self, other: Idle) -> Idle:
+        return Idle(self.windows_us + other.windows_us, top_lines((*self.lines, *other.lines)))
+
+
+def top_lines(spans: Iterable[HostSpan], keep: int = 3) -> tuple[HostSpan, ...]:
+    """The statements that took the most host time, each once, most first."""
+    totals: dict[str, float] = {}
+    for span in spans:
+        totals[span.statement] = totals.get(span.statement, 0.0) + span.us
+    ranked = sorted(totals.items(), key=lambda item: (-item[1], item[0]))[:keep]
+    return tuple(HostSpan(statement, round(us, 1)) for statement, us in ranked)
+
+
+@dataclass(frozen=True)
 class SiteCost(Record):
-    """One source line's host reads, how many stalled (device work was queued since the host
-    last waited), and the device work those stalls waited for."""
+    """One source line's host waits (reads and blocking copies to the device), how many
+    stalled (device work was queued since the host last waited), the device work those stalls
+    waited for, and the idle windows after them."""
 
     site: Site = field(metadata=FLAT)
     reads: int
     stalls: int
     waited_for: DeviceWork
+    idle: Idle = field(default=Idle(), metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
 class Cost(Record):
-    """A measured region's host reads, stalls and device work, over `steps` steps."""
+    """A measured region's host waits, stalls and device work, over `steps` steps, and the
+    idle windows of each step, summed (`idle_us`, one figure per optimizer step seen, or one
+    for the region when it saw none)."""
 
     steps: int
     reads: int
     stalls: int
     work: DeviceWork
     sites: tuple[SiteCost, ...] = ()
+    idle_us: tuple[float, ...] = field(default=(), metadata=OPTIONAL)
 
     def __add__(self, other: Cost) -> Cost:
-        """Two ranks' (or regions') costs together, over the same steps."""
+        """Two ranks' (or regions') costs together, over the same steps: their idle time adds
+        up step by step, as every device's idle time does."""
+        longer, shorter = sorted((self.idle_us, other.idle_us), key=len, reverse=True)
+        idle = tuple(
+            round(a + (shorter[i] if i < len(shorter) else 0.0), 1) for i, a in enumerate(longer)
+        )
         return Cost(
             self.steps,
             self.reads + other.reads,
             self.stalls + other.stalls,
             self.work + other.work,
             self.sites + other.sites,
+            idle,
         )
+
+    @staticmethod
+    def in_sequence(costs: Iterable[Cost]) -> Cost:
+        """Regions measured one after another (a step each): their steps and figures add up, their
+        idle time per step is kept step by step."""
+        total = Cost(0, 0, 0, DeviceWork())
+        for cost in costs:
+            total = Cost(
+                total.steps + cost.steps,
+                total.reads + cost.reads,
+                total.stalls + cost.stalls,
+                total.work + cost.work,
+                total.sites + cost.sites,
+                total.idle_us + cost.idle_us,
+            )
+        return total

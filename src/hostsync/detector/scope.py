@@ -48,16 +48,18 @@ sees warnings outside code that silences or records warnings itself. A scope ope
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import linecache
 import os
 import re
 import sys
 import threading
+import time
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from itertools import islice
 from pathlib import Path
@@ -72,8 +74,8 @@ from torch.utils._python_dispatch import (
 )
 
 from hostsync.detector import ops
-from hostsync.detector.accounting import Accounting
-from hostsync.detector.records import Cost, DeviceWork, SiteCost
+from hostsync.detector.accounting import Accounting, Window
+from hostsync.detector.records import Cost, DeviceWork, Idle, SiteCost, top_lines
 from hostsync.detector.sites import COMPILED, AllowRule, Site, SiteCount, require_reason
 
 __all__ = [
@@ -134,7 +136,11 @@ class SyncScope:
         # cross-check with one must add back.
         self.host_reads = 0
         self.work: DeviceWork | None = None
+        # The idle windows after this scope's stalls, and the optimizer steps it saw.
+        self.windows: list[Window] = []
+        self.optimizer_steps = 0
         self._work_at_open = DeviceWork()
+        self._windows_at_open = (0, 0)
         self._allowing: list[str] = []
         self._observer: _Observer | None = None
 
@@ -185,26 +191,43 @@ class SyncScope:
         waited = waited_for if self.account else None
         self.events.append(SyncEvent(kind, op, site, reason, caller, waited))
 
+    def reads_host_memory(self, site: Site, caller: str) -> bool:
+        """Whether a rule of this scope says `site` reads host memory (no wait, no read)."""
+        return any(rule.host_memory and rule.matches(site, caller) for rule in self.rules)
+
     def cost(self, steps: int = 1) -> Cost:
-        """Every read of the scope (allowed ones too: they cost the same), its stalls and the
-        device work inside it, over `steps` steps; by site, most reads first."""
+        """Every wait of the scope (allowed ones too: they cost the same), its stalls, the device
+        work inside it and the idle windows after the stalls, over `steps` steps; by site, most
+        waits first. Idle time is summed per optimizer step the scope saw (a window counts in
+        the step it opened in; one after the last step, in the last), else for the scope."""
         if self.work is None:
             raise SyncScopeError("cost() needs a closed scope opened with account=True")
         by_site: dict[Site, list[SyncEvent]] = {}
         for event in self.events:
             by_site.setdefault(event.site, []).append(event)
+        windows: dict[Site, list[Window]] = {}
+        for window in self.windows:
+            windows.setdefault(window.site, []).append(window)
         sites = [
             SiteCost(
                 site,
                 len(events),
                 sum(event.stall for event in events),
                 sum((event.waited_for for event in events if event.stall), DeviceWork()),
+                Idle(
+                    tuple(window.us for window in windows.get(site, ())),
+                    top_lines(span for window in windows.get(site, ()) for span in window.spans),
+                ),
             )
             for site, events in by_site.items()
         ]
         sites.sort(key=lambda cost: (-cost.reads, cost.site.file, cost.site.line))
         stalls = sum(event.stall for event in self.events)
-        return Cost(steps, len(self.events), stalls, self.work, tuple(sites))
+        per_step = [0.0] * max(1, self.optimizer_steps)
+        for window in self.windows:
+            per_step[min(window.step, len(per_step) - 1)] += window.us
+        idle = tuple(round(us, 1) for us in per_step)
+        return Cost(steps, len(self.events), stalls, self.work, tuple(sites), idle)
 
     @property
     def unexpected(self) -> list[SyncEvent]:
@@ -324,7 +347,11 @@ def _caller_frame() -> FrameType | None:
     return fallback
 
 
-_DETECTOR_FILES = (_caller_frame.__code__.co_filename, ops.__file__)
+_DETECTOR_FILES = (
+    _caller_frame.__code__.co_filename,
+    ops.__file__,
+    sys.modules[Accounting.__module__].__file__,
+)
 
 
 class SyncScopeError(RuntimeError):
@@ -417,23 +444,33 @@ class _Observer:
                 self._opened_in = threading.get_ident()
                 _names.follow(sys.path)
                 if scope.account:
-                    self.accounting = Accounting(self.host)
+                    self.accounting = Accounting(self.host, self.statement_at)
                     _push_mode(self.accounting)
             scope.cuda_syncs = 0 if self.counts_cuda_syncs else None
             if self.accounting is not None:
                 scope._work_at_open = self.accounting.total
+                scope._windows_at_open = (len(self.accounting.windows), self.accounting.step)
             self.scopes.append(scope)
 
     def close(self, scope: SyncScope) -> None:
         with self._lock:
             self.scopes.remove(scope)
-            if scope.account and self.accounting is not None:
-                scope.work = self.accounting.total - scope._work_at_open
+            accounting = self.accounting
+            if not self.scopes and accounting is not None:
+                accounting.close()
+            if scope.account and accounting is not None:
+                scope.work = accounting.total - scope._work_at_open
+                first, step = scope._windows_at_open
+                scope.windows = [
+                    dataclasses.replace(window, step=window.step - step)
+                    for window in accounting.windows[first:]
+                ]
+                scope.optimizer_steps = accounting.step - step
             if not self.scopes:
                 if self._propagation is not None:
                     _pop_mode()
                     self._propagation = None
-                if self.accounting is not None:
+                if accounting is not None:
                     _pop_mode()
                     self.accounting = None
                 self._host_copy = None
@@ -467,6 +504,8 @@ class _Observer:
         if self._propagation is None and threading.get_ident() == self._opened_in:
             self._propagation = _HostPropagation(self.host)
             _push_mode(self._propagation)
+            if self.accounting is not None:
+                self.accounting.modes += 1
 
     @property
     def quiet(self) -> bool:
@@ -508,6 +547,11 @@ class _Observer:
         frame = _caller_frame()
         return frame, _named_site(frame)
 
+    def statement_at(self) -> str:
+        """`file:line` of the statement the host is at, outside torch and the detector."""
+        site = self.site()[1]
+        return f"{site.file}:{site.line}"
+
     def statement(self) -> Site:
         """The innermost statement outside the detector, inside torch or not."""
         frame = sys._getframe(1)
@@ -535,20 +579,35 @@ class _Observer:
         host_copy: torch.Tensor | None = None,
     ) -> None:
         """`count` host reads of `read`; `host_copy` is the host tensor it produced, if any."""
-        frame, site = self.site()
-        caller = self.caller(frame)
-        where = (id(frame), frame.f_lineno if frame else 0)
-        with self._lock:
-            if host_copy is not None:
-                self._host_copy = (where, weakref.ref(host_copy))
-            elif self._host_copy and self._host_copy[0] == where and self._host_copy[1]() is read:
-                self._host_copy = None
-                return
-            # The first of the reads waits for what was queued; the others find the stream idle.
-            waited = self.accounting.waited() if self.accounting is not None else None
-            for scope in self.scopes:
-                for index in range(count):
-                    scope._add(kind, op, site, caller, waited if index == 0 else _NO_WORK)
+        accounting = self.accounting
+        own = accounting.own_begins() if accounting is not None else None
+        try:
+            frame, site = self.site()
+            caller = self.caller(frame)
+            where = (id(frame), frame.f_lineno if frame else 0)
+            with self._lock:
+                if host_copy is not None:
+                    self._host_copy = (where, weakref.ref(host_copy))
+                elif (
+                    self._host_copy and self._host_copy[0] == where and self._host_copy[1]() is read
+                ):
+                    self._host_copy = None
+                    return
+                if any(scope.reads_host_memory(site, caller) for scope in self.scopes):
+                    for scope in self.scopes:
+                        scope.host_reads += count
+                    return
+                # The first of the reads waits for what was queued; the others find the stream
+                # idle.
+                waited = accounting.waited() if accounting is not None else None
+                for scope in self.scopes:
+                    for index in range(count):
+                        scope._add(kind, op, site, caller, waited if index == 0 else _NO_WORK)
+        finally:
+            if accounting is not None:
+                accounting.own_ends(own)
+        if waited is not None and waited.queued:
+            accounting.drained(site)
 
     def meet_compiled(self) -> None:
         """A compiled function called in this context: refused if one of its scopes refuses
@@ -668,6 +727,28 @@ def _tensors_in(values: object) -> Iterator[torch.Tensor]:
     elif isinstance(values, list | tuple):
         for value in values:
             yield from _tensors_in(value)
+    elif isinstance(values, Mapping):
+        yield from _tensors_in(list(values.values()))
+
+
+@functools.cache
+def _collating(next_batch: Callable[..., object]) -> Callable[..., object]:
+    """A DataLoader's batches are collated in host memory (pinned, with `pin_memory`), on any
+    box: what the training step copies to the device."""
+
+    @functools.wraps(next_batch)
+    def collated(self: object) -> object:
+        observer = _Observer.current()
+        if observer is None or observer.accounting is None:
+            batch = next_batch(self)
+        else:
+            with observer.accounting.hosting():
+                batch = next_batch(self)
+        if observer is not None:
+            _HostMemory.made(batch)
+        return batch
+
+    return collated
 
 
 def _names_host_memory(
@@ -831,45 +912,60 @@ def _higher_order_operators_fall_through() -> None:
 
 
 @functools.cache
-def _observed_functions() -> dict[str, ops.FunctionSync | None]:
-    """The Python-level calls the scopes observe, each with its rule if it can sync."""
-    factories = dict.fromkeys(_host_factories())
-    return factories | {rule.name: rule for rule in ops.FUNCTION_SYNCS}
+def _observed_functions() -> dict[str, tuple[ops.FunctionSync, ...]]:
+    """The Python-level calls the scopes observe, each with the rules by which it can sync."""
+    observed: dict[str, tuple[ops.FunctionSync, ...]] = dict.fromkeys(_host_factories(), ())
+    for rule in ops.FUNCTION_SYNCS:
+        observed[rule.name] = (*observed.get(rule.name, ()), rule)
+    return observed
 
 
 @functools.cache
 def _observing(
-    name: str, rule: ops.FunctionSync | None, original: Callable[..., object]
+    name: str, rules: tuple[ops.FunctionSync, ...], original: Callable[..., object]
 ) -> Callable[..., object]:
-    """`original`, in any context with an open scope: judged by `rule`, and its result kept as
+    """`original`, in any context with an open scope: judged by `rules`, and its result kept as
     host memory when the call names it (a factory or a copy to "cpu", pinned memory)."""
     op = name.removeprefix("torch.")
     to_host = name == "torch.Tensor.cpu"
+    replaces_kernels = any(rule.replaces_kernels for rule in rules)
 
     @functools.wraps(original)
     def observed(*args: object, **kwargs: object) -> object:
         observer = _Observer.current()
         if observer is None or observer.quiet:
             return original(*args, **kwargs)
+        entered = time.perf_counter_ns()
         call = ops.OpCall(args, kwargs)
-        count = rule.syncs(call, observer.host) if rule else 0
-        with observer.quieted() if rule and rule.replaces_kernels else contextlib.nullcontext():
+        counts = [(rule.kind, n) for rule in rules if (n := rule.syncs(call, observer.host))]
+        with observer.quieted() if replaces_kernels else contextlib.nullcontext():
+            ran = time.perf_counter_ns()
             result = original(*args, **kwargs)
+            ran = time.perf_counter_ns() - ran
+        source = args[0] if args else None
+        copied_to_host = any(kind == _TO_HOST for kind, _ in counts)
+        if copied_to_host and result is source and result.layout == torch.strided:
+            # The stand-in's `.cpu()` of a host tensor is the tensor itself; on a GPU box it is
+            # a new host tensor, which an alias stands for, so that the source stays the
+            # device's.
+            result = result.view_as(result)
         where = _CPU if to_host else ops.destination(call)
-        made = result is not (args[0] if args else None)
+        made = result is not source
         on_host = made and _names_host_memory(where, call, observer.host)
         if on_host:
             observer.host.add(result)
         elif made and _made_on_host(name, call, where, observer):
             on_host = True
             observer.host.made(result)
-        elif not made and where is not None:
+        elif not made and where is not None and not _names_host_memory(where, call, observer.host):
             observer.host.moved(result)
-        if on_host and observer.accounting is not None:
-            observer.accounting.retract(result)
-        if count:
-            copy = result if rule.kind == "cpu" else None
-            observer.record(rule.kind, op, count, read=args[0] if args else None, host_copy=copy)
+        if observer.accounting is not None:
+            if on_host:
+                observer.accounting.retract(result)
+            observer.accounting.own(time.perf_counter_ns() - entered - ran)
+        for kind, count in counts:
+            copy = result if kind == _TO_HOST else None
+            observer.record(kind, op, count, read=source, host_copy=copy)
         return result
 
     return observed
@@ -877,6 +973,7 @@ def _observing(
 
 _CPU = torch.device("cpu")
 _READ = "scalar_read"
+_TO_HOST = "cpu"
 
 
 class _NothingOnHost:
@@ -960,12 +1057,14 @@ class _ProcessWide:
         _kernels()
         restore = ExitStack()
         replacements = []
-        for qualified, rule in _observed_functions().items():
+        for qualified, rules in _observed_functions().items():
             owner_name, _, name = qualified.rpartition(".")
             owner = ops.resolve(owner_name)
-            replacements.append((owner, name, _observing(qualified, rule, getattr(owner, name))))
+            replacements.append((owner, name, _observing(qualified, rules, getattr(owner, name))))
         save, from_file = torch.serialization.save, torch.UntypedStorage.from_file
+        loading = torch.utils.data.dataloader._BaseDataLoaderIter
         replacements += [
+            (loading, "__next__", _collating(loading.__next__)),
             (torch.Tensor, "__setitem__", _writing(torch.Tensor.__setitem__)),
             (torch, "save", _saving(save)),
             (torch.serialization, "save", _saving(save)),

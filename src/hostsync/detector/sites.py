@@ -14,6 +14,9 @@ from hostsync.detector.codec import FLAT, OPTIONAL, Record, RecordError
 # The event kind of a compiled function's call in a scope that lets it run (the survey's, a
 # baseline's): its syncs are not judged, the call is recorded where it was made.
 COMPILED = "compiled"
+# The event kind of a blocking copy of host memory to the device: a wait like a read (the copy
+# queues behind the stream's work, and the host waits for it), told apart in reports.
+DEVICE_COPY = "device_copy"
 
 
 @dataclass(frozen=True, order=True)
@@ -55,7 +58,8 @@ class SiteCount(Record):
 class AllowRule:
     """A known, accepted sync site: a file (a path suffix), optionally one function or line,
     a statement containing `code`, and only when called from `caller` (`function`, or
-    `file suffix:function`)."""
+    `file suffix:function`). `host_memory`: the site reads host memory the detector cannot see
+    being made (C++ state): its reads are no waits, counted with the scope's host reads."""
 
     file: str
     reason: str
@@ -63,6 +67,7 @@ class AllowRule:
     line: int | None = None
     caller: str | None = None
     code: str | None = None
+    host_memory: bool = False
 
     def __post_init__(self) -> None:
         if not self.file.strip():

@@ -84,16 +84,26 @@ def undecided(family: str, reason: str) -> Callable[[Callable[[], object]], Call
 DEVICE = torch.device("cpu")
 
 
+# Device tensors made once, outside any scope: a case clones them, a copy on the device, so that
+# no case pays for building its inputs (`torch.tensor(data, device=d)` is a blocking copy).
+_VALUES = torch.tensor([1.0, -2.0, 3.0, 3.0], device=DEVICE)
+_COUNTS = torch.tensor([0, 2, 1, 2], device=DEVICE)
+_SQUARE = torch.tensor([[2.0, 0.5], [0.5, 1.0]], device=DEVICE)
+_FLOATS = torch.tensor([1.5, -2.0], device=DEVICE)
+_INTEGERS = torch.tensor([3, 1], device=DEVICE)
+_ZERO_DIM = torch.tensor(5.0, device=DEVICE)
+
+
 def values() -> torch.Tensor:
-    return torch.tensor([1.0, -2.0, 3.0, 3.0], device=DEVICE)
+    return _VALUES.clone()
 
 
 def counts() -> torch.Tensor:
-    return torch.tensor([0, 2, 1, 2], device=DEVICE)
+    return _COUNTS.clone()
 
 
 def square() -> torch.Tensor:
-    return torch.tensor([[2.0, 0.5], [0.5, 1.0]], device=DEVICE)
+    return _SQUARE.clone()
 
 
 SCALAR = "cuda/CUDAScalar.cu _local_scalar_dense_cuda: memcpy_and_sync of one value"
@@ -495,6 +505,69 @@ def copy_into_host():
     return host
 
 
+# --- copies to the device: each blocking one waits like a read -------------------------------
+
+TO_DEVICE = (
+    "cuda/Copy.cu copy_kernel_cuda: a host-to-device copy without non_blocking ends in"
+    " at::cuda::memcpy_and_sync (cudaStreamSynchronize)"
+)
+
+
+@example("device_copy", TO_DEVICE + " (.to(device) of a tensor made on the host)")
+def host_to_device():
+    host = torch.tensor([1.0, 2.0])
+    return host.to(DEVICE)  # sync
+
+
+@example("none", "cuda/Copy.cu: with non_blocking the copy is queued, no wait")
+def host_to_device_non_blocking():
+    host = torch.tensor([1.0, 2.0])
+    return host.to(DEVICE, non_blocking=True)
+
+
+@example("device_copy", "torch/csrc/utils/tensor_new.cpp: built on the host, then " + TO_DEVICE)
+def tensor_on_the_device():
+    return torch.tensor([1.0, 2.0], device=DEVICE)  # sync
+
+
+@example("device_copy", "torch.as_tensor of host data with a device: as torch.tensor")
+def as_tensor_on_the_device():
+    return torch.as_tensor(np.ones(3), device=DEVICE)  # sync
+
+
+@example("device_copy", TO_DEVICE + " (copy_ from host memory into a device tensor)")
+def copy_into_device():
+    target = values()
+    target.copy_(torch.zeros(4))  # sync
+    return target
+
+
+@example("none", "copy_ from the host with non_blocking=True is queued")
+def copy_into_device_non_blocking():
+    target = values()
+    target.copy_(torch.zeros(4), non_blocking=True)
+    return target
+
+
+@example("device_copy", "torch/utils/data: a DataLoader collates on the host; " + TO_DEVICE)
+def collated_batch_to_device():
+    loader = torch.utils.data.DataLoader([_VALUES, _VALUES], batch_size=2)
+    batch = next(iter(loader))
+    return batch.to(DEVICE)  # sync
+
+
+@example("cpu", COPY + "; the copy is host memory: reading it is no read")
+def read_of_cpu_copy():
+    t = values()
+    host = t.cpu()  # sync
+    return host.sum().item(), host.tolist()
+
+
+@example("none", "a device tensor moved to the device is the same tensor: no copy")
+def device_to_device():
+    return values().to(DEVICE)
+
+
 @example("scalar_read", "Fill.cpp fill_ / copy_: a 0-d device value written into host memory")
 def assign_into_host():
     t = values()
@@ -656,7 +729,7 @@ def read_host_tensor():
     return host.sum().item(), host.tolist()
 
 
-@example("none", "torch.tensor of Python numbers is a host-to-device copy")
+@example("none", "torch.tensor of Python numbers, no device: made in host memory")
 def tensor_of_python_numbers():
     return torch.tensor([1.0, 2.0, 3.0])
 
@@ -907,36 +980,36 @@ FLOATS = (
 
 @example("format", FLOATS)
 def str_of_floats():
-    return str(torch.tensor([1.5, -2.0], device=DEVICE))  # sync 10
+    return str(_FLOATS.clone())  # sync 10
 
 
 @example("format", "Tensor.__repr__ is torch._tensor_str._str, as str(); " + FLOATS)
 def repr_of_floats():
-    return repr(torch.tensor([1.5, -2.0], device=DEVICE))  # sync 10
+    return repr(_FLOATS.clone())  # sync 10
 
 
 @example("format", "print() calls str(); " + FLOATS)
 def print_floats():
-    print(torch.tensor([1.5, -2.0], device=DEVICE), file=io.StringIO())  # sync 10
+    print(_FLOATS.clone(), file=io.StringIO())  # sync 10
 
 
 @example(
     "format", "f-string without a spec: Tensor.__format__ -> str() for a 1-D tensor; " + FLOATS
 )
 def fstring_of_floats():
-    return f"{torch.tensor([1.5, -2.0], device=DEVICE)}"  # sync 10
+    return f"{_FLOATS.clone()}"  # sync 10
 
 
 @example("format", "%-formatting calls str(); " + FLOATS)
 def percent_format_of_floats():
-    return "loss %s" % (torch.tensor([1.5, -2.0], device=DEVICE),)  # noqa: UP031  # sync 10
+    return "loss %s" % (_FLOATS.clone(),)  # noqa: UP031  # sync 10
 
 
 @example(
     "format", "torch/_tensor_str.py _Formatter: integers, f'{value}' per element (2); tolist (1)"
 )
 def str_of_integers():
-    return str(torch.tensor([3, 1], device=DEVICE))  # sync 3
+    return str(_INTEGERS.clone())  # sync 3
 
 
 @example(
@@ -946,7 +1019,7 @@ def str_of_integers():
     " self.sci_mode` (1)",
 )
 def str_of_zero_dim():
-    return str(torch.tensor(5.0, device=DEVICE))  # sync 8
+    return str(_ZERO_DIM.clone())  # sync 8
 
 
 @example("none", "logging formats lazily: a record below the logger's level is never formatted")

@@ -1,10 +1,13 @@
 """What a draft may claim about cost, given the fix's verdicts (`hostsync.measure.cost`).
 
 A draft that says a read stalls ("waits for the device", "stall") where the accounting found no
-stall saved, or says "faster" with no GPU figure to show it, claims what its figures do not
-show; a fix whose reads were all free is drafted as a cleanup; a fix that costs more device work
-is not drafted at all. Where no result carries a verdict (its ranks did not account), nothing
-is judged here.
+stall removed, that says the fix saves a wait or idle time where the idle windows did not
+shrink beyond their spread, that gives an idle time its verdicts do not hold, or says "faster"
+with no GPU figure to show it, claims what its figures do not show. An idle time is written as
+the verdict has it: "the GPU idles while the host runs N us (host time, measured on CPU)". A fix
+whose reads were all free is drafted as a cleanup; a fix that costs more device work is not
+drafted at all. Where no result carries a verdict (its ranks did not account), nothing is
+judged here.
 """
 
 from __future__ import annotations
@@ -22,6 +25,14 @@ STALL_CLAIM = re.compile(
 )
 SPEED_CLAIM = re.compile(r"\bfaster\b|\bspeed-?ups?\b|\bspeeds? up\b", re.IGNORECASE)
 CLEANUP_WORDS = re.compile(r"\bclean-?\s?up\b", re.IGNORECASE)
+SAVING_CLAIM = re.compile(
+    r"\bsav(?:es?|ed|ing)\b[^.\n]{0,40}?\b(?:waits?|stalls?|idle)\b", re.IGNORECASE
+)
+IDLE_CLAIM = re.compile(
+    r"\bidles? while the host runs (?P<us>[\d,]+(?:\.\d+)?) (?:us|µs)(?P<label> \(host time,"
+    r" measured on CPU\))?",
+    re.IGNORECASE,
+)
 
 
 def check_claims(
@@ -42,17 +53,41 @@ def check_claims(
         )
     if not verdicts:
         return
-    saves = any(v.judgement.verdict == FixVerdict.SAVES_STALLS for v in verdicts)
+    judged = {v.judgement.verdict for v in verdicts}
     stall = STALL_CLAIM.search(text)
-    if stall and not saves:
+    if stall and not judged & {FixVerdict.SAVES_IDLE, FixVerdict.MOVES_WAIT}:
         raise WorkspaceError(
             f"{name} says {stall[0]!r}, but no read it removes stalls ({_shown(verdicts[0])}):"
             " say what the fix removes, not that it waits for the device"
         )
+    saving = SAVING_CLAIM.search(text)
+    if saving and FixVerdict.SAVES_IDLE not in judged:
+        raise WorkspaceError(
+            f"{name} says {saving[0]!r}, but the idle windows do not shrink beyond their spread"
+            f" ({_shown(verdicts[0])}): say where the wait goes instead"
+        )
+    for claim in IDLE_CLAIM.finditer(text):
+        _check_idle(name, claim, verdicts)
     cleanup = all(v.judgement.verdict == FixVerdict.CLEANUP for v in verdicts)
     if cleanup and not CLEANUP_WORDS.search(text):
         raise WorkspaceError(
             f"{name}: the fix is a cleanup ({_shown(verdicts[0])}): draft it as one (say 'cleanup')"
+        )
+
+
+def _check_idle(name: str, claim: re.Match[str], verdicts: Sequence[CostComparison]) -> None:
+    """An idle time in a draft is one of its verdicts' figures, labelled as host time."""
+    if not claim["label"]:
+        raise WorkspaceError(
+            f"{name} says {claim[0]!r}: label it as its verdict is,"
+            " 'N us (host time, measured on CPU)'"
+        )
+    figures = {us for v in verdicts for us in v.judgement.idle_us}
+    if float(claim["us"].replace(",", "")) not in figures:
+        shown = ", ".join(f"{us:g}" for us in sorted(figures)) or "none"
+        raise WorkspaceError(
+            f"{name} says the host runs {claim['us']} us, which no verdict measured (idle per"
+            f" step: {shown}): write the figure from the result, with a placeholder"
         )
 
 

@@ -17,9 +17,9 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hostsync.detector.records import Cost, DeviceWork
+from hostsync.detector.records import Cost, Idle
 from hostsync.detector.sites import AllowRule, Site
-from hostsync.hunt.allowlist import reason
+from hostsync.hunt.allowlist import host_memory_args, reason
 from hostsync.launch import trainer_step
 from hostsync.launch.launchers import DEFAULT_TIMEOUT_S, RunFailed, read_ranks
 from hostsync.launch.nodes import SINGLE, NodeLayout, shares_of
@@ -78,6 +78,7 @@ def hunt_run(
     timeout: float = DEFAULT_TIMEOUT_S,
     setup: DeepSpeedSetup = DEFAULT_SETUP,
     nodes: NodeLayout = SINGLE,
+    host_memory: Sequence[str] = (),
 ) -> HuntOutcome:
     """The SP Trainer run under the sync detector and the profiler.
 
@@ -90,7 +91,13 @@ def hunt_run(
         sp=True,
         steps=plan.profile,
         logging_steps=logging_steps,
-        worker_args=["--detect-steps", str(steps), "--profile-step", str(plan.profile)],
+        worker_args=[
+            "--detect-steps",
+            str(steps),
+            "--profile-step",
+            str(plan.profile),
+            *host_memory,
+        ],
         timeout=timeout,
         setup=setup,
         nodes=nodes,
@@ -134,6 +141,7 @@ def summarize(
     counts: dict[tuple[Site, str], Counter[tuple[int, int]]] = defaultdict(Counter)
     stalls: Counter[tuple[Site, str]] = Counter()
     kinds: dict[tuple[Site, str], set[str]] = defaultdict(set)
+    idle: dict[Site, Idle] = defaultdict(Idle)
     for rank in ranks:
         for step in rank.hunt.steps:
             for found in step.sites:
@@ -142,6 +150,10 @@ def summarize(
                 if step.step in steady:
                     stalls[key] += found.stalls
                 kinds[key].add(found.kind)
+            if step.step in steady:
+                for cost in step.cost.sites:
+                    idle[cost.site] += cost.idle
+    rank_steps = len(ranks) * len(steady)
     sites = []
     for key, by_rank_step in counts.items():
         site, caller = key
@@ -160,21 +172,27 @@ def summarize(
                 rate=sum(in_steady) / (len(ranks) * len(steady)) if steady else 0.0,
                 carried=carried_by,
                 allowed=None if carried_by else reason(rules, site, caller),
-                stall_rate=stalls[key] / (len(ranks) * len(steady)) if steady else 0.0,
+                stall_rate=stalls[key] / rank_steps if steady else 0.0,
+                # A line read from several callers: its windows are each caller's.
+                idle=idle.get(site, Idle()),
+                idle_rate=round(sum(idle[site].windows_us) / rank_steps, 1)
+                if steady and site in idle
+                else 0.0,
             )
         )
     return sorted(sites, key=rank_key)
 
 
 def steady_cost(ranks: Sequence[HuntRank]) -> Cost | None:
-    """Every rank's reads, stalls and device work after the warm-up, over its steps."""
-    costs = [step.cost for rank in ranks for step in rank.hunt.steps if not step.warmup]
-    if not costs:
-        return None
-    total = Cost(len(costs), 0, 0, DeviceWork())
-    for cost in costs:
-        total += dataclasses.replace(cost, steps=len(costs), sites=())
-    return total
+    """Every rank's waits, stalls, device work and idle time after the warm-up, over its steps:
+    each rank's step counts as one, so that the figures are per rank and step."""
+    total = Cost.in_sequence(
+        dataclasses.replace(step.cost, sites=())
+        for rank in ranks
+        for step in rank.hunt.steps
+        if not step.warmup
+    )
+    return total if total.steps else None
 
 
 def when(steps: list[int], steady: list[int], logging_steps: list[int]) -> str:
@@ -283,7 +301,14 @@ def hunt_tree(
     )
     try:
         run = hunt_run(
-            layout, tree, steps, LOGGING_STEPS, timeout=timeout, setup=setup, nodes=nodes
+            layout,
+            tree,
+            steps,
+            LOGGING_STEPS,
+            timeout=timeout,
+            setup=setup,
+            nodes=nodes,
+            host_memory=host_memory_args(rules),
         )
     except RunFailed as error:
         seconds = round(time.monotonic() - started, 1)

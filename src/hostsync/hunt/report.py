@@ -337,12 +337,12 @@ def console_summary(trees: Sequence[HuntTree]) -> str:
     return f"{sites}\n\n{table.text(COST_COLUMNS, cost_rows(trees))}\nverdict bound: {BOUND}"
 
 
-COST_COLUMNS = ("tree", "reads/step", "stalls/step", "kernels/step", "verdict")
+COST_COLUMNS = ("tree", "waits/step", "stalls/step", "idle us/step", "kernels/step", "verdict")
 
 
 def cost_rows(trees: Sequence[HuntTree]) -> list[tuple]:
-    """Each accounted tree's reads, stalls and kernels per rank and step after the warm-up, and
-    its verdict against the first tree of its setup."""
+    """Each accounted tree's waits, stalls, idle time (host us, measured on CPU) and kernels per
+    rank and step after the warm-up, and its verdict against the first tree of its setup."""
     first: dict[str, HuntTree] = {}
     rows = []
     for tree in trees:
@@ -352,6 +352,13 @@ def cost_rows(trees: Sequence[HuntTree]) -> list[tuple]:
         judgement = assess(base.cost, tree.cost)
         verdict = "-" if base is tree else f"{judgement.verdict}: {judgement.reason}"
         rows.append(
-            (tree.label, judgement.reads[1], judgement.stalls[1], judgement.kernels[1], verdict)
+            (
+                tree.label,
+                judgement.reads[1],
+                judgement.stalls[1],
+                judgement.idle_us[1],
+                judgement.kernels[1],
+                verdict,
+            )
         )
     return rows

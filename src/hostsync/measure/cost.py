@@ -1,19 +1,28 @@
-"""A fix's verdict from what it does to the device: stalls saved against device work added.
+"""A fix's verdict from what it does to the device: idle time saved against device work added.
 
-A maintainer judges a fix by what it saves against what it adds, and a GPU pays for stalls, not
-for reads (`hostsync.detector.accounting`). From the cost before and after, per step:
+A maintainer judges a fix by what it saves against what it adds. A GPU pays for a wait with the
+window after it, idle until the host launches its next kernel (`hostsync.detector.accounting`);
+a removed wait often just moves: the next wait takes its work, and the window after that one
+grows. From the cost before and after, per step:
 
-- *saves stalls*: stalls down, device work (kernels, bytes, FLOPs) up by no more than the bound:
-  bytes and FLOPs by at most 1 %, kernels by at most 1 % or a few small ones per stall saved (a
-  stall idles the device for a launch latency and the host's time to queue the next work; a small
+- *costs more*: device work up beyond the bound (whether or not it saves anything): bytes and
+  FLOPs by more than 1 %, kernels by more than 1 % or a few small ones per stall saved (a small
   kernel runs for about as long as it takes to launch);
-- *cleanup*: reads down, no stall saved, work within the bound;
-- *costs more*: device work up beyond the bound (whether or not it saves a stall);
+- *saves idle time*: stalls down, and the idle windows per step (their median over the steps
+  judged; the first step, which pays first-call costs, left out where three or more were
+  measured) drop by more than they spread from step to step in either tree, and by more than a
+  kernel launch takes (a fix that removes no stall leaves every window where it was);
+- *moves the wait*: stalls down, but the windows do not shrink beyond their spread;
+- *cleanup*: waits down, no stall saved;
 - *no change*: none of these.
+
+Idle time is host time measured on CPU: a verdict on it says where the host keeps a GPU idle,
+not how long a GPU takes.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 from hostsync.detector.records import Cost
@@ -28,13 +37,30 @@ from hostsync.workspace.records import (
     ScenarioRow,
 )
 
-# How much more device work per step a fix may add and still be judged by its stalls alone.
+# How much more device work per step a fix may add and still be judged by its waits alone.
 WORK_BOUND = 0.01
 KERNELS_PER_STALL = 4
+# A drop in idle time below this (us) is within what a kernel launch costs: not a saving.
+IDLE_FLOOR_US = 10.0
 BOUND = (
     f"bytes and FLOPs per step up by at most {WORK_BOUND:.0%}, kernels by at most"
     f" {WORK_BOUND:.0%} or {KERNELS_PER_STALL} per stall saved"
 )
+
+
+def judged_steps(cost: Cost) -> tuple[float, ...]:
+    """The idle time of each step a verdict judges: every step's, less the first where three or
+    more were measured."""
+    return cost.idle_us[1:] if len(cost.idle_us) >= 3 else cost.idle_us
+
+
+def idle_per_step(cost: Cost) -> tuple[float, float | None]:
+    """The median of the judged steps' idle time, and how far they spread (None for one step)."""
+    steps = judged_steps(cost)
+    if not steps:
+        return 0.0, None
+    spread = max(steps) - min(steps) if len(steps) > 1 else None
+    return round(statistics.median(steps), 1), spread
 
 
 def assess(before: Cost, after: Cost) -> FixAssessment:
@@ -46,6 +72,13 @@ def assess(before: Cost, after: Cost) -> FixAssessment:
         return tuple(round(figure / cost.steps, 3) for figure in figures)
 
     reads, stalls, kernels, moved, flops = zip(per_step(before), per_step(after), strict=True)
+    (idle_before, spread_before), (idle_after, spread_after) = map(idle_per_step, (before, after))
+    spread = (
+        None
+        if spread_before is None or spread_after is None
+        else round(max(spread_before, spread_after), 1)
+    )
+    idle = (idle_before, idle_after)
     saved = stalls[0] - stalls[1]
     allowed = {
         "kernels": max(kernels[0] * WORK_BOUND, KERNELS_PER_STALL * saved),
@@ -57,19 +90,30 @@ def assess(before: Cost, after: Cost) -> FixAssessment:
         for name, (old, new) in (("kernels", kernels), ("bytes", moved), ("FLOPs", flops))
         if new - old > allowed[name]
     ]
+    windows = f"idle {idle_before:g} -> {idle_after:g} us per step (host time, measured on CPU)"
     if grown:
         verdict = FixVerdict.COSTS_MORE
         reason = f"{' and '.join(grown)} up beyond the bound" + (
             f", though it saves {saved:g} stall(s) per step" if saved > 0 else ", no stall saved"
         )
+    elif saved > 0 and spread is not None and idle_before - idle_after > max(spread, IDLE_FLOOR_US):
+        verdict = FixVerdict.SAVES_IDLE
+        reason = f"{windows}, a drop beyond the spread of {spread:g} us between steps"
     elif saved > 0:
-        verdict, reason = FixVerdict.SAVES_STALLS, f"{saved:g} stall(s) per step saved"
+        verdict = FixVerdict.MOVES_WAIT
+        if not (before.idle_us and after.idle_us):
+            beyond = "idle time not measured"
+        elif spread is None:
+            beyond = "one step measured, no spread to judge by"
+        else:
+            beyond = f"within the spread of {spread:g} us between steps"
+        reason = f"{saved:g} stall(s) per step fewer, but {windows}, {beyond}"
     elif reads[1] < reads[0]:
         verdict = FixVerdict.CLEANUP
-        reason = f"{reads[0] - reads[1]:g} read(s) per step fewer, each free: no stall saved"
+        reason = f"{reads[0] - reads[1]:g} wait(s) per step fewer, each free: no stall saved"
     else:
-        verdict, reason = FixVerdict.NO_CHANGE, "neither stalls nor reads down"
-    return FixAssessment(verdict, reads, stalls, kernels, moved, flops, BOUND, reason)
+        verdict, reason = FixVerdict.NO_CHANGE, "neither waits nor stalls down"
+    return FixAssessment(verdict, reads, stalls, kernels, moved, flops, BOUND, reason, idle, spread)
 
 
 def compare_costs(runs: Sequence[ScenarioRow]) -> list[CostComparison]:
@@ -86,7 +130,16 @@ def compare_costs(runs: Sequence[ScenarioRow]) -> list[CostComparison]:
     ]
 
 
-COLUMNS = ("scenario", "ranks", "trees", "reads/step", "stalls/step", "kernels/step", "verdict")
+COLUMNS = (
+    "scenario",
+    "ranks",
+    "trees",
+    "waits/step",
+    "stalls/step",
+    "idle us/step",
+    "kernels/step",
+    "verdict",
+)
 
 
 def verdict_table(comparisons: Sequence[CostComparison]) -> str:
@@ -98,13 +151,21 @@ def verdict_table(comparisons: Sequence[CostComparison]) -> str:
             f"{c.before} -> {c.after}",
             *(
                 f"{old:g} -> {new:g}"
-                for old, new in (c.judgement.reads, c.judgement.stalls, c.judgement.kernels)
+                for old, new in (
+                    c.judgement.reads,
+                    c.judgement.stalls,
+                    c.judgement.idle_us,
+                    c.judgement.kernels,
+                )
             ),
             f"{c.judgement.verdict}: {c.judgement.reason}",
         ]
         for c in comparisons
     ]
-    return f"{table.text(COLUMNS, rows)}\nper step, every rank's together; verdict bound: {BOUND}"
+    return (
+        f"{table.text(COLUMNS, rows)}\nper step, every rank's together; idle: host time after the"
+        f" stalls until the next kernel, measured on CPU; verdict bound: {BOUND}"
+    )
 
 
 def case_verdicts(layout: Layout) -> str:

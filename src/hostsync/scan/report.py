@@ -26,9 +26,10 @@ from hostsync.census.report import (
     where_text,
 )
 from hostsync.detector.records import DeviceWork
-from hostsync.detector.sites import COMPILED, Site
+from hostsync.detector.sites import COMPILED, DEVICE_COPY, Site
 from hostsync.hunt.allowlist import AllowList
 from hostsync.hunt.measure import summarize
+from hostsync.measure.cost import idle_per_step
 from hostsync.scan.measure import hunt_ranks
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
@@ -39,11 +40,13 @@ SUMMARY_SITES = 10
 TOP = 25
 STEP_ROWS = 40
 COMPILED_VERDICT = "compiled, not judged"
-# What the detector does not measure yet, said once in every report.
-NOT_MEASURED = (
-    "Not measured yet: blocking host-to-device copies (`.to(device)` of host memory without"
-    " `non_blocking=True`) and how long the device idles after each wait; the detector counts"
-    " device-to-host reads only."
+# What the figures are, said once in every report.
+MEASURED = (
+    "Blocking copies of host memory to the device (`.to(device)` without `non_blocking=True`,"
+    " `torch.tensor(data, device=...)`, `copy_` from the host) are waits like reads, kind"
+    " `device_copy`. *idle us*: the host time after each stall until the next kernel launch,"
+    " summed per step, measured on this CPU with the detector's own time taken out: a GPU has"
+    " nothing to run then."
 )
 
 
@@ -115,9 +118,12 @@ def per_step(result: ScanResult) -> dict[str, float]:
     seconds = [sum(s.seconds for s in steps) / len(steps) for steps in steady if steps]
     if cost is None or not cost.steps:
         return {}
+    steady_sites = [site for rank in hunt_ranks(result.ranks) for site in summarize([rank], ())]
     return {
         "reads": cost.reads / cost.steps,
         "waits": cost.stalls / cost.steps,
+        "copies": sum(s.rate for s in steady_sites if DEVICE_COPY in s.kinds) / len(result.ranks),
+        "idle_us": idle_per_step(cost)[0],
         "kernels": cost.work.kernels / cost.steps,
         "collectives": cost.work.collectives / cost.steps,
         "bytes": cost.work.bytes / cost.steps,
@@ -149,9 +155,11 @@ def summary(result: ScanResult, rules: AllowList) -> str:
         lines.append(f"PARTIAL: {result.partial}")
     if figures:
         lines.append(
-            f"per rank per step: {_figure(figures['reads'])} reads,"
-            f" {_figure(figures['waits'])} waits, {figures['kernels']:.0f} kernels of device"
-            f" work, {figures['seconds']:.3f} s on the host (with the detector)"
+            f"per rank per step: {_figure(figures['reads'])} reads (of which"
+            f" {_figure(figures['copies'])} copies to the device), {_figure(figures['waits'])}"
+            f" waits, {figures['idle_us']:g} us idle after them (host time, measured on CPU),"
+            f" {figures['kernels']:.0f} kernels of device work, {figures['seconds']:.3f} s on"
+            " the host (with the detector)"
         )
     sites = scan_sites(result, rules)
     rows = [
@@ -207,7 +215,9 @@ def render(result: ScanResult, source: str, png: str | None, rules: AllowList) -
                 (
                     "per rank per step",
                     "reads",
+                    "copies",
                     "waits",
+                    "idle us",
                     "kernels",
                     "collectives",
                     "bytes",
@@ -218,7 +228,9 @@ def render(result: ScanResult, source: str, png: str | None, rules: AllowList) -
                     (
                         "after the warm-up",
                         _figure(figures["reads"]),
+                        _figure(figures["copies"]),
                         _figure(figures["waits"]),
+                        f"{figures['idle_us']:g}",
                         f"{figures['kernels']:.0f}",
                         f"{figures['collectives']:.0f}",
                         f"{figures['bytes']:.0f}",
@@ -244,7 +256,7 @@ def render(result: ScanResult, source: str, png: str | None, rules: AllowList) -
         " reads are free; *work waited for*: the kernels those waits waited for, per rank per"
         " step. *disposition*: carried by a case (its fix removes the site), accepted by"
         " hunt_allowlist.toml (with its reason), read and not carried (with why), or a candidate."
-        f" {NOT_MEASURED}",
+        f" {MEASURED}",
         "",
     ]
     if sites:

@@ -35,7 +35,7 @@ from hostsync.detector.codec import (
     load,
     shown,
 )
-from hostsync.detector.records import Cost, DeviceWork
+from hostsync.detector.records import Cost, DeviceWork, Idle
 from hostsync.detector.sites import AllowRule, Site, SiteCount
 
 SCHEMA_VERSION = 4
@@ -401,7 +401,8 @@ class NodeShare(Record):
 class FixVerdict(StrEnum):
     """What a fix does to the device, judged from the cost before and after."""
 
-    SAVES_STALLS = "saves stalls"
+    SAVES_IDLE = "saves idle time"
+    MOVES_WAIT = "moves the wait"
     CLEANUP = "cleanup"
     COSTS_MORE = "costs more"
     NO_CHANGE = "no change"
@@ -409,7 +410,10 @@ class FixVerdict(StrEnum):
 
 @dataclass(frozen=True)
 class FixAssessment(Record):
-    """A fix's verdict, the figures it rests on (per step), and the bound it was held to."""
+    """A fix's verdict, the figures it rests on (per step), and the bound it was held to.
+    `idle_us`: the idle windows summed per step, the median over the steps judged (host time in
+    microseconds, measured on CPU); `idle_spread_us`: how far those sums spread, the larger of
+    the two trees' (None where a tree was measured over one step: no spread to judge by)."""
 
     verdict: FixVerdict
     reads: tuple[float, float]
@@ -419,6 +423,8 @@ class FixAssessment(Record):
     flops: tuple[float, float]
     bound: str
     reason: str
+    idle_us: tuple[float, float] = (0.0, 0.0)
+    idle_spread_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -834,6 +840,10 @@ class HuntSite(Record):
     allowed: str | None
     # Of `rate`, the reads that stalled: device work was queued since the host last waited.
     stall_rate: float = field(default=0.0, metadata=OPTIONAL)
+    # The idle windows after the site's stalls in the steady steps, every rank's; `idle_rate`
+    # their sum per rank per step (microseconds of host time, measured on CPU).
+    idle: Idle = field(default=Idle(), metadata=OPTIONAL)
+    idle_rate: float = field(default=0.0, metadata=OPTIONAL)
 
     @property
     def key(self) -> tuple[str, str, str, str]:

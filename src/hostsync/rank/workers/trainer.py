@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import json
 import os
 import re
 import time
@@ -77,6 +78,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-grad-norm", type=float, default=1.0, help="the Trainer's default")
     parser.add_argument("--detect-steps", type=int, default=0, help="steps 1..N under the detector")
     parser.add_argument("--profile-step", type=int, default=0, help="one step under the profiler")
+    parser.add_argument(
+        "--host-memory", default="[]", help="allow rules naming reads of host memory, as JSON"
+    )
     parser.add_argument(
         "--trainer",
         default="Trainer",
@@ -141,8 +145,9 @@ class SyncHunt:
     instead, without the detector, whose re-dispatch would show up in the trace.
     """
 
-    def __init__(self, detected_steps: int, profiled_step: int) -> None:
+    def __init__(self, detected_steps: int, profiled_step: int, host_memory: str = "[]") -> None:
         self.detected_steps = detected_steps
+        self.host_memory = host_memory
         self.profiled_step = profiled_step
         self.steps: list[HuntStep] = []
         self.profiled: list[ProfiledRead] = []
@@ -157,9 +162,10 @@ class SyncHunt:
         self.end_step()
         self._step, self._logged = step, False
         if step <= self.detected_steps:
-            from hostsync.detector import SyncScope
+            from hostsync.detector import AllowRule, SyncScope
 
-            scope = SyncScope(account=True)
+            reading_host = [AllowRule(**rule) for rule in json.loads(self.host_memory)]
+            scope = SyncScope(allow=reading_host, account=True)
             self._open.callback(self._keep_step, step, scope)
             self._open.enter_context(scope)
         elif step == self.profiled_step:
@@ -392,12 +398,16 @@ def main() -> TrainerRank:
     hunting = args.detect_steps or args.profile_step
     not_judged = None
     if args.trainer == "accelerate-loop":
-        hunt = SyncHunt(args.detect_steps, args.profile_step) if hunting else None
+        hunt = SyncHunt(args.detect_steps, args.profile_step, args.host_memory) if hunting else None
         accelerator, logged = accelerate_loop(args, hunt)
         device = accelerator.device
     else:
         values = as_callback(LoggedValues)()
-        hunt = as_callback(SyncHunt)(args.detect_steps, args.profile_step) if hunting else None
+        hunt = (
+            as_callback(SyncHunt)(args.detect_steps, args.profile_step, args.host_memory)
+            if hunting
+            else None
+        )
         trainer = build_trainer(args, [values, *([hunt] if hunt else [])], hunt)
         check_one_group(trainer.accelerator)
         try:
