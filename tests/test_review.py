@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from hostsync.detector.records import Cost, DeviceWork, SiteCost
+from hostsync.detector.sites import Site
 from hostsync.drafting import drafts, review
 from hostsync.workspace import cases, results
 from hostsync.workspace.cases import load as load_case
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import ROOT, Layout
-from hostsync.workspace.records import BisectResult, ProfileResult, Verdict
+from hostsync.workspace.records import BisectResult, ProfileResult, ScenarioRow, Verdict
 
 import made
 
@@ -292,6 +294,51 @@ def test_a_mean_per_step_is_cited_to_the_hundredth_and_a_whole_one_as_a_whole_nu
     template = " ".join(f"{{{{repro:verdicts.kernels|{n}}}}}" for n in ("first", "2", "3", "last"))
 
     assert review.fill(template, {"repro": verdicts}) == "299 279 311.75 0.12"
+
+
+CLIP = Site("pkg/utils.py", 233, "is_invalid", "return bool(norm < 0)")
+MASK = Site("pkg/utils.py", 888, "mask_nan", "input.masked_fill_(inf_or_nan, err)")
+
+
+def accounted(tree: str, *ranks: tuple[SiteCost, ...]) -> ScenarioRow:
+    """A two-step run whose ranks accounted for `ranks`' sites (a site listed once per step)."""
+    costs = tuple(Cost(2, 0, 0, DeviceWork(), sites) for sites in ranks)
+    return ScenarioRow(tree, "clip.py", len(ranks), "zero1", costs=costs)
+
+
+def test_what_a_fix_leaves_and_where_its_reads_wait_are_listed_from_the_accounting(
+    workspace: Layout,
+) -> None:
+    """`sites` is each run's sites, every rank's figures per step; `reads` and `waits` list them,
+    the most read first, a figure the ranks disagree on as its range."""
+    pinned = accounted("pinned", (SiteCost(CLIP, 6, 4, DeviceWork(30)),))
+    waited = (SiteCost(MASK, 1, 1, DeviceWork(12, 1)), SiteCost(MASK, 1, 1, DeviceWork(12, 1)))
+    patched = accounted(
+        "patched",
+        (SiteCost(CLIP, 2, 0, DeviceWork()), *waited),
+        (SiteCost(CLIP, 2, 0, DeviceWork()), SiteCost(MASK, 4, 4, DeviceWork(52, 2))),
+    )
+    result = made.repro(workspace, (pinned, patched))
+    found = {"repro": review.Source("repro", Path("repro.json"), result).data}
+
+    def filled(template: str) -> str:
+        return review.fill(template, found)
+
+    assert filled("{{repro:sites[tree=patched,scenario=zero1]|reads}}") == (
+        "`pkg/utils.py:888` `mask_nan` (1 to 2 reads); `pkg/utils.py:233` `is_invalid` (1 read)"
+    )
+    assert filled("{{repro:sites[tree=patched]|waits}}") == (
+        "`pkg/utils.py:888` `mask_nan` (1 to 2 reads wait, for 12 to 26 kernels in all,"
+        " 1 collective among them); `pkg/utils.py:233` `is_invalid` (1 read, none waits)"
+    )
+    assert filled("{{repro:sites[tree=pinned,function=is_invalid]|waits}}") == (
+        "`pkg/utils.py:233` `is_invalid` (2 of 3 reads wait, for 15 kernels in all)"
+    )
+    assert filled("{{repro:sites[tree=patched,function=mask_nan].waited_for.kernels|max}}") == "26"
+    assert filled("{{repro:sites[tree=patched].line|count}}") == "2"
+    assert filled("{{repro:sites[tree=fixed]|reads}}") == drafts.NOT_MEASURED
+    with pytest.raises(WorkspaceError, match="`reads` and `waits` list sites"):
+        filled("{{repro:runs.tree|reads}}")
 
 
 def test_running_review_twice_leaves_git_status_clean(drafted: Layout) -> None:

@@ -167,6 +167,13 @@ def reflow(text: str) -> str:
     return "\n".join(out) + "\n" + mark + rest if mark else "\n".join(out) + "\n"
 
 
+def number(value: object) -> str:
+    """A figure as drafts cite it: a float (a mean per step) to the hundredth, no trailing 0."""
+    if isinstance(value, float):
+        return f"{value:.2f}".rstrip("0").rstrip(".")
+    return str(value)
+
+
 def placeholder_identity(identity: str) -> bool:
     """A name or address that stands for nobody (the workspace's own, reserved domains)."""
     return bool(_PLACEHOLDER_IDENTITY.search(identity))

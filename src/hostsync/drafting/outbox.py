@@ -210,7 +210,7 @@ def measured(repro: ReproResult) -> list[str]:
     for compared in repro.verdicts:
         judged = compared.judgement
         stalls, kernels = (
-            " → ".join(review.number(value) for value in pair)
+            " → ".join(drafts.number(value) for value in pair)
             for pair in (judged.stalls, judged.kernels)
         )
         lines.append(

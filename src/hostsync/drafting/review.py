@@ -11,10 +11,13 @@ template), with every figure a query over the latest results:
     {{snippet:code}}                                        the case's one-process snippet
     {{bisect:sites[project=deepspeed].first}}              the first release with the site
     {{gpu:figures[tree=pinned].dtoh_copies}}                GPU evidence, where there is some
+    {{repro:sites[tree=patched,scenario=zero1]|reads}}      the reads a run leaves, by site
+    {{repro:sites[tree=pinned,function=step]|waits}}        what they wait for, by site
 
 A path walks dicts by key and maps over lists; `[key=value,...]` keeps the list items that
 match. Reducers: first (the default), last, max, min, sum, count, join, and a number n: the n-th
-value (`|2`). Results measured against
+value (`|2`); `reads` and `waits` list a repro's sites (`hostsync.drafting.sites`), so that what
+a fix leaves and where a wait goes are the accounting's, not a draft's. Results measured against
 another pin.toml, card, patch series or case script (the snippet an issue quotes among them) are
 stale: `review` names them and refuses, or reruns their commands with `--rerun`; a result of
 another case, one that measured nothing or a proof that failed is refused outright. A bisect and
@@ -45,7 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hostsync.drafting import drafts
+from hostsync.detector.codec import dump
+from hostsync.drafting import drafts, sites
 from hostsync.drafting.claims import check_claims
 from hostsync.measure import provenance
 from hostsync.upstream import patchqueue
@@ -85,6 +89,8 @@ REDUCERS: dict[str, Callable[[list[Any]], Any]] = {
     "last": lambda values: values[-1],
     "count": len,
     "join": lambda values: ", ".join(str(v) for v in values),
+    "reads": sites.reads,
+    "waits": sites.waits,
 }
 
 
@@ -98,8 +104,12 @@ class Source:
 
     @property
     def data(self) -> dict[str, Any]:
-        """The result as its file holds it: what the placeholders query."""
-        return self.result.document()
+        """The result as its file holds it, and a repro's runs by site (`sites`): what the
+        placeholders query."""
+        document = self.result.document()
+        if isinstance(self.result, ReproResult):
+            document["sites"] = dump(sites.run_sites(self.result))
+        return document
 
 
 # --- the results, fresh --------------------------------------------------------------------------
@@ -273,14 +283,7 @@ def figure(match: re.Match, documents: dict[str, Any]) -> str:
         reduce = "first"
     if not values and reduce != "count":
         return drafts.NOT_MEASURED
-    return number(REDUCERS[reduce](values))
-
-
-def number(value: object) -> str:
-    """A figure as drafts cite it: a float (a mean per step) to the hundredth, no trailing 0."""
-    if isinstance(value, float):
-        return f"{value:.2f}".rstrip("0").rstrip(".")
-    return str(value)
+    return drafts.number(REDUCERS[reduce](values))
 
 
 def fill(template: str, documents: dict[str, Any]) -> str:
