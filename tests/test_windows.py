@@ -8,10 +8,11 @@ the host is no read. Windows are compared by their order of size, never against 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hostsync.detector import AllowRule, SyncScope
+from hostsync.detector import AllowRule, SyncScope, SyncScopeError
 from hostsync.detector.records import Cost, DeviceWork, HostSpan, Idle
 from hostsync.detector.sites import DEVICE_COPY
 
@@ -148,3 +149,16 @@ def test_an_idle_record_keeps_its_three_longest_statements():
     idle = Idle((4.0, 2.0, 9.0), ()) + Idle((), tuple(spans))
     assert (idle.median_us, idle.spread_us) == (4.0, (2.0, 9.0))
     assert idle.lines == (HostSpan("a.py:1", 10.0), HostSpan("b.py:2", 1.0))
+
+
+def test_steps_no_optimizer_marks_are_marked_by_the_caller():
+    t = matrix()
+    with SyncScope(account=True) as scope:
+        for _ in range(2):
+            (t @ t).sum().item()
+            host_work()
+            t + 1
+            scope.step()
+    assert len(scope.cost(steps=2).idle_us) == 2
+    with SyncScope() as gate, pytest.raises(SyncScopeError, match="account=True"):
+        gate.step()

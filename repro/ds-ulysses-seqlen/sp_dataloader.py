@@ -80,6 +80,7 @@ def run_scenario(name: str, device: torch.device, no_detector: bool) -> RankRow:
         begin = len(scope.events) if scope else 0
         refill()
         if scope:
+            scope.step()  # a refill is a step: its idle time is summed on its own
             own = [e.site for e in scope.events[begin:] if e.site.file == SP_FILE]
             per_refill.append(len(own))
             checks.append(sum(1 for site in own if LENGTH_CHECK in site.code))

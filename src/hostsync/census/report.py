@@ -155,24 +155,24 @@ def idle_per_setup(result: CensusResult, column: str) -> dict[str, float]:
 
 
 @dataclass(frozen=True)
-class Window:
+class IdleSite:
     """A site's idle windows in one setup: the host time after its drains, per step."""
 
     setup: str
     hunted: HuntSite
 
 
-def largest_windows(result: CensusResult, column: str = TODAY) -> list[Window]:
+def largest_windows(result: CensusResult, column: str = TODAY) -> list[IdleSite]:
     """The sites after whose drains the host does the most work, per step, in `column`: each
     line once, in the setup where its windows are longest."""
-    found: dict[tuple[str, str, str], Window] = {}
+    found: dict[tuple[str, str, str], IdleSite] = {}
     for run in result.runs:
         if run.tree != column or not run.measured:
             continue
         for hunted in run.sites:
             kept = found.get(hunted.site.identity)
             if hunted.idle_rate and (kept is None or hunted.idle_rate > kept.hunted.idle_rate):
-                found[hunted.site.identity] = Window(run.setup, hunted)
+                found[hunted.site.identity] = IdleSite(run.setup, hunted)
     ranked = sorted(found.values(), key=lambda w: -w.hunted.idle_rate)
     return ranked[:TOP_WINDOWS]
 

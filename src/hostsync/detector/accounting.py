@@ -112,7 +112,7 @@ class Accounting(TorchDispatchMode):
         self._hosting = 0
         self._per_dispatch = _dispatch_ns()
         self._lock = threading.Lock()
-        self._stepping = register_optimizer_step_post_hook(self._stepped)
+        self._stepping = register_optimizer_step_post_hook(self.stepped)
 
     def __torch_dispatch__(
         self,
@@ -204,7 +204,9 @@ class Accounting(TorchDispatchMode):
         )
         self.windows.append(Window(opening.site, opening.step, round(host / 1000, 1), spans))
 
-    def _stepped(self, *_: object) -> None:
+    def stepped(self, *_: object) -> None:
+        """A step ended (an optimizer's, or one the caller marks): windows opened from now on
+        count in the next."""
         self.step += 1
 
     def work_of(self, func: torch._ops.OpOverload, call: OpCall, result: object) -> DeviceWork:

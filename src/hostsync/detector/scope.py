@@ -191,6 +191,14 @@ class SyncScope:
         waited = waited_for if self.account else None
         self.events.append(SyncEvent(kind, op, site, reason, caller, waited))
 
+    def step(self) -> None:
+        """Mark the end of a step for the idle time per step, where the steps are no optimizer's
+        (whose steps are marked by themselves)."""
+        accounting = self._observer.accounting if self._observer is not None else None
+        if accounting is None:
+            raise SyncScopeError("step() needs an open scope opened with account=True")
+        accounting.stepped()
+
     def reads_host_memory(self, site: Site, caller: str) -> bool:
         """Whether a rule of this scope says `site` reads host memory (no wait, no read)."""
         return any(rule.host_memory and rule.matches(site, caller) for rule in self.rules)
@@ -198,8 +206,9 @@ class SyncScope:
     def cost(self, steps: int = 1) -> Cost:
         """Every wait of the scope (allowed ones too: they cost the same), its stalls, the device
         work inside it and the idle windows after the stalls, over `steps` steps; by site, most
-        waits first. Idle time is summed per optimizer step the scope saw (a window counts in
-        the step it opened in; one after the last step, in the last), else for the scope."""
+        waits first. Idle time is summed per step the scope saw (an optimizer's, or one marked
+        with `step()`; a window counts in the step it opened in, one after the last step in the
+        last), else for the scope."""
         if self.work is None:
             raise SyncScopeError("cost() needs a closed scope opened with account=True")
         by_site: dict[Site, list[SyncEvent]] = {}

@@ -55,10 +55,13 @@ def judged_steps(cost: Cost) -> tuple[float, ...]:
 
 
 def idle_per_step(cost: Cost) -> tuple[float, float | None]:
-    """The median of the judged steps' idle time, and how far they spread (None for one step)."""
+    """The median of the judged steps' idle time, and how far they spread (None for one step;
+    a region that marked no step gives its mean)."""
     steps = judged_steps(cost)
     if not steps:
         return 0.0, None
+    if len(steps) == 1:
+        return round(steps[0] / cost.steps, 1), None
     spread = max(steps) - min(steps) if len(steps) > 1 else None
     return round(statistics.median(steps), 1), spread
 
