@@ -41,7 +41,7 @@ def main() -> ProfiledRank:
     args = parse_args()
     run_dir = Path(os.environ[RUN_DIR_ENV])
     trace = trace_file(args.profiler)
-    what, accumulation, _, nan_inf_filter = SCENARIOS[args.scenario]
+    what, accumulation, _, nan_inf_filter, _ = SCENARIOS[args.scenario]
     steps = args.warmup + args.steps
     ranges = TrainerSteps(args.warmup, args.profiler, cuda=args.device == "cuda", trace=trace)
     training_args = training_arguments(
