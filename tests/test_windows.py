@@ -162,3 +162,16 @@ def test_steps_no_optimizer_marks_are_marked_by_the_caller():
     assert len(scope.cost(steps=2).idle_us) == 2
     with SyncScope() as gate, pytest.raises(SyncScopeError, match="account=True"):
         gate.step()
+
+
+def test_a_wrapper_optimizers_step_right_after_the_real_one_is_the_same_step():
+    t = matrix()
+    weight = torch.nn.Parameter(torch.zeros(1))
+    inner, wrapper = (torch.optim.SGD([weight], lr=0.0) for _ in range(2))
+    with SyncScope(account=True) as scope:
+        for _ in range(2):
+            (t @ t).sum().item()
+            t + 1
+            inner.step()
+            wrapper.step()  # no device work since the inner step: the same step
+    assert len(scope.cost(steps=2).idle_us) == 2

@@ -102,6 +102,7 @@ class Accounting(TorchDispatchMode):
         self.total = DeviceWork()
         self.windows: list[Window] = []
         self.step = 0
+        self._total_at_step = DeviceWork()
         # The detector's dispatch modes each aten call passes (this one; the host memory
         # propagation's, once pushed).
         self.modes = 1
@@ -206,8 +207,12 @@ class Accounting(TorchDispatchMode):
 
     def stepped(self, *_: object) -> None:
         """A step ended (an optimizer's, or one the caller marks): windows opened from now on
-        count in the next."""
-        self.step += 1
+        count in the next. Marks with no device work between them are one: a wrapper's step
+        (accelerate's around DeepSpeed's, whose engine steps the optimizer itself) is the same
+        step."""
+        if self.total != self._total_at_step:
+            self.step += 1
+            self._total_at_step = self.total
 
     def work_of(self, func: torch._ops.OpOverload, call: OpCall, result: object) -> DeviceWork:
         """The device work one call launches (nothing for views, allocations, host memory)."""
