@@ -32,7 +32,7 @@ from hostsync.rank.protocol import RankRow, ReproRank, rank_entry, repro_parser
 
 SP_FILE = "deepspeed/runtime/sequence_parallel/ulysses_sp.py"
 LENGTH_CHECK = "shape[1]"  # the code of the per-tensor length check
-SEQ_LEN, BATCHES = 16, 3
+SEQ_LEN, BATCHES = 16, 8
 THREE = ("input_ids", "labels", "position_ids")
 # name: the tensors of each sample, and where the batches come from
 SCENARIOS = {
