@@ -124,6 +124,12 @@ def bisect(session: nox.Session) -> None:
 
 
 @nox.session(python=False, tags=["expensive"])
+def repin(session: nox.Session) -> None:
+    """Move a case's card to its project's newest release; with --run, rerun it."""
+    hostsync(session, "repin", *session.posargs)
+
+
+@nox.session(python=False, tags=["expensive"])
 def watch(session: nox.Session) -> None:
     """The newest releases against the pins: each case's sites, series and tests there."""
     hostsync(session, "watch", *session.posargs)

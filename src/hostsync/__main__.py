@@ -59,6 +59,10 @@ COMMANDS = {
         "hostsync.commands.bisect:main",
         "since which release a site is there (and which commit)",
     ),
+    "repin": (
+        "hostsync.commands.repin:main",
+        "move a case's card to its project's newest release, and rerun it",
+    ),
     "watch": (
         "hostsync.commands.watch:main",
         "the newest releases against the pins and every case",

@@ -232,7 +232,12 @@ def _case(watched: CaseWatch) -> Iterator[str]:
         "the pinned release" if watched.newest == watched.pinned else f"pinned {watched.pinned}"
     )
     fixed = f"; upstream fixed it in {watched.fixed}" if watched.fixed else ""
-    yield f"- **{watched.case}** ({watched.project} {watched.newest}, {newest}{fixed}):"
+    behind = (
+        f"; behind: `nox -s repin -- --case {watched.case}`"
+        if watched.newest != watched.pinned and not watched.fixed
+        else ""
+    )
+    yield f"- **{watched.case}** ({watched.project} {watched.newest}, {newest}{fixed}{behind}):"
     for site in watched.sites:
         where = ", ".join(presence.located(at) for at in site.finding.found)
         state = f"{_STATES[site.finding.presence]} {where}".strip()
