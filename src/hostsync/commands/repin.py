@@ -31,6 +31,7 @@ def main(argv: list[str]) -> int:
         help="then rerun repro, test-patch, profile and bisect, and review --refresh-reference",
     )
     parser.add_argument("--remote", help="test-patch's --remote, for an sdist without tests/")
+    parser.add_argument("--judge", action="store_true", help="bisect's --judge: run each release")
     args = parser.parse_args(argv)
 
     def one(case: Case) -> None:
@@ -45,6 +46,8 @@ def main(argv: list[str]) -> int:
         sessions = [[name, "--case", case.name] for name in repin.SESSIONS]
         if args.remote:
             sessions[1] += ["--remote", args.remote]
+        if args.judge:
+            sessions[3].append("--judge")
         sessions.append(["review", "--case", case.name, "--refresh-reference"])
         if not args.run:
             log.info(
