@@ -23,6 +23,7 @@ from hostsync.census.report import (
     dispositions,
     draw_heat_map,
     rate_text,
+    spans_text,
     where_text,
 )
 from hostsync.detector.records import DeviceWork
@@ -166,13 +167,15 @@ def summary(result: ScanResult, rules: AllowList) -> str:
         (
             rate_text(s.hunted.rate),
             rate_text(s.hunted.stall_rate),
+            rate_text(s.hunted.idle_rate),
             _short(f"{s.hunted.site.file}:{s.hunted.site.line}  {s.hunted.site.code}", 70),
             _short(verdict(s), 45),
         )
         for s in sites[:SUMMARY_SITES]
     ]
     if rows:
-        lines.append(table.text(("reads/step", "waits/step", "site", "disposition"), rows))
+        headers = ("reads/step", "waits/step", "idle us/step", "site", "disposition")
+        lines.append(table.text(headers, rows))
         if len(sites) > SUMMARY_SITES:
             lines.append(f"... and {len(sites) - SUMMARY_SITES} more site(s) in the report")
     else:
@@ -270,6 +273,8 @@ def render(result: ScanResult, source: str, png: str | None, rules: AllowList) -
                     "waits/step",
                     *rank_columns,
                     "work waited for/step",
+                    "idle us/step",
+                    "host ran in the windows",
                     "when",
                     "disposition",
                     "code",
@@ -282,6 +287,8 @@ def render(result: ScanResult, source: str, png: str | None, rules: AllowList) -
                         rate_text(s.hunted.stall_rate),
                         *([rate_text(s.per_rank.get(r)) for r in ranks] if rank_columns else []),
                         f"{s.work.kernels} kernels" if s.work.kernels else "-",
+                        rate_text(s.hunted.idle_rate),
+                        spans_text(s.hunted.idle) or "-",
                         s.hunted.when,
                         verdict(s),
                         f"`{s.hunted.site.code}`",
