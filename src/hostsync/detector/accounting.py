@@ -141,7 +141,7 @@ class Accounting(TorchDispatchMode):
             else:
                 counted = time.perf_counter_ns()
                 opening.own += int(self.modes * self._per_dispatch) + counted - returned
-                self._span(opening, entered)
+                self._span(opening, returned)  # the call's own host work is its statement's
                 opening.last = time.perf_counter_ns()
         return result
 
@@ -197,7 +197,7 @@ class Accounting(TorchDispatchMode):
         opening, self._opening = self._opening, None
         host = max(0, now - opening.started - opening.own)
         self._span(opening, now)  # its own time lies past the window's end
-        # Spans hold the detector's time too: scaled to the window's host time.
+        # Spans hold the mode's dispatch time too: scaled to the window's host time.
         spent = sum(opening.spans.values()) or 1
         spans = tuple(
             HostSpan(statement, round(ns * host / spent / 1000, 1))
