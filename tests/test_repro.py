@@ -581,7 +581,7 @@ def measure_live_case(
 def test_the_trainer_filter_reads_twice_per_finite_micro_batch_and_the_fix_never(
     tmp_path: Path,
 ) -> None:
-    """The live case on transformers 5.24.0: the real Trainer, a real nan loss."""
+    """The live case on its pinned transformers: the real Trainer, a real nan loss."""
     measured = measure_live_case(tmp_path, "trainer-nan-filter", ["finite", "nan"], ranks="1")
 
     runs = {(run["tree"], run["scenario"]): run for run in measured["runs"]}

@@ -4,6 +4,7 @@ project against pin.toml, and a case's site and series there, through the real c
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -52,6 +53,7 @@ def watched(tmp_path: Path):
     for other in cases.names(layout.root):
         if other != CASE:
             (layout.root / "cases" / f"{other}.toml").unlink()
+    pinned_at(layout.root / "cases" / f"{CASE}.toml", "5.24.0")
     files = tmp_path / "index" / "files"
     make_sdist(
         files / "transformers", "transformers", "5.24.0", transformers_files("5.24.0", TRAINER)
@@ -68,6 +70,15 @@ def watched(tmp_path: Path):
         return serving(tmp_path / "index")
 
     return layout, serve
+
+
+def pinned_at(card: Path, version: str) -> None:
+    """The card pinned to `version`, whatever release the case pins today: the index here
+    serves the releases the test names."""
+    text = re.sub(
+        r'^version = ".*"$', f'version = "{version}"', card.read_text(), count=1, flags=re.M
+    )
+    card.write_text(re.sub(r'^tag = ".*"$', f'tag = "v{version}"', text, count=1, flags=re.M))
 
 
 def release_repository(layout: Layout, url: str) -> Path:
@@ -98,7 +109,10 @@ def test_the_digest_names_the_newest_releases_and_where_a_cases_read_still_is(wa
     assert "- transformers 5.25.0 (" in digest
     assert "pin.toml installs 5.24.0; 1 newer: 5.25.0." in digest
     assert "- accelerate 1.15.0 (" in digest and "): as pinned." in digest
-    assert f"- **{CASE}** (transformers 5.25.0, pinned 5.24.0):" in digest
+    assert (
+        f"- **{CASE}** (transformers 5.25.0, pinned 5.24.0;"
+        f" behind: `nox -s repin -- --case {CASE}`):"
+    ) in digest
     assert (
         "transformers 5.25.0: `torch.isnan(tr_loss_step)` in _run_epoch() (transformers/trainer.py)"
         " still present at src/transformers/trainer.py:11 (Trainer._run_epoch)."
