@@ -36,6 +36,9 @@ def test_a_card_moves_to_the_newest_release_and_keeps_everything_else(tmp_path: 
     layout = own_downloads(make_workspace(tmp_path / "workspace"))
     card = layout.root / "cases" / f"{CASE}.toml"
     before = card.read_text()
+    edited = layout.root / "work" / "clones" / CASE / "an-edit.txt"
+    edited.parent.mkdir(parents=True)
+    edited.write_text("kept")
     with serving(index(tmp_path / "index")) as url:
         done = hostsync(layout, "repin", "--case", CASE, env_extra={sdists.INDEX_ENV: url})
 
@@ -49,6 +52,11 @@ def test_a_card_moves_to_the_newest_release_and_keeps_everything_else(tmp_path: 
     unchanged = tomllib.loads(before) | {"pin": pin}
     assert tomllib.loads(card.read_text()) == unchanged
     assert "every result is stale; rerun `python -m hostsync repro --case" in done.stderr
+    # The clone of the release it left is kept aside, edits and all.
+    assert (
+        layout.root / "work" / "clones" / f"{CASE}-0.19.8" / "an-edit.txt"
+    ).read_text() == "kept"
+    assert not edited.parent.exists()
 
 
 def test_a_card_pinned_to_the_newest_stays_and_an_older_release_is_refused(

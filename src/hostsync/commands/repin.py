@@ -41,8 +41,10 @@ def main(argv: list[str]) -> int:
                 log.info("%s: pinned to %s already", case.name, case.pin.version)
                 return
             moved = repin.repinned(case, target, datetime.date.today())
-            written = repin.apply(case, moved)
-        log.info("%s: [pin] %s -> %s in %s", case.name, moved.was, moved.now.version, written.name)
+            aside = repin.apply(case, moved)
+        log.info("%s: [pin] %s -> %s", case.name, moved.was, moved.now.version)
+        if aside is not None:
+            log.info("%s: its clone of %s is kept at %s", case.name, moved.was, aside)
         sessions = [[name, "--case", case.name] for name in repin.SESSIONS]
         if args.remote:
             sessions[1] += ["--remote", args.remote]

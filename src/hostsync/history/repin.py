@@ -10,7 +10,9 @@ reference is refreshed once its drafts pass.
 from __future__ import annotations
 
 import datetime
+import itertools
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,18 +94,33 @@ def repinned(case: Case, target: Published, today: datetime.date) -> Repin:
     for key, value in values.items():
         body = re.sub(rf"^{key} = .*$", f"{key} = {value}", body, count=1, flags=re.MULTILINE)
     which = "the newest final release" if target == newest(case) else "a release"
-    said = (
-        f"# Re-pinned on {today.isoformat()} from {case.pin.version}: {release.version}, {which}"
-        f" on the index that day (uploaded {target.uploaded or 'on a day it does not say'}).\n"
+    said = textwrap.fill(
+        f"Re-pinned on {today.isoformat()} from {case.pin.version}: {release.version}, {which}"
+        f" on the index that day (uploaded {target.uploaded or 'on a day it does not say'}).",
+        width=100,
+        initial_indent="# ",
+        subsequent_indent="# ",
     )
+    said += "\n"
     first_key = re.search(rf"^(?:{'|'.join(_KEYS)}) = ", body, re.MULTILINE)
     body = body[: first_key.start()] + said + body[first_key.start() :]
     moved = text[: table.start("body")] + body + text[table.end("body") :]
     return Repin(case.name, case.pin.version, release, target.uploaded, moved)
 
 
-def apply(case: Case, repin: Repin) -> Path:
-    """The new release's sdist checked against the index's sha256, then the card written."""
+def apply(case: Case, repin: Repin) -> Path | None:
+    """The new release's sdist checked against the index's sha256, then the card written; the
+    case's clone, of the release it leaves, moved aside (never removed: it may hold edits).
+    Returns where the clone went, if there was one."""
     fetch_sdist(case.layout, repin.now.sdist)
     case.layout.case_file.write_text(repin.text, encoding="utf-8")
-    return case.layout.case_file
+    clone = case.layout.clone
+    if not clone.exists():
+        return None
+    aside = clone.with_name(f"{clone.name}-{repin.was}")
+    for number in itertools.count(2):
+        if not aside.exists():
+            break
+        aside = clone.with_name(f"{clone.name}-{repin.was}-{number}")
+    clone.rename(aside)
+    return aside
