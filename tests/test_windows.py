@@ -175,3 +175,16 @@ def test_a_wrapper_optimizers_step_right_after_the_real_one_is_the_same_step():
             inner.step()
             wrapper.step()  # no device work since the inner step: the same step
     assert len(scope.cost(steps=2).idle_us) == 2
+
+
+def test_an_optimizer_step_inside_a_one_step_scope_splits_nothing():
+    t = matrix()
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([weight], lr=0.0)
+    with SyncScope(account=True) as scope:
+        (t @ t).sum().item()
+        t + 1
+        optimizer.step()
+        (t @ t).sum().item()
+        t + 1
+    assert len(scope.cost().idle_us) == 1

@@ -208,7 +208,7 @@ class SyncScope:
         work inside it and the idle windows after the stalls, over `steps` steps; by site, most
         waits first. Idle time is summed per step the scope saw (an optimizer's, or one marked
         with `step()`; a window counts in the step it opened in, one after the last step in the
-        last), else for the scope."""
+        last), at most `steps` figures, else one for the scope."""
         if self.work is None:
             raise SyncScopeError("cost() needs a closed scope opened with account=True")
         by_site: dict[Site, list[SyncEvent]] = {}
@@ -232,7 +232,9 @@ class SyncScope:
         ]
         sites.sort(key=lambda cost: (-cost.reads, cost.site.file, cost.site.line))
         stalls = sum(event.stall for event in self.events)
-        per_step = [0.0] * max(1, self.optimizer_steps)
+        # No more figures than the steps the caller says the scope covers: an optimizer's step
+        # inside a one-step scope splits nothing.
+        per_step = [0.0] * max(1, min(self.optimizer_steps, steps))
         for window in self.windows:
             per_step[min(window.step, len(per_step) - 1)] += window.us
         idle = tuple(round(us, 1) for us in per_step)
