@@ -1,7 +1,8 @@
 """`repin`: a card moved to a newer release of its project, against a local package index.
 
-The sdist is fetched and checked against the index's sha256 before the card changes; only the
-`[pin]` table changes, with a dated comment; the case's results are stale from then on.
+The sdist is fetched and checked against the index's sha256, and an environment found for it,
+before the card changes; only the `[pin]` table changes, with a dated comment; the case's results
+are stale from then on.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def index(root: Path) -> Path:
             "deepspeed",
             version,
             {"deepspeed/__init__.py": f'__version__ = "{version}"\n'},
+            requires=("torch", "numpy"),
             uploaded=uploaded,
         )
     return root

@@ -1,10 +1,10 @@
 """A card moved to another release of its project: the `[pin]` table rewritten, the rest kept.
 
 `watch` says which cards are behind the index; `repin` moves one. The new release's sdist is
-downloaded and checked against the index's sha256 before the card changes, and the card's text
-is edited in place (its comments and layout kept), with a dated comment saying from which
-release it moved. Every result of the case is stale from then on: its sessions rerun, and its
-reference is refreshed once its drafts pass.
+downloaded and checked against the index's sha256, and an environment found or built for it beside
+pin.toml's other pins, before the card changes; the card's text is edited in place (its comments and
+layout kept), with a dated comment saying from which release it moved. Every result of the case is
+stale from then on: its sessions rerun, and its reference is refreshed once its drafts pass.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from hostsync.upstream import envs
 from hostsync.upstream.releases import tag_format
 from hostsync.upstream.sdists import Published, fetch_sdist, index_url, published
 from hostsync.workspace.cases import Case, Release
@@ -109,10 +110,18 @@ def repinned(case: Case, target: Published, today: datetime.date) -> Repin:
 
 
 def apply(case: Case, repin: Repin) -> Path | None:
-    """The new release's sdist checked against the index's sha256, then the card written; the
+    """The new release's sdist checked against the index's sha256 and an environment found or
+    built for it beside pin.toml's other pins (else nothing changes), then the card written; the
     case's clone, of the release it leaves, moved aside (never removed: it may hold edits).
     Returns where the clone went, if there was one."""
     fetch_sdist(case.layout, repin.now.sdist)
+    try:
+        envs.python_for(case.layout, case.project, repin.now)
+    except WorkspaceError as error:
+        raise WorkspaceError(
+            f"{case.name} stays on {repin.was}: {repin.now.version} does not install beside"
+            f" pin.toml's pins ({error}); move pin.toml's companions first"
+        ) from None
     case.layout.case_file.write_text(repin.text, encoding="utf-8")
     clone = case.layout.clone
     if not clone.exists():
