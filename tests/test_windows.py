@@ -28,8 +28,16 @@ def host_work() -> int:
     return sum(i * i for i in range(200_000))
 
 
-def windows(scope: SyncScope) -> dict[str, Idle]:
-    return {f"{site.site.line}": site.idle for site in scope.cost().sites}
+def stall_then_host_work(t: torch.Tensor) -> None:
+    """A read that stalls, host work, then the next kernel: one idle window."""
+    (t @ t).sum().item()
+    host_work()
+    t + 1
+
+
+def marking_steps() -> torch.optim.Optimizer:
+    """An optimizer whose step changes nothing: it only marks a step."""
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
 
 
 def test_the_window_after_a_stall_holds_the_host_work_before_the_next_kernel():
@@ -70,14 +78,10 @@ def test_a_free_read_inside_a_window_does_not_end_it_and_the_time_goes_to_the_ne
 
 
 def test_idle_time_is_summed_per_optimizer_step():
-    t = matrix()
-    weight = torch.nn.Parameter(torch.zeros(1))
-    optimizer = torch.optim.SGD([weight], lr=0.0)
+    t, optimizer = matrix(), marking_steps()
     with SyncScope(account=True) as scope:
         for _ in range(3):
-            (t @ t).sum().item()
-            host_work()
-            t + 1
+            stall_then_host_work(t)
             optimizer.step()
     cost = scope.cost(steps=3)
     assert len(cost.idle_us) == 3
@@ -155,9 +159,7 @@ def test_steps_no_optimizer_marks_are_marked_by_the_caller():
     t = matrix()
     with SyncScope(account=True) as scope:
         for _ in range(2):
-            (t @ t).sum().item()
-            host_work()
-            t + 1
+            stall_then_host_work(t)
             scope.step()
     assert len(scope.cost(steps=2).idle_us) == 2
     with SyncScope() as gate, pytest.raises(SyncScopeError, match="account=True"):
@@ -165,26 +167,19 @@ def test_steps_no_optimizer_marks_are_marked_by_the_caller():
 
 
 def test_a_wrapper_optimizers_step_right_after_the_real_one_is_the_same_step():
-    t = matrix()
-    weight = torch.nn.Parameter(torch.zeros(1))
-    inner, wrapper = (torch.optim.SGD([weight], lr=0.0) for _ in range(2))
+    t, inner, wrapper = matrix(), marking_steps(), marking_steps()
     with SyncScope(account=True) as scope:
         for _ in range(2):
-            (t @ t).sum().item()
-            t + 1
+            stall_then_host_work(t)
             inner.step()
             wrapper.step()  # no device work since the inner step: the same step
     assert len(scope.cost(steps=2).idle_us) == 2
 
 
 def test_an_optimizer_step_inside_a_one_step_scope_splits_nothing():
-    t = matrix()
-    weight = torch.nn.Parameter(torch.zeros(1))
-    optimizer = torch.optim.SGD([weight], lr=0.0)
+    t, optimizer = matrix(), marking_steps()
     with SyncScope(account=True) as scope:
-        (t @ t).sum().item()
-        t + 1
+        stall_then_host_work(t)
         optimizer.step()
-        (t @ t).sum().item()
-        t + 1
+        stall_then_host_work(t)
     assert len(scope.cost().idle_us) == 1
