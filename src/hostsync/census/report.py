@@ -313,8 +313,9 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
                 ],
             ),
             "",
-            "*ran*: the statements the host reached in those windows, with the host time (us) that"
-            " ran before each: the time before a torch call is charged to it. Each line is shown"
+            "*ran*: the statements the host reached in those windows, with the host time (us, over"
+            " all of the site's steady windows on every rank) that ran before each: the time"
+            " before a torch call is charged to it. Each line is shown"
             " once, in the setup where its windows are longest; every one is a candidate for"
             " moving host work out of the window (before the wait, or off the step).",
             "",
