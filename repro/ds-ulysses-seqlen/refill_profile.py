@@ -75,7 +75,7 @@ def main() -> ProfiledRank:
     rank = dist.get_rank()
     device = torch.device(args.device, rank) if cuda else "cpu"
     nvtx = args.profiler == "nsys"
-    keys = sp_dataloader.SCENARIOS[args.scenario]
+    keys, _ = sp_dataloader.SCENARIOS[args.scenario]
     batches = DataLoader(sp_dataloader.samples(keys, args.warmup + args.steps), batch_size=1)
     loader = UlyssesSPDataLoaderAdapter(
         FetchApart(batches, nvtx),
