@@ -325,14 +325,14 @@ def test_what_a_fix_leaves_and_where_its_reads_wait_are_listed_from_the_accounti
         return review.fill(template, found)
 
     assert filled("{{repro:sites[tree=patched,scenario=zero1]|reads}}") == (
-        "`pkg/utils.py:888` `mask_nan` (1 to 2 reads); `pkg/utils.py:233` `is_invalid` (1 read)"
+        "`pkg/utils.py:888` `mask_nan` (1 to 2 waits); `pkg/utils.py:233` `is_invalid` (1 wait)"
     )
     assert filled("{{repro:sites[tree=patched]|waits}}") == (
-        "`pkg/utils.py:888` `mask_nan` (1 to 2 reads wait, for 12 to 26 kernels in all,"
-        " 1 collective among them); `pkg/utils.py:233` `is_invalid` (1 read, none waits)"
+        "`pkg/utils.py:888` `mask_nan` (1 to 2 waits stall, for 12 to 26 kernels in all,"
+        " 1 collective among them); `pkg/utils.py:233` `is_invalid` (1 wait, none stalls)"
     )
     assert filled("{{repro:sites[tree=pinned,function=is_invalid]|waits}}") == (
-        "`pkg/utils.py:233` `is_invalid` (2 of 3 reads wait, for 15 kernels in all)"
+        "`pkg/utils.py:233` `is_invalid` (2 of 3 waits stall, for 15 kernels in all)"
     )
     assert filled("{{repro:sites[tree=patched,function=mask_nan].waited_for.kernels|max}}") == "26"
     assert filled("{{repro:sites[tree=patched].line|count}}") == "2"

@@ -11,8 +11,8 @@ template), with every figure a query over the latest results:
     {{snippet:code}}                                        the case's one-process snippet
     {{bisect:sites[project=deepspeed].first}}              the first release with the site
     {{gpu:figures[tree=pinned].dtoh_copies}}                GPU evidence, where there is some
-    {{repro:sites[tree=patched,scenario=zero1]|reads}}      the reads a run leaves, by site
-    {{repro:sites[tree=pinned,function=step]|waits}}        what they wait for, by site
+    {{repro:sites[tree=patched,scenario=zero1]|reads}}      the waits a run leaves, by site
+    {{repro:sites[tree=pinned,function=step]|waits}}        which stall, and for what, by site
 
 A path walks dicts by key and maps over lists; `[key=value,...]` keeps the list items that
 match. Reducers: first (the default), last, max, min, sum, count, join, and a number n: the n-th

@@ -6,7 +6,7 @@ per accounted step; review adds them to the repro's document as `sites`, and its
 and `waits` list them:
 
     {{repro:sites[tree=patched,scenario=zero1]|reads}}
-        `deepspeed/runtime/utils.py:898` `mask_nan_or_inf_with_val_inplace` (2 reads); ...
+        `deepspeed/runtime/utils.py:898` `mask_nan_or_inf_with_val_inplace` (2 waits); ...
     {{repro:sites[tree=pinned,function=clip_tensors_by_global_norm]|waits}}
         `deepspeed/runtime/utils.py:988` `clip_tensors_by_global_norm` (1 read waits, for 4 kernels)
 
@@ -94,26 +94,27 @@ def _by_site(cost: Cost) -> dict[Site, SiteCost]:
 
 
 def reads(values: list[Any]) -> str:
-    """The sites `values` holds, each with its reads: `file:line` `function` (2 reads)."""
-    return _listed(values, lambda sites: _amount(_each(sites, lambda site: site.reads), "read"))
+    """The sites `values` holds, each with its waits (reads and blocking copies to the device,
+    which the accounting does not tell apart): `file:line` `function` (2 waits)."""
+    return _listed(values, lambda sites: _amount(_each(sites, lambda site: site.reads), "wait"))
 
 
 def waits(values: list[Any]) -> str:
-    """The sites `values` holds, each with its reads, how many wait and the device work they wait
-    for: `file:line` `function` (2 of 6 reads wait, for 11 kernels in all, 3 collectives among
-    them)."""
+    """The sites `values` holds, each with its waits, how many stall and the device work they
+    wait for: `file:line` `function` (2 of 6 waits stall, for 11 kernels in all, 3 collectives
+    among them)."""
     return _listed(values, _waited)
 
 
 def _waited(sites: list[RunSite]) -> str:
     reading = _each(sites, lambda site: site.reads)
     waiting = _each(sites, lambda site: site.stalls)
-    counted = _amount(reading, "read")
+    counted = _amount(reading, "wait")
     if max(waiting) == 0:
-        return f"{counted}, none waits"
+        return f"{counted}, none stalls"
     if waiting != reading:
         counted = f"{_range(waiting)} of {counted}"
-    said = f"{counted} {'waits' if max(waiting) == 1 else 'wait'}"
+    said = f"{counted} {'stalls' if max(waiting) == 1 else 'stall'}"
     kernels = _each(sites, lambda site: site.waited_for["kernels"])
     said += f", for {_amount(kernels, 'kernel')}"
     said += " in all" if max(waiting) > 1 else ""
