@@ -24,7 +24,6 @@ from typing import Any
 from hostsync.detector.codec import FLAT, Record, RecordError, shown
 from hostsync.detector.records import Cost, DeviceWork, SiteCost
 from hostsync.detector.sites import Site
-from hostsync.drafting.drafts import number
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.records import ReproResult, ScenarioRow
 
@@ -155,4 +154,11 @@ def _amount(values: Sequence[float], noun: str) -> str:
 
 def _range(values: Sequence[float]) -> str:
     low, high = min(values), max(values)
-    return number(high) if low == high else f"{number(low)} to {number(high)}"
+    return _rounded(high) if low == high else f"{_rounded(low)} to {_rounded(high)}"
+
+
+def _rounded(value: float) -> str:
+    """A mean per step as a person writes it: whole from ten up, one decimal below."""
+    if value >= 10:
+        return str(int(value + 0.5))
+    return f"{value:.1f}".rstrip("0").rstrip(".")
