@@ -649,7 +649,9 @@ def test_the_input_token_count_is_read_every_micro_batch_and_with_the_fix_once_p
     assert runs["pinned"]["token_reads_per_step"] == [4, 4, 4, 4]
     assert runs["patched"]["token_reads_per_step"] == [1, 1, 1, 1]
     assert [c["verdict"] for c in measured["comparisons"]] == ["identical"]
-    assert [v["judgement"]["verdict"] for v in measured["verdicts"]] == ["saves stalls"]
+    # Stalls removed: whether the idle windows shrink beyond their spread is the run's to say.
+    (verdict,) = [v["judgement"]["verdict"] for v in measured["verdicts"]]
+    assert verdict in ("saves idle time", "moves the wait")
 
 
 @pytest.mark.heavy
