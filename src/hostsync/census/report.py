@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hostsync.detector.records import Idle
-from hostsync.detector.sites import DEVICE_COPY
 from hostsync.hunt.allowlist import AllowList, load_allowlist, reason
+from hostsync.hunt.measure import copies_rate
 from hostsync.hunt.report import reading
 from hostsync.measure.cost import BOUND, assess, idle_per_step
 from hostsync.workspace import results, table
@@ -138,7 +138,7 @@ def stalls_per_setup(result: CensusResult, column: str) -> dict[str, float]:
 def copies_per_setup(result: CensusResult, column: str) -> dict[str, float]:
     """Blocking copies to the device per optimizer step of each measured setup in `column`."""
     return {
-        run.setup: round(sum(s.rate for s in run.sites if DEVICE_COPY in s.kinds), 2)
+        run.setup: round(copies_rate(run.sites), 2)
         for run in result.runs
         if run.tree == column and run.measured
     }

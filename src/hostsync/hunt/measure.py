@@ -14,11 +14,11 @@ import dataclasses
 import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from hostsync.detector.records import Cost, Idle
-from hostsync.detector.sites import AllowRule, Site
+from hostsync.detector.sites import DEVICE_COPY, AllowRule, Site
 from hostsync.hunt.allowlist import host_memory_args, reason
 from hostsync.launch import trainer_step
 from hostsync.launch.launchers import DEFAULT_TIMEOUT_S, RunFailed, read_ranks
@@ -160,6 +160,8 @@ def summarize(
         steps = sorted({step for _, step in by_rank_step})
         in_steady = [n for (_, step), n in by_rank_step.items() if step in steady]
         carried_by = reason(carried, site, caller)
+        # A line read from several callers: its windows are each caller's.
+        windows = idle.get(site, Idle())
         sites.append(
             HuntSite(
                 package=package(site.file),
@@ -169,18 +171,20 @@ def summarize(
                 steps=tuple(steps),
                 when=when(steps, steady, logging_steps),
                 per_step=max(in_steady or by_rank_step.values()),
-                rate=sum(in_steady) / (len(ranks) * len(steady)) if steady else 0.0,
+                rate=sum(in_steady) / rank_steps if steady else 0.0,
                 carried=carried_by,
                 allowed=None if carried_by else reason(rules, site, caller),
                 stall_rate=stalls[key] / rank_steps if steady else 0.0,
-                # A line read from several callers: its windows are each caller's.
-                idle=idle.get(site, Idle()),
-                idle_rate=round(sum(idle[site].windows_us) / rank_steps, 1)
-                if steady and site in idle
-                else 0.0,
+                idle=windows,
+                idle_rate=round(sum(windows.windows_us) / rank_steps, 1) if steady else 0.0,
             )
         )
     return sorted(sites, key=rank_key)
+
+
+def copies_rate(sites: Iterable[HuntSite]) -> float:
+    """Of the sites' syncs per rank and step, the blocking copies to the device."""
+    return sum(site.rate for site in sites if DEVICE_COPY in site.kinds)
 
 
 def steady_cost(ranks: Sequence[HuntRank]) -> Cost | None:

@@ -27,9 +27,9 @@ from hostsync.census.report import (
     where_text,
 )
 from hostsync.detector.records import DeviceWork
-from hostsync.detector.sites import COMPILED, DEVICE_COPY, Site
+from hostsync.detector.sites import COMPILED, Site
 from hostsync.hunt.allowlist import AllowList
-from hostsync.hunt.measure import summarize
+from hostsync.hunt.measure import copies_rate, summarize
 from hostsync.measure.cost import idle_per_step
 from hostsync.scan.measure import hunt_ranks
 from hostsync.workspace import results, table
@@ -119,11 +119,10 @@ def per_step(result: ScanResult) -> dict[str, float]:
     seconds = [sum(s.seconds for s in steps) / len(steps) for steps in steady if steps]
     if cost is None or not cost.steps:
         return {}
-    steady_sites = [site for rank in hunt_ranks(result.ranks) for site in summarize([rank], ())]
     return {
         "reads": cost.reads / cost.steps,
         "waits": cost.stalls / cost.steps,
-        "copies": sum(s.rate for s in steady_sites if DEVICE_COPY in s.kinds) / len(result.ranks),
+        "copies": copies_rate(result.sites),
         "idle_us": idle_per_step(cost)[0],
         "kernels": cost.work.kernels / cost.steps,
         "collectives": cost.work.collectives / cost.steps,
