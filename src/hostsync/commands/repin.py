@@ -45,11 +45,13 @@ def main(argv: list[str]) -> int:
         log.info("%s: [pin] %s -> %s", case.name, moved.was, moved.now.version)
         if aside is not None:
             log.info("%s: its clone of %s is kept at %s", case.name, moved.was, aside)
-        sessions = [[name, "--case", case.name] for name in repin.SESSIONS]
-        if args.remote:
-            sessions[1] += ["--remote", args.remote]
-        if args.judge:
-            sessions[3].append("--judge")
+        passed_on = {
+            "test-patch": ["--remote", args.remote] if args.remote else [],
+            "bisect": ["--judge"] if args.judge else [],
+        }
+        sessions = [
+            [name, "--case", case.name, *passed_on.get(name, [])] for name in repin.SESSIONS
+        ]
         sessions.append(["review", "--case", case.name, "--refresh-reference"])
         if not args.run:
             log.info(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 from hostsync.detector.codec import FLAT, OPTIONAL, Record
 from hostsync.detector.sites import Site
@@ -111,10 +112,8 @@ class Cost(Record):
     def __add__(self, other: Cost) -> Cost:
         """Two ranks' (or regions') costs together, over the same steps: their idle time adds
         up step by step, as every device's idle time does."""
-        longer, shorter = sorted((self.idle_us, other.idle_us), key=len, reverse=True)
-        idle = tuple(
-            round(a + (shorter[i] if i < len(shorter) else 0.0), 1) for i, a in enumerate(longer)
-        )
+        paired = zip_longest(self.idle_us, other.idle_us, fillvalue=0.0)
+        idle = tuple(round(a + b, 1) for a, b in paired)
         return Cost(
             self.steps,
             self.reads + other.reads,
