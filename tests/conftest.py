@@ -22,7 +22,7 @@ COMMITTED = (
     "patches",
     "repro",
     "pin.toml",
-    "hunt_allowlist.toml",
+    "known_sites.toml",
     "census.toml",
     "surveys.toml",
 )

@@ -19,6 +19,9 @@ TABLE_OPENS = "The engine, from the bottom of its imports up"
 RANK_SCRIPT_IMPORTS = ("hostsync.rank.protocol", "hostsync.rank.rankkit", "hostsync.detector")
 # What a rank script's `main` returns: a repro script's rows, or a profile script's record.
 RANK_RECORDS = ("ReproRank", "ProfiledRank")
+# The packages that find sites: each stands on the site layer, and none imports another.
+SITE_LAYER = "hostsync.sites"
+SITE_FINDERS = ("hostsync.hunt", "hostsync.census", "hostsync.scan", "hostsync.history")
 
 
 def module_name(path: Path) -> str:
@@ -339,6 +342,36 @@ def detector_escapes() -> list[str]:
     ]
 
 
+def _finder(module: str) -> str | None:
+    """The site-finding package `module` lies in, if any."""
+    return next((p for p in SITE_FINDERS if module == p or module.startswith(p + ".")), None)
+
+
+def finder_imports(graph: dict[str, set[str]] | None = None) -> list[str]:
+    """Each import from one site-finding package into another: what they share is the site
+    layer's."""
+    graph = import_graph() if graph is None else graph
+    return [
+        f"{module} imports {imported}"
+        for module, imported_modules in sorted(graph.items())
+        for imported in sorted(imported_modules)
+        if _finder(module) and _finder(imported) and _finder(module) != _finder(imported)
+    ]
+
+
+def finders_off_the_site_layer(graph: dict[str, set[str]] | None = None) -> list[str]:
+    """Each site-finding package no module of which imports the site layer."""
+    graph = import_graph() if graph is None else graph
+    return [
+        package
+        for package in SITE_FINDERS
+        if not any(
+            _finder(module) == package and any(i.startswith(SITE_LAYER) for i in imported)
+            for module, imported in graph.items()
+        )
+    ]
+
+
 def back_edges() -> list[str]:
     """Each import that climbs from a module's floor to a higher one."""
     table = floors()
@@ -364,6 +397,10 @@ def main() -> int:
     print(
         f"commands: {len(commands())}, imports between them: {len(command_imports())},"
         f" detector imports outside it: {len(detector_escapes())}"
+    )
+    print(
+        f"site finders: {len(SITE_FINDERS)}, imports between them: {len(finder_imports(graph))},"
+        f" not on the site layer: {len(finders_off_the_site_layer(graph))}"
     )
     print(f"untyped signatures: {len(untyped)} of {total} functions (--list names them)")
     print(

@@ -16,6 +16,7 @@ from hostsync.census.run import census_cases
 from hostsync.detector.records import Cost, DeviceWork, HostSpan, Idle
 from hostsync.detector.sites import DEVICE_COPY, Site
 from hostsync.rank import rankkit
+from hostsync.sites.dispositions import known_now
 from hostsync.workspace import cases, results, table
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import ROOT, Layout
@@ -262,7 +263,7 @@ def test_a_candidate_shows_its_disposition_and_one_without_is_listed_apart(
     tmp_path: Path,
 ) -> None:
     workspace = make_workspace(tmp_path / "workspace")
-    with workspace.allowlist.open("a") as rules:
+    with workspace.known_sites.open("a") as rules:
         rules.write('\n[[not_carried]]\nfile = "trl/a.py"\nreason = "metrics only, see #1"\n')
     left, undecided = _site("trl/a.py", 2.0), _site("trl/b.py", 1.0)
     info = TreeInfo("transformers", "5.24.0", "abc", "a test", "src")
@@ -281,7 +282,7 @@ def test_a_candidate_shows_its_disposition_and_one_without_is_listed_apart(
 
     text = report.write_reports(layout, path)[0].read_text()
 
-    sites = report.census_sites(result.runs, report.dispositions(layout))
+    sites = report.census_sites(result.runs, known_now(layout))
     assert [s.hunted.site.file for s in report.undecided(sites)] == ["trl/b.py"]
     rows = {line.split(" | ")[2]: line for line in text.splitlines() if "| trl/" in line}
     assert "| not carried: metrics only, see #1 |" in rows["trl/a.py:1 `f`"]
@@ -290,12 +291,12 @@ def test_a_candidate_shows_its_disposition_and_one_without_is_listed_apart(
 
 
 def test_each_reference_census_candidate_ends_somewhere_and_rebuilds_without_events() -> None:
-    """The committed census result, with hunt_allowlist.toml as it is: each candidate carried,
+    """The committed census result, with known_sites.toml as it is: each candidate carried,
     accepted or not carried with its reason, shown on its row; the report is the same from the
     result without the ranks' raw events, which the census no longer writes."""
     found = results.latest(ROOT / "profiles" / "census" / "reference", CensusResult)
     result = results.read(found, CensusResult)
-    rules = report.dispositions(Layout(ROOT, "census"))
+    rules = known_now(Layout(ROOT, "census"))
 
     sites = report.census_sites(result.runs, rules)
     text = report.render(result, found.name, None, rules)
@@ -303,9 +304,11 @@ def test_each_reference_census_candidate_ends_somewhere_and_rebuilds_without_eve
     assert not [
         f"{s.hunted.site.file} {s.hunted.site.function} {s.hunted.site.code}"
         for s in report.undecided(sites)
-    ], "give each a case, an [[allow]] or a [[not_carried]] table in hunt_allowlist.toml"
+    ], "give each a case, an [[allow]] or a [[not_carried]] table in known_sites.toml"
     assert report.UNDECIDED not in text and "## Candidates without a disposition" not in text
-    assert all(table.markdown(("verdict",), [(s.verdict,)]).splitlines()[-1] in text for s in sites)
+    assert all(
+        table.markdown(("disposition",), [(s.said(),)]).splitlines()[-1] in text for s in sites
+    )
     events_left_out = dataclasses.replace(
         result, runs=tuple(dataclasses.replace(run, ranks=()) for run in result.runs)
     )

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from hostsync.census import setups
-from hostsync.hunt import allowlist
 from hostsync.measure import survey
+from hostsync.sites import known
 from hostsync.workspace import cases, pin
 from hostsync.workspace.config import load_toml
 from hostsync.workspace.errors import WorkspaceError
@@ -25,7 +25,7 @@ READERS: dict[str, Callable[[Path], object]] = {
     "pin.toml": lambda root: pin.load(root / "pin.toml"),
     "census.toml": setups.load,
     "surveys.toml": lambda root: survey.load_spec(root, "peft"),
-    "hunt_allowlist.toml": lambda root: allowlist.load_allowlist(root / "hunt_allowlist.toml"),
+    "known_sites.toml": lambda root: known.load_known_sites(root / "known_sites.toml"),
 }
 
 
@@ -130,40 +130,40 @@ def refusal(root: Path, file: str, pattern: str, replacement: str) -> str:
             "surveys.toml: peft.sdist.size: expected an integer",
         ),
         (
-            "hunt_allowlist.toml",
+            "known_sites.toml",
             r'reason = "logging step only: the averaged.*"\n',
             "",
-            "hunt_allowlist.toml: allow[0].reason: is missing",
+            "known_sites.toml: allow[0].reason: is missing",
         ),
         (
-            "hunt_allowlist.toml",
+            "known_sites.toml",
             r'reason = "logging step only: the averaged.*"',
             'reason = " "',
-            "hunt_allowlist.toml: allow[0].reason: an allowed sync needs a reason",
+            "known_sites.toml: allow[0].reason: an allowed sync needs a reason",
         ),
         (
-            "hunt_allowlist.toml",
+            "known_sites.toml",
             r"function =",
             "func =",
-            "hunt_allowlist.toml: allow[0]: has unknown keys ['func']: use [",
+            "known_sites.toml: allow[0]: has unknown keys ['func']: use [",
         ),
         (
-            "hunt_allowlist.toml",
+            "known_sites.toml",
             r'function = "_maybe_log_save_evaluate"',
             "function = 3",
-            "hunt_allowlist.toml: allow[0].function: expected a string, got 3",
+            "known_sites.toml: allow[0].function: expected a string, got 3",
         ),
         (
-            "hunt_allowlist.toml",
+            "known_sites.toml",
             r'\[\[not_carried\]\]\nfile = ".*"',
             '[[not_carried]]\nfile = ""',
-            "hunt_allowlist.toml: not_carried[0].file: is blank",
+            "known_sites.toml: not_carried[0].file: is blank",
         ),
         (
-            "hunt_allowlist.toml",
+            "known_sites.toml",
             r"(?m)^\[\[allow\]\]",
             "[[allowed]]",
-            "hunt_allowlist.toml: has unknown keys ['allowed']: use ['allow', 'not_carried']",
+            "known_sites.toml: has unknown keys ['allowed']: use ['allow', 'not_carried']",
         ),
     ],
 )
@@ -184,7 +184,7 @@ def test_a_file_that_is_no_toml_is_refused_naming_its_line(tmp_path: Path, file:
     assert re.search(r"line \d+.*: fix that line$", message), message
 
 
-@pytest.mark.parametrize("file", ["pin.toml", "census.toml", "surveys.toml", "hunt_allowlist.toml"])
+@pytest.mark.parametrize("file", ["pin.toml", "census.toml", "surveys.toml", "known_sites.toml"])
 def test_a_missing_file_is_refused_naming_it(tmp_path: Path, file: str) -> None:
     with pytest.raises(WorkspaceError, match=rf"^no {re.escape(file)} at .*: restore it from"):
         READERS[file](tmp_path)
@@ -195,7 +195,7 @@ def test_every_committed_file_a_person_edits_loads() -> None:
     pins = pin.load(ROOT / "pin.toml")
     matrix = setups.load(ROOT)
     surveys = load_toml(ROOT / survey.FILE, dict[str, survey.SurveySpec])
-    rules = allowlist.load_allowlist(ROOT / "hunt_allowlist.toml")
+    rules = known.load_known_sites(ROOT / "known_sites.toml")
 
     assert pins.default_case in [case.name for case in everyone]
     assert {"torch", "transformers", "pytest"} <= pins.dependencies.keys()

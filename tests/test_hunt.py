@@ -12,9 +12,10 @@ import pytest
 from hostsync.commands import hunt as hunt_command
 from hostsync.detector.records import Cost, DeviceWork
 from hostsync.detector.sites import AllowRule, Site
-from hostsync.hunt import allowlist, measure, report
+from hostsync.hunt import measure, report
 from hostsync.hunt.run import check_stack, stacked
 from hostsync.launch import trainer_step
+from hostsync.sites import known, render, summary
 from hostsync.upstream.git import git
 from hostsync.upstream.patchqueue import series
 from hostsync.upstream.trees import Tree, prepare_tree, stack_trees
@@ -53,7 +54,7 @@ def pinned(layout: Layout) -> Tree:
 
 @pytest.fixture(scope="module")
 def hunted(layout: Layout, pinned: Tree) -> HuntTree:
-    rules = allowlist.load_allowlist(layout.allowlist).allow
+    rules = known.load_known_sites(layout.known_sites).allow
     # A hang guard, not a measurement: far above what this takes on a loaded 2-core machine.
     return measure.hunt_tree(layout, pinned, steps=6, rules=rules, timeout=600)
 
@@ -190,7 +191,7 @@ ACCEPT_LOGGING = AllowRule("transformers/trainer.py", "logged", function="_maybe
 
 
 def test_sites_say_when_they_occur_and_rank_by_syncs_per_step() -> None:
-    sites = measure.summarize(as_read(rank(0), rank(1)), (ACCEPT_LOGGING,))
+    sites = summary.summarize(as_read(rank(0), rank(1)), (ACCEPT_LOGGING,))
 
     assert [(s.site.function, s.when, s.per_step) for s in sites] == [
         ("<genexpr>", "every step", 2),
@@ -204,14 +205,14 @@ def test_sites_say_when_they_occur_and_rank_by_syncs_per_step() -> None:
 
 
 def test_a_trees_cost_is_every_ranks_steps_after_the_warm_up_and_judged_against_the_first() -> None:
-    pinned = measure.steady_cost(as_read(rank(0), rank(1)))
+    pinned = summary.steady_cost(as_read(rank(0), rank(1)))
     assert (pinned.steps, pinned.reads, pinned.stalls, pinned.work.kernels) == (8, 30, 14, 140)
 
     lighter = rank(0)
     for number in range(1, 5):
         lighter["steps"][number] = step(number + 1, site(*EVERY_PLACE, count=2, stalls=0))
     base = dataclasses.replace(hunt_tree("pinned", ()), cost=pinned)
-    fixed_cost = measure.steady_cost(as_read(lighter))
+    fixed_cost = summary.steady_cost(as_read(lighter))
     fixed = dataclasses.replace(hunt_tree("patched", ()), cost=fixed_cost)
     rows = report.cost_rows([base, fixed])
 
@@ -224,7 +225,7 @@ def test_a_trees_cost_is_every_ranks_steps_after_the_warm_up_and_judged_against_
 
 
 def test_the_allow_list_accepts_by_file_and_function_with_its_reason() -> None:
-    sites = {s.site.function: s for s in measure.summarize(as_read(rank(0)), (ACCEPT_LOGGING,))}
+    sites = {s.site.function: s for s in summary.summarize(as_read(rank(0)), (ACCEPT_LOGGING,))}
 
     assert sites["_maybe_log_save_evaluate"].allowed == "logged"
     assert sites["<genexpr>"].allowed is None
@@ -234,7 +235,7 @@ def test_a_site_only_one_rank_saw_is_kept() -> None:
     lonely = rank(1)
     lonely["steps"][1]["sites"].append(site("other.py", 5, "f", "bool(t)"))
 
-    sites = {s.site.function: s for s in measure.summarize(as_read(rank(0), lonely), ())}
+    sites = {s.site.function: s for s in summary.summarize(as_read(rank(0), lonely), ())}
 
     assert sites["f"].steps == (2,)
     assert sites["f"].package == "other"
@@ -242,13 +243,13 @@ def test_a_site_only_one_rank_saw_is_kept() -> None:
 
 def test_trees_are_compared_on_code_not_line_numbers() -> None:
     moved = dict(LOGGING, line=2080)
-    first = hunt_tree("pinned", measure.summarize(as_read(rank(0)), ()))
+    first = hunt_tree("pinned", summary.summarize(as_read(rank(0)), ()))
     fixed_rank = rank(0)
     for record in fixed_rank["steps"]:
         record["sites"] = [moved if s is LOGGING else s for s in record["sites"] if s is not EVERY]
     new_site = site("transformers/trainer.py", 10, "f", "int(t)")
     fixed_rank["steps"][1]["sites"].append(new_site)
-    second = hunt_tree("fixed", measure.summarize(as_read(fixed_rank), ()))
+    second = hunt_tree("fixed", summary.summarize(as_read(fixed_rank), ()))
 
     rows = {row.first.site.function: row for row in report.compare([first, second])}
 
@@ -305,11 +306,11 @@ def test_profiler_reads_beyond_the_twin_step_are_listed_with_their_kernel() -> N
 def test_each_reading_names_why_it_syncs(code: str, kinds: list[str], expected: str) -> None:
     where = Site("a.py", 1, "f", code)
     site = HuntSite("torch", where, "", tuple(kinds), (2,), "every step", 1, 1.0, None, None)
-    assert expected in report.reading(site)
+    assert expected in render.reading(site)
 
 
 def test_the_committed_allow_list_gives_every_rule_a_reason() -> None:
-    rules = allowlist.load_allowlist(Layout(ROOT).allowlist).allow
+    rules = known.load_known_sites(Layout(ROOT).known_sites).allow
 
     assert rules
     assert all(rule.reason.strip() for rule in rules)
@@ -318,17 +319,17 @@ def test_the_committed_allow_list_gives_every_rule_a_reason() -> None:
 @pytest.mark.parametrize(
     ("text", "complaint"),
     [
-        ('[[allow]]\nfile = "a.py"\n', "hunt_allowlist.toml: allow[0].reason: is missing"),
+        ('[[allow]]\nfile = "a.py"\n', "known_sites.toml: allow[0].reason: is missing"),
         ('[[allow]]\nfile = "a.py"\nreason = "r"\nkind = "cpu"\n', "unknown keys ['kind']"),
         ("[[allow]\n", "not valid TOML"),
     ],
 )
 def test_a_bad_allow_list_is_refused_in_one_line(tmp_path: Path, text: str, complaint: str) -> None:
-    path = tmp_path / "hunt_allowlist.toml"
+    path = tmp_path / "known_sites.toml"
     path.write_text(text)
 
     with pytest.raises(WorkspaceError, match=complaint.replace("[", r"\[").replace("]", r"\]")):
-        allowlist.load_allowlist(path)
+        known.load_known_sites(path)
 
 
 def test_too_few_steps_are_refused_before_anything_runs() -> None:
@@ -359,7 +360,7 @@ def hunt_tree(label: str, sites: list[HuntSite]) -> HuntTree:
 
 
 def document(workspace: Layout, label: str) -> HuntResult:
-    tree = hunt_tree(label, measure.summarize(as_read(rank(0)), (ACCEPT_LOGGING,)))
+    tree = hunt_tree(label, summary.summarize(as_read(rank(0)), (ACCEPT_LOGGING,)))
     return dataclasses.replace(made.hunt(workspace, tree), allowlist=(ACCEPT_LOGGING,))
 
 
@@ -411,7 +412,7 @@ def test_a_tree_that_could_not_run_is_reported_but_not_compared(workspace: Layou
 def test_a_site_a_case_carries_is_labelled_with_the_case_not_accepted() -> None:
     carried = (AllowRule("transformers/integrations/deepspeed.py", "c", code="t > 0"),)
 
-    sites = measure.summarize(as_read(rank(0)), (ACCEPT_LOGGING,), carried)
+    sites = summary.summarize(as_read(rank(0)), (ACCEPT_LOGGING,), carried)
 
     by_function = {s.site.function: s for s in sites}
     assert (by_function["<genexpr>"].carried, by_function["<genexpr>"].allowed) == ("c", None)
@@ -419,7 +420,7 @@ def test_a_site_a_case_carries_is_labelled_with_the_case_not_accepted() -> None:
 
 
 def test_every_case_carries_sites_the_hunt_matches_by_its_rules() -> None:
-    carried = allowlist.carried_rules(cases.every(ROOT))
+    carried = known.carried_rules(cases.every(ROOT))
 
     assert {rule.reason for rule in carried} == set(cases.names(ROOT))
 

@@ -1,7 +1,7 @@
 """`scan` on training scripts nobody here wrote, unchanged, offline: the ones the environment's
 accelerate and TRL wheels ship (the installed files themselves, never copied here), each given a
 tiny Llama built from a config and tiny local data. Each must find its sites with their
-dispositions: carried by a case, accepted by hunt_allowlist.toml, read and not carried, or a
+dispositions: carried by a case, accepted by known_sites.toml, read and not carried, or a
 candidate (the sp-loss pattern in accelerate's own loss code)."""
 
 from __future__ import annotations

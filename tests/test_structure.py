@@ -1,7 +1,8 @@
 """The engine's imports, read from its source: each module imports only from its own floor and
 the floors below it (docs/architecture.md, bottom up), no import cycle exists, no command imports
 another and the detector imports nothing outside its package, so that a lower floor can be read,
-tested and changed without the ones above it. The cases' rank scripts import only what
+tested and changed without the ones above it. The hunt, the census, the scan and the history
+share the site layer and never import one another. The cases' rank scripts import only what
 docs/adding-a-case.md allows them, and return their record."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from engine_structure import (
     cycles,
     detector_escapes,
     engine_modules,
+    finder_imports,
+    finders_off_the_site_layer,
     floor_of,
     floors,
     import_graph,
@@ -51,6 +54,27 @@ def test_no_command_imports_another() -> None:
 
 def test_the_detector_imports_nothing_outside_its_package() -> None:
     assert detector_escapes() == []
+
+
+def test_hunt_census_scan_and_history_import_one_another_never_and_the_site_layer_each() -> None:
+    assert finder_imports() == []
+    assert finders_off_the_site_layer() == []
+
+
+def test_the_checks_see_a_finder_importing_another_and_one_off_the_site_layer() -> None:
+    """The measure itself: the census reading the hunt's summary is caught, and so is a history
+    that reaches no site but through the hunt."""
+    graph = {
+        "hostsync.census.run": {"hostsync.hunt.measure", "hostsync.sites.known"},
+        "hostsync.hunt.measure": {"hostsync.sites.summary"},
+        "hostsync.scan.report": {"hostsync.sites.render", "hostsync.scan.measure"},
+        "hostsync.history.watch": {"hostsync.hunt.measure"},
+    }
+    assert finder_imports(graph) == [
+        "hostsync.census.run imports hostsync.hunt.measure",
+        "hostsync.history.watch imports hostsync.hunt.measure",
+    ]
+    assert finders_off_the_site_layer(graph) == ["hostsync.history"]
 
 
 def test_the_checks_see_a_back_edge_and_a_cycle() -> None:

@@ -2,9 +2,9 @@
 
 - `setups`: `census.toml`, one table per setup (trainer, ranks, ZeRO stage, precision, SP,
   accumulation, checkpointing, packing, LoRA, logging and evaluation), read and checked;
-- `run`: each setup run through the hunt's machinery (`hunt.measure.summarize`, the
-  allow-list, the cases' `[[carries]]`) on the newest release each case pins, as published and
-  with every carried fix stacked on one tree per project;
+- `run`: each setup run on the newest release each case pins, as published and with every
+  carried fix stacked on one tree per project, its sites summed by the site layer
+  (`hostsync.sites`: the known sites, the cases' `[[carries]]`);
 - `report`: one report, Markdown, JSON and a heat map (setups x sites, reads per optimizer
   step), every site ranked by its reads per step summed over the setups, with its verdict.
 

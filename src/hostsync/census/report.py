@@ -4,22 +4,29 @@ today and with every carried fix; the largest idle windows, where the host does 
 after a drain; a heat map of setups x sites. Markdown and PNG beside the JSON result.
 
 Every candidate ends somewhere: carried by a case, accepted by an allow rule, or not carried
-with its reason (hunt_allowlist.toml's `[[not_carried]]`). The allow-list is matched again when
+with its reason (known_sites.toml's `[[not_carried]]`). The allow-list is matched again when
 the report is rendered, so a rule or reason added since the census ran needs no new run. A
 candidate with none of these is listed apart, as one without a disposition."""
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hostsync.detector.records import Idle
-from hostsync.hunt.allowlist import AllowList, load_allowlist, reason
-from hostsync.hunt.measure import copies_rate
-from hostsync.hunt.report import reading
 from hostsync.measure.cost import BOUND, assess, idle_per_step
+from hostsync.sites.dispositions import Disposed, Disposition, disposed, known_now
+from hostsync.sites.known import NONE_KNOWN, KnownSites
+from hostsync.sites.render import (
+    LABEL_COLOURS,
+    draw_heat_map,
+    figure_text,
+    rate_text,
+    reading,
+    spans_text,
+    where_text,
+)
+from hostsync.sites.summary import copies_rate
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import CensusResult, HuntSite, HuntTree
@@ -30,76 +37,40 @@ TODAY, FIXED = "today", "fixed"
 TOP = 25
 TOP_IN_TABLE = 10
 TOP_WINDOWS = 10
-# A site's kind of verdict, and its label's colour in the heat map.
-KIND_COLOURS = {
-    "carried": "tab:green",
-    "accepted": "tab:gray",
-    "not carried": "tab:blue",
-    "candidate": "tab:red",
-}
-# What the colours of the heat map's site labels mean.
-LABEL_COLOURS = (
-    "site labels: green carried, grey accepted, blue not carried, red without a disposition"
-)
-# The verdict of a candidate no case carries, no allow rule accepts and no reason leaves.
+# The dispositions whose sites still wait: the report says why each line waits.
+UNCARRIED = (Disposition.CANDIDATE, Disposition.NOT_CARRIED)
+# The words of a candidate no case carries, no allow rule accepts and no reason leaves.
 UNDECIDED = (
     "candidate without a disposition: carry it in a case, or give it an [[allow]] or a"
-    " [[not_carried]] table with its reason in hunt_allowlist.toml"
+    " [[not_carried]] table with its reason in known_sites.toml"
 )
-
-
-# What a report matches candidates on without an allow-list: nothing.
-NO_RULES = AllowList()
-
-
-def dispositions(layout: Layout) -> AllowList:
-    """hunt_allowlist.toml's rules as they are now: what the report matches each candidate on."""
-    return load_allowlist(layout.allowlist)
 
 
 @dataclass
 class CensusSite:
-    """One site (file, function, code, caller) over the setups: its reads per optimizer step in
-    each (mean per rank after the warm-up), in each column."""
+    """One site (file, function, code, caller) over the setups, with its disposition: its waits
+    per optimizer step in each (mean per rank after the warm-up), in each column."""
 
-    hunted: HuntSite
+    disposed: Disposed
     rates: dict[str, dict[str, float]] = field(default_factory=dict)  # column -> setup -> rate
-    # For a site the census left a candidate, the reason of the allow-list's rule matching it
-    # now: an [[allow]] (`accepted`), else a [[not_carried]].
-    accepted: str | None = None
-    not_carried: str | None = None
+
+    @property
+    def hunted(self) -> HuntSite:
+        return self.disposed.hunted
+
+    @property
+    def disposition(self) -> Disposition:
+        return self.disposed.disposition
 
     def total(self, column: str) -> float:
         return sum(self.rates.get(column, {}).values())
 
-    @property
-    def verdict(self) -> str:
-        if self.hunted.carried:
-            return f"carried by case {self.hunted.carried}"
-        if self.hunted.allowed or self.accepted:
-            return f"accepted: {self.hunted.allowed or self.accepted}"
-        return f"not carried: {self.not_carried}" if self.not_carried else UNDECIDED
-
-    @property
-    def kind(self) -> str:
-        if self.hunted.carried:
-            return "carried"
-        if self.hunted.allowed or self.accepted:
-            return "accepted"
-        return "not carried" if self.not_carried else "candidate"
+    def said(self) -> str:
+        """Its disposition in words; a candidate's says what would give it one."""
+        return UNDECIDED if self.disposition is Disposition.CANDIDATE else str(self.disposed)
 
 
-def disposed(hunted: HuntSite, rules: AllowList = NO_RULES) -> CensusSite:
-    """`hunted`, where its run left it a candidate, with the reason of the first of `rules`
-    matching it now, if any."""
-    entry = CensusSite(hunted)
-    if not (hunted.carried or hunted.allowed):
-        entry.accepted = reason(rules.allow, hunted.site, hunted.caller)
-        entry.not_carried = reason(rules.not_carried, hunted.site, hunted.caller)
-    return entry
-
-
-def census_sites(runs: Sequence[HuntTree], rules: AllowList = NO_RULES) -> list[CensusSite]:
+def census_sites(runs: Sequence[HuntTree], rules: KnownSites = NONE_KNOWN) -> list[CensusSite]:
     """Every site of any run, ranked by its reads per step summed over the setups today (then
     with every fix), candidates first among equals; each site the census left a candidate with
     the reason of the first of `rules` matching it, if any."""
@@ -107,11 +78,16 @@ def census_sites(runs: Sequence[HuntTree], rules: AllowList = NO_RULES) -> list[
     for run in runs:
         for hunted in run.sites:
             if hunted.key not in found:
-                found[hunted.key] = disposed(hunted, rules)
+                found[hunted.key] = CensusSite(disposed(hunted, rules))
             found[hunted.key].rates.setdefault(run.tree, {})[run.setup] = hunted.rate
     return sorted(
         found.values(),
-        key=lambda s: (-s.total(TODAY), -s.total(FIXED), s.kind != "candidate", s.hunted.site.file),
+        key=lambda s: (
+            -s.total(TODAY),
+            -s.total(FIXED),
+            s.disposition is not Disposition.CANDIDATE,
+            s.hunted.site.file,
+        ),
     )
 
 
@@ -188,27 +164,14 @@ def fix_verdicts(result: CensusResult) -> dict[str, str]:
     }
 
 
-def spans_text(idle: Idle) -> str:
-    """Where a site's windows went: each statement with the host time (us) that ran before it."""
-    return "; ".join(f"{span.statement} ({span.us:g})" for span in idle.lines)
-
-
-def rate_text(value: float | None) -> str:
-    return "-" if not value else f"{value:.2f}".rstrip("0").rstrip(".")
-
-
-def where_text(hunted: HuntSite) -> str:
-    site = hunted.site
-    called = f" (from `{hunted.caller}`)" if hunted.caller else ""
-    return f"{site.file}:{site.line} `{site.function}`{called}"
-
-
 def undecided(sites: Sequence[CensusSite]) -> list[CensusSite]:
     """The candidates without a disposition: what a finished census report has none of."""
-    return [site for site in sites if site.kind == "candidate"]
+    return [site for site in sites if site.disposition is Disposition.CANDIDATE]
 
 
-def render(result: CensusResult, source: str, png: str | None, rules: AllowList = NO_RULES) -> str:
+def render(
+    result: CensusResult, source: str, png: str | None, rules: KnownSites = NONE_KNOWN
+) -> str:
     setups = list(result.setups)
     sites = census_sites(result.runs, rules)
     columns = list(result.columns)
@@ -266,9 +229,9 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
                         else unmeasured.get((name, c), "failed")
                         for c in columns
                     ],
-                    " -> ".join(_stalls(stalls[c].get(name)) for c in columns),
-                    " -> ".join(_stalls(copies[c].get(name)) for c in columns),
-                    " -> ".join(_stalls(idle[c].get(name)) for c in columns),
+                    " -> ".join(_figure(stalls[c].get(name)) for c in columns),
+                    " -> ".join(_figure(copies[c].get(name)) for c in columns),
+                    " -> ".join(_figure(idle[c].get(name)) for c in columns),
                     *[
                         rate_text(open_reads[c].get(name))
                         if name in totals[c]
@@ -283,7 +246,7 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
         ),
         "",
         f"*not accepted*: the reads left when the accepted ones ({len(result.allowlist)} rules of"
-        " hunt_allowlist.toml, each with its reason) are set aside: candidates and carried."
+        " known_sites.toml, each with its reason) are set aside: candidates and carried."
         " *stalls/step*: the waits (reads and blocking copies to the device) that waited for"
         " device work queued since the host last waited. *copies/step*: the blocking copies of"
         " host memory to the device among the waits. *idle us/step*: the windows after the"
@@ -336,16 +299,16 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
         ]
     if png:
         out += [f"![setups x sites, reads per optimizer step]({png})", ""]
-    kinds = {kind: sum(s.kind == kind for s in sites) for kind in KIND_COLOURS}
+    kinds = {kind: sum(s.disposition is kind for s in sites) for kind in Disposition}
     out += [
         "## Every site, ranked by reads per step summed over the setups",
         "",
         "*when*: the steps of its first setup that read there (every step, logging steps, some"
         " steps, or one step: a one-off averaged over the steady steps). *verdict*: carried by a"
-        " case, accepted by an allow rule, or not carried with its reason (hunt_allowlist.toml's"
+        " case, accepted by an allow rule, or not carried with its reason (known_sites.toml's"
         " `[[allow]]` and `[[not_carried]]`, matched again when this report was rendered): "
-        + ", ".join(f"{n} {kind}" for kind, n in kinds.items() if kind != "candidate")
-        + f", {kinds['candidate']} without a disposition.",
+        + ", ".join(f"{n} {kind}" for kind, n in kinds.items() if kind != Disposition.CANDIDATE)
+        + f", {kinds[Disposition.CANDIDATE]} without a disposition.",
         "",
         table.markdown(
             (
@@ -365,9 +328,9 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
                     where_text(s.hunted),
                     *[rate_text(s.total(c)) for c in columns],
                     len(s.rates.get(TODAY, s.rates.get(FIXED, {}))),
-                    s.verdict,
+                    s.said(),
                     f"`{s.hunted.site.code}`",
-                    reading(s.hunted) if s.kind in ("candidate", "not carried") else "",
+                    reading(s.hunted) if s.disposition in UNCARRIED else "",
                 )
                 for number, s in enumerate(sites, start=1)
             ],
@@ -390,60 +353,25 @@ def _column_text(name: str, trees) -> str:
     return f"*{name}*: {shown}{carried}"
 
 
-def heat_map(result: CensusResult, path: Path, rules: AllowList = NO_RULES) -> None:
+def heat_map(result: CensusResult, path: Path, rules: KnownSites = NONE_KNOWN) -> None:
     """Setups x the top sites, reads per optimizer step today, each cell written in; the
     site labels coloured by verdict (carried, accepted, not carried, candidate)."""
     setups = list(result.setups)
     sites = census_sites(result.runs, rules)[:TOP]
     values = [[s.rates.get(TODAY, {}).get(name, 0.0) for s in sites] for name in setups]
     draw_heat_map(
-        path, setups, sites, values, f"Host reads per optimizer step ({TODAY}); {LABEL_COLOURS}"
+        path,
+        setups,
+        [s.disposed for s in sites],
+        values,
+        f"Host reads per optimizer step ({TODAY}); {LABEL_COLOURS}",
     )
-
-
-def draw_heat_map(
-    path: Path,
-    rows: Sequence[str],
-    sites: Sequence[CensusSite],
-    values: Sequence[Sequence[float]],
-    title: str,
-) -> None:
-    """`rows` x `sites`, each cell written in, on a square-root scale; the site labels coloured
-    by verdict (carried, accepted, not carried, candidate). A PNG at `path`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import PowerNorm
-
-    width = 2.2 + 0.55 * len(sites)
-    figure, axes = plt.subplots(figsize=(width, 1.6 + 0.42 * len(rows)))
-    # A square-root scale: a one-off burst (ZeRO 3's trace check) must not wash out the rest.
-    image = axes.imshow(values, cmap="Reds", aspect="auto", norm=PowerNorm(0.5, vmin=0))
-    axes.set_yticks(range(len(rows)), rows, fontsize=8)
-    labels = [
-        f"#{n} {s.hunted.site.file.rsplit('/', 1)[-1]}:{s.hunted.site.line}"
-        for n, s in enumerate(sites, start=1)
-    ]
-    axes.set_xticks(range(len(sites)), labels, rotation=70, ha="right", fontsize=7)
-    for tick, site in zip(axes.get_xticklabels(), sites, strict=True):
-        tick.set_color(KIND_COLOURS[site.kind])
-    for row, line in enumerate(values):
-        for column, value in enumerate(line):
-            if value:
-                axes.text(column, row, rate_text(value), ha="center", va="center", fontsize=6)
-    # Wrapped to the figure's width (about 12 characters an inch at this size).
-    axes.set_title("\n".join(textwrap.wrap(title, int(12 * width))), fontsize=9)
-    figure.colorbar(image, ax=axes, fraction=0.02)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(figure)
 
 
 def write_reports(layout: Layout, json_path: Path) -> list[Path]:
     """The Markdown and the heat map beside the result, and census.md from the newest."""
     png = json_path.with_suffix(".png")
-    heat_map(results.read(json_path, CensusResult), png, dispositions(layout))
+    heat_map(results.read(json_path, CensusResult), png, known_now(layout))
     beside = json_path.with_suffix(".md")
     with beside.open("x") as out:
         out.write(render_file(layout, json_path))
@@ -460,7 +388,7 @@ def render_file(layout: Layout, json_path: Path) -> str:
         result,
         str(json_path.relative_to(layout.root)),
         png.name if png.exists() else None,
-        dispositions(layout),
+        known_now(layout),
     )
 
 
@@ -474,8 +402,8 @@ def console_summary(result: CensusResult) -> str:
         (
             name,
             *[rate_text(totals[c][name]) if name in totals[c] else "failed" for c in columns],
-            " -> ".join(_stalls(stalls[c].get(name)) for c in columns),
-            " -> ".join(_stalls(idle[c].get(name)) for c in columns),
+            " -> ".join(_figure(stalls[c].get(name)) for c in columns),
+            " -> ".join(_figure(idle[c].get(name)) for c in columns),
             verdicts.get(name, "-"),
         )
         for name in result.setups
@@ -490,6 +418,6 @@ def console_summary(result: CensusResult) -> str:
     return f"{table.text(headers, rows)}\nverdict bound: {BOUND}"
 
 
-def _stalls(value: float | None) -> str:
-    """Stalls per step, 0 shown as 0 (unlike a rate, where no reads shows as "-")."""
-    return "?" if value is None else f"{value:.2f}".rstrip("0").rstrip(".")
+def _figure(value: float | None) -> str:
+    """A figure per step, 0 shown as 0 (unlike a rate, where none shows as "-")."""
+    return "?" if value is None else figure_text(value)

@@ -14,11 +14,11 @@ from hostsync.census import setups
 from hostsync.census.report import FIXED
 from hostsync.census.setups import Matrix
 from hostsync.detector.sites import AllowRule
-from hostsync.hunt.allowlist import carried_rules, host_memory_args, load_allowlist
-from hostsync.hunt.measure import rank_records, steady_cost, summarize
 from hostsync.launch import devices, launchers, trainer_step
 from hostsync.launch.launchers import LaunchPlan, RankResults, RunFailed, read_ranks
 from hostsync.measure.provenance import detector_digest
+from hostsync.sites.known import carried_rules, host_memory_args, load_known_sites
+from hostsync.sites.summary import rank_records, steady_cost, summarize
 from hostsync.upstream.patchqueue import series
 from hostsync.upstream.trees import Tree, by_project, stack_trees
 from hostsync.workspace.cases import Case
@@ -81,7 +81,7 @@ def run_census(
     timeout: float,
     started: float,
 ) -> CensusResult:
-    rules = load_allowlist(layout.allowlist).allow
+    rules = load_known_sites(layout.known_sites).allow
     carried = carried_rules(everyone)
     measured_against = inputs(layout, stacked)
     runs, described, python = [], {}, ""

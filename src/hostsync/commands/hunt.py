@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 
 from hostsync.commands.options import add_case, add_nodes, add_timeout, chosen_cases, node_layout
-from hostsync.hunt.allowlist import carried_rules
 from hostsync.hunt.measure import LOGGING_STEPS, hunt_plan
 from hostsync.hunt.run import DEFAULT_SETUPS, DEFAULT_STEPS, DEFAULT_TREES, HuntSettings, hunt_case
 from hostsync.launch import trainer_step
 from hostsync.launch.nodes import clear_stale
+from hostsync.sites.known import carried_rules
 from hostsync.workspace import cases
 from hostsync.workspace.projects import DeepSpeedSetup
 from hostsync.workspace.values import comma_list

@@ -16,10 +16,10 @@ from hostsync.commands.options import (
     positive_count,
 )
 from hostsync.detector.baseline import Baseline, BaselineError
-from hostsync.hunt.allowlist import carried_rules, load_allowlist
 from hostsync.launch import devices, launchers
 from hostsync.scan import gate, report
 from hostsync.scan.measure import SCAN, ScanPlan, check_plan, run_scan, scan_result
+from hostsync.sites.known import carried_rules, load_known_sites
 from hostsync.workspace import cases, results
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> int:
     except BaselineError as error:
         raise WorkspaceError(str(error)) from None
     layout = Layout(case=SCAN)
-    rules = load_allowlist(layout.allowlist)
+    rules = load_known_sites(layout.known_sites)
     carried = carried_rules(cases.every(layout.root))
     plan = plan_of(args, layout)
     scanned = run_scan(layout, plan)

@@ -4,15 +4,20 @@
 from __future__ import annotations
 
 import argparse
+import functools
 
 from hostsync.commands.options import add_timeout
-from hostsync.history.watch import DEFAULT_HUNT_SETUPS, WatchSettings, digest, watch
+from hostsync.history.watch import WatchSettings, digest, watch
+from hostsync.hunt.run import new_sites
 from hostsync.workspace import results
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import DeepSpeedSetup
 from hostsync.workspace.records import WatchResult
 from hostsync.workspace.values import comma_list
+
+# A small set: one hunt per setup and tree is a full training run.
+DEFAULT_HUNT_SETUPS = ("bf16-zero1",)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -50,7 +55,8 @@ def main(argv: list[str]) -> int:
     if args.setups != ",".join(DEFAULT_HUNT_SETUPS) and not args.hunt:
         raise WorkspaceError("--setups chooses what --hunt runs: add --hunt")
     layout = Layout()
-    result = watch(layout, WatchSettings(args.tests, args.hunt, setups, args.timeout))
+    hunt = functools.partial(new_sites, setups=setups, timeout=args.timeout) if args.hunt else None
+    result = watch(layout, WatchSettings(args.tests, args.timeout, hunt))
     path = results.write(layout.watch, result, keep_elsewhere=layout.unsaved)
     markdown = results.write_markdown(
         path, WatchResult, lambda made, at: digest(made, str(at.relative_to(layout.root)))

@@ -1,13 +1,13 @@
 """A source line that makes the host wait, its syncs counted, and the rules that accept one.
 
-Shared by the detector, which records sites in a rank, and the engine, which judges them (the
-hunt's allow-list, the sites a case's fix removes): the standard library and the codec only, so
-that neither side needs the other's imports.
+Shared by the detector, which records sites in a rank, and the engine, which judges them
+(`hostsync.sites`: the known sites, the sites a case's fix removes). The one matcher of a site,
+`SiteRule`, lives here, so that the detector installs alone. Standard library and codec only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from hostsync.detector.codec import FLAT, OPTIONAL, Record, RecordError
 
@@ -55,24 +55,21 @@ class SiteCount(Record):
 
 
 @dataclass(frozen=True)
-class AllowRule:
-    """A known, accepted sync site: a file (a path suffix), optionally one function or line,
-    a statement containing `code`, and only when called from `caller` (`function`, or
-    `file suffix:function`). `host_memory`: the site reads host memory the detector cannot see
-    being made (C++ state): its reads are no waits, counted with the scope's host reads."""
+class SiteRule:
+    """Which sites a rule names: a file (a path suffix), optionally one function or line, a
+    statement containing `code`, and a caller (`function`, or `file suffix:function`). The one
+    matcher: an allow rule is one with a reason, a card's carried site one without."""
 
     file: str
-    reason: str
+    _: KW_ONLY
     function: str | None = None
     line: int | None = None
     caller: str | None = None
     code: str | None = None
-    host_memory: bool = False
 
     def __post_init__(self) -> None:
         if not self.file.strip():
             raise RecordError("file", "is blank: name the file (a path suffix)")
-        require_reason(self.reason)
 
     def matches(self, site: Site, caller: str = "") -> bool:
         return (
@@ -84,11 +81,18 @@ class AllowRule:
         )
 
 
-def first_match(
-    rules: tuple[AllowRule, ...] | list[AllowRule], site: Site, caller: str = ""
-) -> AllowRule | None:
-    """The first rule accepting `site` when called from `caller`, or None."""
-    return next((rule for rule in rules if rule.matches(site, caller)), None)
+@dataclass(frozen=True)
+class AllowRule(SiteRule):
+    """A known, accepted site: a `SiteRule` with the reason it is accepted. `host_memory`: the
+    site reads host memory the detector cannot see being made (C++ state). Its reads are no
+    waits; they count with the scope's host reads."""
+
+    reason: str
+    host_memory: bool = field(default=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_reason(self.reason)
 
 
 def require_reason(reason: str) -> None:

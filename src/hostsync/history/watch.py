@@ -5,9 +5,8 @@ the release pin.toml installs. For each case: whether each of its sites is still
 release of the project holding it (the presence check `bisect` makes, from the verified sdist),
 and whether its series applies to its project's newest release (`git am` on that release's
 tree); with `--tests`, how its tests go there (test-patch's checks for another release). With
-`--hunt`, the hunt's training step on each project's pinned and newest release in a few setups,
-and the sites the newest has that the pinned has not (matched on file, function, code and
-caller: lines move).
+`--hunt`, the sites the hunt finds in each project's newest release and not in its pinned one
+(matched on file, function, code and caller: lines move); the command hands that hunt in.
 
 Writes profiles/watch/watch-<time>.json and its Markdown digest beside it, and watch.md from the
 newest: what a contributor reads in a minute.
@@ -16,23 +15,21 @@ newest: what a contributor reads in a minute.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from packaging.version import Version
 
 from hostsync.detector.sites import AllowRule
 from hostsync.history.bisect import Reader, case_targets
-from hostsync.hunt.allowlist import carried_rules, load_allowlist
-from hostsync.hunt.measure import hunt_tree
-from hostsync.hunt.run import DEFAULT_STEPS
 from hostsync.measure import judge, provenance, test_patch
+from hostsync.sites.known import carried_rules
 from hostsync.upstream import presence, sdists
 from hostsync.upstream.patchqueue import PatchDoesNotApply, series
-from hostsync.upstream.trees import checkout_tree, prepare_tree
+from hostsync.upstream.trees import checkout_tree
 from hostsync.workspace import cases, locks, pin
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.projects import PROJECTS, DeepSpeedSetup, Project
+from hostsync.workspace.projects import PROJECTS, Project
 from hostsync.workspace.records import (
     CaseWatch,
     HuntSite,
@@ -42,18 +39,19 @@ from hostsync.workspace.records import (
     WatchResult,
 )
 
-# A small set: one hunt per setup and tree is a full training run.
-DEFAULT_HUNT_SETUPS = ("bf16-zero1",)
+# The hunt of a project's new sites (`hunt.run.new_sites`): given a case of the project (its
+# trees' home), the pinned and the newest release and every case's carried sites, what was
+# hunted and the sites the newest adds. The command hands it in: watch imports no hunt.
+NewSites = Callable[[cases.Case, str, str, tuple[AllowRule, ...]], tuple[str, tuple[HuntSite, ...]]]
 
 
 @dataclass(frozen=True)
 class WatchSettings:
-    """What `watch` was asked, read once from the command line."""
+    """What `watch` was asked, read once from the command line; `hunt` where --hunt was."""
 
     tests: bool
-    hunt: bool
-    setups: tuple[DeepSpeedSetup, ...]
     timeout: float
+    hunt: NewSites | None = None
 
 
 def series_state(case: cases.Case, version: str) -> str:
@@ -120,38 +118,6 @@ def watch_project(project: Project, pinned: str, reader: Reader) -> ProjectWatch
     return ProjectWatch(project.name, pinned, releases[-1].version, releases[-1].uploaded, newer)
 
 
-def hunt_new_sites(
-    home: cases.Case, watched: ProjectWatch, settings: WatchSettings, carried: tuple[AllowRule, ...]
-) -> tuple[str, tuple[HuntSite, ...]]:
-    """The sites the hunt finds in the project's newest release and not in its pinned one, in
-    each setup, and what was hunted; `home` is a case of the project (its trees' home) and
-    `carried` every case's carried sites."""
-    if watched.newest == watched.pinned:
-        return "the newest release is the pinned one: nothing new to hunt", ()
-    layout = home.layout
-    rules = load_allowlist(layout.allowlist).allow
-    found: dict[tuple[str, str, str, str], HuntSite] = {}
-    with locks.case(layout):
-        trees = [prepare_tree(home, version) for version in (watched.pinned, watched.newest)]
-        for setup in settings.setups:
-            pinned, newest = (
-                hunt_tree(layout, tree, DEFAULT_STEPS, rules, settings.timeout, setup, carried)
-                for tree in trees
-            )
-            failed = [tree for tree in (pinned, newest) if not tree.measured]
-            if failed:
-                return f"{failed[0].label} could not be hunted: {failed[0].error}", ()
-            before = {hunted.key for hunted in pinned.sites}
-            found |= {
-                hunted.key: hunted
-                for hunted in newest.sites
-                if hunted.key not in before and hunted.allowed is None
-            }
-    setups = ", ".join(setup.label for setup in settings.setups)
-    said = f"hunted {watched.pinned} and {watched.newest} through the training step ({setups})"
-    return said, tuple(found.values())
-
-
 def watch(layout: Layout, settings: WatchSettings) -> WatchResult:
     pins = pin.load(layout.pin_file).installs
     known = cases.every(layout.root)
@@ -164,8 +130,11 @@ def watch(layout: Layout, settings: WatchSettings) -> WatchResult:
         home = next((case for case in known if case.project == project), None)
         if settings.hunt and home is None:
             watched = _hunted(watched, f"no case of {project.name}: its trees have no home")
+        elif settings.hunt and watched.newest == watched.pinned:
+            watched = _hunted(watched, "the newest release is the pinned one: nothing new to hunt")
         elif settings.hunt:
-            watched = _hunted(watched, *hunt_new_sites(home, watched, settings, carried))
+            found = settings.hunt(home, watched.pinned, watched.newest, carried)
+            watched = _hunted(watched, *found)
         projects.append(watched)
     watched_cases = [watch_case(case, reader, settings) for case in known]
     return WatchResult(

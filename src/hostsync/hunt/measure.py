@@ -3,9 +3,8 @@ DeepSpeed setup, summed up into sites.
 
 The ranks record (`rank/workers/trainer.py`) every host sync of steps 1..N with the detector, each
 step from fetching its batch to the end of its logging, and one later step with the PyTorch
-profiler, which also sees reads made inside C++ kernels. Here those records become sites: where,
-how often per step, on which steps, and whether a case carries them or the allow-list accepts
-them.
+profiler, which also sees reads made inside C++ kernels. The site layer sums those records into
+sites (`hostsync.sites.summary`); here is what only the profiler saw.
 """
 
 from __future__ import annotations
@@ -14,24 +13,23 @@ import dataclasses
 import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hostsync.detector.records import Cost, Idle
-from hostsync.detector.sites import DEVICE_COPY, AllowRule, Site
-from hostsync.hunt.allowlist import host_memory_args, reason
+from hostsync.detector.sites import AllowRule
 from hostsync.launch import trainer_step
 from hostsync.launch.launchers import DEFAULT_TIMEOUT_S, RunFailed, read_ranks
 from hostsync.launch.nodes import SINGLE, NodeLayout, shares_of
+from hostsync.sites.known import host_memory_args
+from hostsync.sites.summary import package, rank_records, steady_cost, summarize
 from hostsync.upstream.trees import Tree
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.projects import DEFAULT_SETUP, PACKAGES, DeepSpeedSetup
+from hostsync.workspace.projects import DEFAULT_SETUP, DeepSpeedSetup
 from hostsync.workspace.records import (
     CrossCheck,
     HuntPlan,
     HuntRank,
-    HuntSite,
     HuntTree,
     NodeShare,
     ProfilerOnly,
@@ -106,115 +104,7 @@ def hunt_run(
     return HuntOutcome(plan, ranks, shares_of(f"{tree.label} {setup.label}", results))
 
 
-def rank_records(results: list[TrainerRank]) -> list[HuntRank]:
-    """What each rank of a Trainer worker run recorded, with its rank and where it ran: what
-    `summarize` reads."""
-    return [
-        HuntRank(rank, result.device, result.backend, result.model, result.hunt)
-        for rank, result in enumerate(results)
-        if result.hunt is not None
-    ]
-
-
-# --- from rank records to sites ------------------------------------------------------------------
-
-
-def package(file: str) -> str:
-    top = file.split("/", 1)[0]
-    return top if top in PACKAGES else "other"
-
-
-def summarize(
-    ranks: Sequence[HuntRank], rules: tuple[AllowRule, ...], carried: tuple[AllowRule, ...] = ()
-) -> list[HuntSite]:
-    """One entry per sync site over all ranks and steps, ranked: candidates by syncs per step.
-    `carried` names the case whose fix removes a site (`carried`), before any allow rule.
-
-    `per_step` is the most syncs one rank made there in one step (after the warm-up, unless it
-    occurs only then); `rate` the mean per rank per step after the warm-up (what the site costs
-    in the steady state); `when` names the steps.
-    """
-    steady = sorted({s.step for rank in ranks for s in rank.hunt.steps if not s.warmup})
-    logging_steps = sorted(
-        {s.step for rank in ranks for s in rank.hunt.steps if s.logging and not s.warmup}
-    )
-    counts: dict[tuple[Site, str], Counter[tuple[int, int]]] = defaultdict(Counter)
-    stalls: Counter[tuple[Site, str]] = Counter()
-    kinds: dict[tuple[Site, str], set[str]] = defaultdict(set)
-    idle: dict[Site, Idle] = defaultdict(Idle)
-    for rank in ranks:
-        for step in rank.hunt.steps:
-            for found in step.sites:
-                key = (found.site, found.caller)
-                counts[key][(rank.rank, step.step)] += found.count
-                if step.step in steady:
-                    stalls[key] += found.stalls
-                kinds[key].add(found.kind)
-            if step.step in steady:
-                for cost in step.cost.sites:
-                    idle[cost.site] += cost.idle
-    rank_steps = len(ranks) * len(steady)
-    sites = []
-    for key, by_rank_step in counts.items():
-        site, caller = key
-        steps = sorted({step for _, step in by_rank_step})
-        in_steady = [n for (_, step), n in by_rank_step.items() if step in steady]
-        carried_by = reason(carried, site, caller)
-        # A line read from several callers: its windows are each caller's.
-        windows = idle.get(site, Idle())
-        sites.append(
-            HuntSite(
-                package=package(site.file),
-                site=site,
-                caller=caller,
-                kinds=tuple(sorted(kinds[key])),
-                steps=tuple(steps),
-                when=when(steps, steady, logging_steps),
-                per_step=max(in_steady or by_rank_step.values()),
-                rate=sum(in_steady) / rank_steps if steady else 0.0,
-                carried=carried_by,
-                allowed=None if carried_by else reason(rules, site, caller),
-                stall_rate=stalls[key] / rank_steps if steady else 0.0,
-                idle=windows,
-                idle_rate=round(sum(windows.windows_us) / rank_steps, 1) if steady else 0.0,
-            )
-        )
-    return sorted(sites, key=rank_key)
-
-
-def copies_rate(sites: Iterable[HuntSite]) -> float:
-    """Of the sites' syncs per rank and step, the blocking copies to the device."""
-    return sum(site.rate for site in sites if DEVICE_COPY in site.kinds)
-
-
-def steady_cost(ranks: Sequence[HuntRank]) -> Cost | None:
-    """Every rank's waits, stalls, device work and idle time after the warm-up, over its steps:
-    each rank's step counts as one, so that the figures are per rank and step."""
-    total = Cost.in_sequence(
-        dataclasses.replace(step.cost, sites=())
-        for rank in ranks
-        for step in rank.hunt.steps
-        if not step.warmup
-    )
-    return total if total.steps else None
-
-
-def when(steps: list[int], steady: list[int], logging_steps: list[int]) -> str:
-    """Which steps a site occurs on, in words."""
-    seen = [step for step in steps if step in steady]
-    if not seen:
-        return "warm-up only"
-    if seen == steady:
-        return "every step"
-    if seen == logging_steps:
-        return "logging steps"
-    return "steps " + ", ".join(map(str, seen))
-
-
-def rank_key(hunted: HuntSite) -> tuple[float, int, str, int]:
-    """Most syncs per step first; then transformers before the libraries under it."""
-    order = PACKAGES.index(hunted.package) if hunted.package in PACKAGES else len(PACKAGES)
-    return (-hunted.rate, order, hunted.site.file, hunted.site.line)
+# --- what only the profiler saw ----------------------------------------------------------------
 
 
 def profiler_only(ranks: Sequence[HuntRank], twin: int) -> list[ProfilerOnly]:

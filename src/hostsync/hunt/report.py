@@ -3,12 +3,13 @@ sites, and the reads only the profiler saw, as Markdown (and a short table for t
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hostsync.measure.cost import BOUND, assess
+from hostsync.sites.dispositions import disposed
+from hostsync.sites.render import reading, where_text
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import HuntResult, HuntSite, HuntTree
@@ -53,52 +54,6 @@ def compare(trees: Sequence[HuntTree]) -> list[SiteAcross]:
     )
 
 
-# --- one-line readings ---------------------------------------------------------------------------
-
-# (pattern on the code line, why it syncs; the tensor-side alternative where one is obvious).
-_READINGS = (
-    (
-        r"\b(max|min)\(",
-        "Python `max`/`min` compares a tensor with a number on the host;"
-        " `tensor.clamp(min=...)` stays on the device",
-    ),
-    (
-        r"\.item\(\)",
-        "`.item()` copies the value to the host; if it is only logged or summed later, keep"
-        " the tensor and read it once when it is logged",
-    ),
-    (
-        r"^\s*(if|elif|while|assert)\b|\b(and|or|not)\b|\bbool\(",
-        "a Python truth test of a tensor waits for its value; to choose between values,"
-        " `torch.where` keeps it on the device",
-    ),
-    (r"\b(int|float)\(", "`int()`/`float()` of a tensor copies it to the host"),
-    (r"\.shape\b|!=|==|<|>", "a comparison with a tensor operand is read on the host"),
-)
-_KIND_READINGS = {
-    "tolist": "`.tolist()` copies the tensor to the host",
-    "cpu": "`.cpu()` copies a device tensor to the host and waits for it",
-    "numpy": "`.numpy()` needs the tensor on the host",
-    "nonzero": "the output size depends on the data, so the host waits for the count",
-    "masked_select": "the output size depends on the data; `torch.where` keeps the shape fixed",
-    "unique": "the output size depends on the data",
-    "repeat_interleave": "without `output_size=` the host must read the repeats",
-    "bool_index": "a boolean mask index has a data-dependent size; `torch.where`/`masked_fill`"
-    " keep the shape fixed",
-}
-
-
-def reading(hunted: HuntSite) -> str:
-    """Why this line syncs, from its kind and code; the obvious alternative where there is one."""
-    for kind in hunted.kinds:
-        if kind in _KIND_READINGS:
-            return _KIND_READINGS[kind]
-    for pattern, text in _READINGS:
-        if re.search(pattern, hunted.site.code):
-            return text
-    return "reads a tensor value on the host"
-
-
 # --- the Markdown --------------------------------------------------------------------------------
 
 
@@ -140,7 +95,7 @@ def render(result: HuntResult, source: str) -> str:
                     _function(row),
                     *_cells(row, labels),
                     _change(row),
-                    _verdict(row),
+                    _disposition(row),
                     f"`{row.first.site.code}`",
                 )
                 for row in compare(trees)
@@ -221,17 +176,9 @@ def _function(row: SiteAcross) -> str:
     return f"{function} (from {caller})" if caller else function
 
 
-def _verdict(row: SiteAcross) -> str:
+def _disposition(row: SiteAcross) -> str:
     """Where the site stands: carried by a case, accepted (why), or a candidate."""
-    if row.first.carried:
-        return f"carried by case {row.first.carried}"
-    return f"accepted: {row.first.allowed}" if row.first.allowed else "candidate"
-
-
-def _site(hunted: HuntSite) -> str:
-    site = hunted.site
-    called = f", called from `{hunted.caller}`" if hunted.caller else ""
-    return f"{site.file}:{site.line} `{site.function}`{called}"
+    return str(disposed(row.first))
 
 
 def _failed_section(tree: HuntTree) -> list[str]:
@@ -243,7 +190,7 @@ def _sites_table(sites: list[HuntSite], heading: str, why: list[str | None]) -> 
     return table.markdown(
         ("package", "site", "when", "per step", heading),
         [
-            (site.package, _site(site), site.when, site.per_step, reason)
+            (site.package, where_text(site), site.when, site.per_step, reason)
             for site, reason in zip(sites, why, strict=True)
         ],
     )
@@ -268,7 +215,7 @@ def _tree_section(tree: HuntTree) -> list[str]:
                 (
                     number,
                     site.package,
-                    _site(site),
+                    where_text(site),
                     site.when,
                     site.per_step,
                     f"`{site.site.code}`",
@@ -329,7 +276,7 @@ def console_summary(trees: Sequence[HuntTree]) -> str:
             _function(row),
             *_cells(row, labels),
             _change(row),
-            _verdict(row)[:40],
+            _disposition(row)[:40],
         )
         for row in compare(trees)
     ]

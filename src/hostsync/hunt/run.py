@@ -1,5 +1,6 @@
 """A hunt of a case: its trees prepared (with the fixes of the cases stacked on them), each
-hunted in each setup, and one result written with its report."""
+hunted in each setup, and one result written with its report. Also the sites a newer release
+adds, which `watch --hunt` asks for."""
 
 from __future__ import annotations
 
@@ -10,18 +11,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hostsync.detector.sites import AllowRule
-from hostsync.hunt.allowlist import load_allowlist
 from hostsync.hunt.measure import hunt_tree
 from hostsync.hunt.report import console_summary, write_reports
 from hostsync.launch import devices, trainer_step
 from hostsync.launch.nodes import SINGLE, NodeLayout, node_0_first
 from hostsync.measure import provenance
-from hostsync.upstream.trees import Tree, by_project, prepare_stack, prepare_trees
+from hostsync.sites.known import load_known_sites
+from hostsync.upstream.trees import Tree, by_project, prepare_stack, prepare_tree, prepare_trees
 from hostsync.workspace import locks, results
 from hostsync.workspace.cases import Case
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.projects import DeepSpeedSetup
-from hostsync.workspace.records import HuntResult, HuntSetup, TreeRole
+from hostsync.workspace.records import HuntResult, HuntSetup, HuntSite, TreeRole
 
 DEFAULT_TREES = (TreeRole.PINNED.value, TreeRole.PATCHED.value)
 DEFAULT_STEPS = 7
@@ -82,7 +83,7 @@ def _hunt(
     case: Case, stack: Sequence[Case], carried: tuple[AllowRule, ...], settings: HuntSettings
 ) -> int:
     layout = case.layout
-    rules = load_allowlist(layout.allowlist).allow
+    rules = load_known_sites(layout.known_sites).allow
     measured_against = provenance.inputs(layout)
 
     def prepared() -> list[Tree]:
@@ -125,3 +126,38 @@ def _hunt(
     for path in [json_path, *write_reports(layout, json_path)]:
         print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def new_sites(
+    home: Case,
+    pinned: str,
+    newest: str,
+    carried: tuple[AllowRule, ...],
+    *,
+    setups: Sequence[DeepSpeedSetup],
+    timeout: float,
+) -> tuple[str, tuple[HuntSite, ...]]:
+    """The sites the hunt finds in release `newest` and not in `pinned`, in each setup, and what
+    was hunted. `home` is a case of the project, its trees' home; `carried` every case's sites."""
+    layout = home.layout
+    rules = load_known_sites(layout.known_sites).allow
+    found: dict[tuple[str, str, str, str], HuntSite] = {}
+    with locks.case(layout):
+        trees = [prepare_tree(home, version) for version in (pinned, newest)]
+        for setup in setups:
+            before, after = (
+                hunt_tree(layout, tree, DEFAULT_STEPS, rules, timeout, setup, carried)
+                for tree in trees
+            )
+            failed = [tree for tree in (before, after) if not tree.measured]
+            if failed:
+                return f"{failed[0].label} could not be hunted: {failed[0].error}", ()
+            known = {hunted.key for hunted in before.sites}
+            found |= {
+                hunted.key: hunted
+                for hunted in after.sites
+                if hunted.key not in known and hunted.allowed is None
+            }
+    labels = ", ".join(setup.label for setup in setups)
+    said = f"hunted {pinned} and {newest} through the training step ({labels})"
+    return said, tuple(found.values())

@@ -6,7 +6,7 @@
 - `measure`: the command's side: the script started as its users start it (`python`, torchrun,
   `accelerate launch`, `deepspeed`), the runner in its place on every rank, the ranks' records
   read back (the last snapshot of a rank that died or hung) and summed up with the hunt's
-  machinery, each site with its disposition (a case's `[[carries]]`, hunt_allowlist.toml);
+  machinery, each site with its disposition (a case's `[[carries]]`, known_sites.toml);
 - `report`: the one-screen summary, Markdown and a heat map like the census's, a Chrome trace
   per rank;
 - `gate`: a baseline of what a run saw, and the checks a CI run fails on.

@@ -2,7 +2,7 @@
 with the script as its one test (sites matched on file, function and code, so a line that moves
 still matches), the sites a later run finds that it does not hold, and a budget of waits per step.
 
-A new site fails only where hunt_allowlist.toml does not accept it; a compiled call is no site.
+A new site fails only where known_sites.toml does not accept it; a compiled call is no site.
 Each failure is one line naming the site and its line.
 """
 
@@ -45,7 +45,7 @@ def new_sites(result: ScanResult, baseline: Baseline) -> list[str]:
     return [
         f"new host sync at {hunted.site}: `{hunted.site.code}`"
         f" ({rate_text(hunted)}): remove it, or accept it by writing the baseline again"
-        " (--baseline without --fail-on) or with an [[allow]] in hunt_allowlist.toml"
+        " (--baseline without --fail-on) or with an [[allow]] in known_sites.toml"
         for hunted in judged_sites(result)
         if hunted.site in new and hunted.allowed is None
     ]

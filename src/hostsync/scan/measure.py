@@ -15,11 +15,11 @@ from pathlib import Path
 
 from hostsync.detector.codec import RecordError, read_file
 from hostsync.detector.sites import AllowRule
-from hostsync.hunt.measure import steady_cost, summarize
 from hostsync.launch import devices, launchers
 from hostsync.launch.launchers import LaunchPlan, RunFailed, RunHung, World, world_dir
 from hostsync.launch.nodes import SINGLE, NodeLayout
 from hostsync.measure import provenance
+from hostsync.sites.summary import steady_cost, summarize
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.files import sha256
 from hostsync.workspace.layout import Layout

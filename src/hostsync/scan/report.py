@@ -4,7 +4,7 @@ steps x sites (drawn as the census draws its own) and a Chrome trace per rank (P
 Figures are per rank per step after the warm-up: a site's reads and waits (the reads that found
 device work queued since the host last waited: a GPU stalls there) and the device work those
 waited for. Each site's disposition is matched again when the report is rendered (as the census
-report does): carried by a case, accepted by hunt_allowlist.toml, read and not carried, or a
+report does): carried by a case, accepted by known_sites.toml, read and not carried, or a
 candidate. A torch.compile'd call is listed apart, compiled and not judged.
 """
 
@@ -16,22 +16,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hostsync.census.report import (
+from hostsync.detector.records import DeviceWork
+from hostsync.detector.sites import COMPILED, Site
+from hostsync.measure.cost import idle_per_step
+from hostsync.scan.measure import hunt_ranks
+from hostsync.sites.dispositions import Disposed, disposed, known_now
+from hostsync.sites.known import KnownSites
+from hostsync.sites.render import (
     LABEL_COLOURS,
-    CensusSite,
-    disposed,
-    dispositions,
     draw_heat_map,
+    figure_text,
     rate_text,
     spans_text,
     where_text,
 )
-from hostsync.detector.records import DeviceWork
-from hostsync.detector.sites import COMPILED, Site
-from hostsync.hunt.allowlist import AllowList
-from hostsync.hunt.measure import copies_rate, summarize
-from hostsync.measure.cost import idle_per_step
-from hostsync.scan.measure import hunt_ranks
+from hostsync.sites.summary import copies_rate, summarize
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import HuntSite, ScanRank, ScanResult
@@ -53,10 +52,10 @@ MEASURED = (
 
 @dataclass(frozen=True)
 class ScanSite:
-    """One site over the ranks, with its disposition (`CensusSite`'s verdict), its reads per
-    step on each rank, and the device work its waits waited for, per rank per step."""
+    """One site over the ranks, with its disposition, its waits per step on each rank, and the
+    device work its stalls waited for, per rank per step."""
 
-    disposed: CensusSite
+    disposed: Disposed
     per_rank: dict[int, float]
     work: DeviceWork
 
@@ -69,7 +68,7 @@ def compiled_only(site: HuntSite) -> bool:
     return site.kinds == (COMPILED,)
 
 
-def scan_sites(result: ScanResult, rules: AllowList) -> list[ScanSite]:
+def scan_sites(result: ScanResult, rules: KnownSites) -> list[ScanSite]:
     """Every judged site of the result, as summed up over the ranks, most reads first."""
     per_rank: dict[tuple, dict[int, float]] = defaultdict(dict)
     for rank in hunt_ranks(result.ranks):
@@ -99,16 +98,6 @@ def waited_for(ranks: Sequence[ScanRank]) -> dict[Site, DeviceWork]:
     return {
         key: DeviceWork(*(value // count for value in work.figures)) for key, work in found.items()
     }
-
-
-def _figure(value: float) -> str:
-    """A figure per step, 0 shown as 0 (a rate shows none as "-")."""
-    return f"{value:.2f}".rstrip("0").rstrip(".")
-
-
-def verdict(site: ScanSite) -> str:
-    """The census's verdict; a candidate without a disposition is just that here."""
-    return "candidate" if site.disposed.kind == "candidate" else site.disposed.verdict
 
 
 def per_step(result: ScanResult) -> dict[str, float]:
@@ -147,7 +136,7 @@ def what_ran(result: ScanResult) -> str:
     )
 
 
-def summary(result: ScanResult, rules: AllowList) -> str:
+def summary(result: ScanResult, rules: KnownSites) -> str:
     """One screen: what ran, the figures per step, the top sites with their dispositions."""
     figures = per_step(result)
     lines = [f"scan: {what_ran(result)}"]
@@ -155,10 +144,11 @@ def summary(result: ScanResult, rules: AllowList) -> str:
         lines.append(f"PARTIAL: {result.partial}")
     if figures:
         lines.append(
-            f"per rank per step: {_figure(figures['reads'])} reads (of which"
-            f" {_figure(figures['copies'])} copies to the device), {_figure(figures['waits'])}"
-            f" waits, {figures['idle_us']:g} us idle after them (host time, measured on CPU),"
-            f" {figures['kernels']:.0f} kernels of device work, {figures['seconds']:.3f} s on"
+            f"per rank per step: {figure_text(figures['reads'])} reads (of which"
+            f" {figure_text(figures['copies'])} copies to the device),"
+            f" {figure_text(figures['waits'])} waits, {figures['idle_us']:g} us idle after them"
+            f" (host time, measured on CPU), {figures['kernels']:.0f} kernels of device work,"
+            f" {figures['seconds']:.3f} s on"
             " the host (with the detector)"
         )
     sites = scan_sites(result, rules)
@@ -168,7 +158,7 @@ def summary(result: ScanResult, rules: AllowList) -> str:
             rate_text(s.hunted.stall_rate),
             rate_text(s.hunted.idle_rate),
             _short(f"{s.hunted.site.file}:{s.hunted.site.line}  {s.hunted.site.code}", 70),
-            _short(verdict(s), 45),
+            _short(str(s.disposed), 45),
         )
         for s in sites[:SUMMARY_SITES]
     ]
@@ -188,7 +178,7 @@ def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def render(result: ScanResult, source: str, png: str | None, rules: AllowList) -> str:
+def render(result: ScanResult, source: str, png: str | None, rules: KnownSites) -> str:
     sites = scan_sites(result, rules)
     figures = per_step(result)
     versions = ", ".join(f"{k} {v}" for k, v in result.environment.versions.items())
@@ -229,9 +219,9 @@ def render(result: ScanResult, source: str, png: str | None, rules: AllowList) -
                 [
                     (
                         "after the warm-up",
-                        _figure(figures["reads"]),
-                        _figure(figures["copies"]),
-                        _figure(figures["waits"]),
+                        figure_text(figures["reads"]),
+                        figure_text(figures["copies"]),
+                        figure_text(figures["waits"]),
                         f"{figures['idle_us']:g}",
                         f"{figures['kernels']:.0f}",
                         f"{figures['collectives']:.0f}",
@@ -257,7 +247,7 @@ def render(result: ScanResult, source: str, png: str | None, rules: AllowList) -
         " found device work queued since the host last waited (a GPU stalls there), the other"
         " reads are free; *work waited for*: the kernels those waits waited for, per rank per"
         " step. *disposition*: carried by a case (its fix removes the site), accepted by"
-        " hunt_allowlist.toml (with its reason), read and not carried (with why), or a candidate."
+        " known_sites.toml (with its reason), read and not carried (with why), or a candidate."
         f" {MEASURED}",
         "",
     ]
@@ -289,7 +279,7 @@ def render(result: ScanResult, source: str, png: str | None, rules: AllowList) -
                         rate_text(s.hunted.idle_rate),
                         spans_text(s.hunted.idle) or "-",
                         s.hunted.when,
-                        verdict(s),
+                        str(s.disposed),
                         f"`{s.hunted.site.code}`",
                     )
                     for number, s in enumerate(sites[:TOP], start=1)
@@ -359,7 +349,7 @@ def _steps_table(result: ScanResult) -> str:
     return shown + (f"\n\n... and {more} more step(s): see the JSON result." if more > 0 else "")
 
 
-def heat_map(result: ScanResult, path: Path, rules: AllowList) -> bool:
+def heat_map(result: ScanResult, path: Path, rules: KnownSites) -> bool:
     """Steps x the top sites, reads per rank at each step; False where there is nothing to draw."""
     sites = scan_sites(result, rules)[:TOP]
     numbers = sorted({s.hunt.step for rank in result.ranks for s in rank.steps})[:STEP_ROWS]
@@ -443,7 +433,7 @@ def trace(rank: ScanRank, result: ScanResult) -> str:
 def write_reports(layout: Layout, json_path: Path) -> list[Path]:
     """Beside the result: its heat map, its Markdown (and scan.md from the newest), a trace per
     rank in its attachments folder."""
-    rules = dispositions(layout)
+    rules = known_now(layout)
     result = results.read(json_path, ScanResult)
     png = json_path.with_suffix(".png")
     drawn = [png] if heat_map(result, png, rules) else []

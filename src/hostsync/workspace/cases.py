@@ -3,7 +3,7 @@
 The engine holds no word of any one bug. Everything about one comes from its card: the project
 and release it pins, upstream's own fix when one is released, what upstream knows of it, how its
 reproducer is launched and what it prints, which of its tests must fail on the pinned release,
-and which host-sync sites its fix removes (`[[carries]]`, matched like the hunt's allow rules).
+and which host-sync sites its fix removes (`[[carries]]`, each a `SiteRule`, as an allow rule is).
 Its patches, rank scripts, results and drafts live in folders of the same name (see `Layout`).
 
 A card is checked field by field when it is read, before anything runs: a wrong type, an
@@ -12,13 +12,14 @@ unknown key or a value outside its choices is refused in one line naming the car
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hostsync.detector.codec import RecordError, Strict
-from hostsync.detector.sites import AllowRule
+from hostsync.detector.sites import AllowRule, SiteRule
 from hostsync.workspace import projects
 from hostsync.workspace.config import load_toml
 from hostsync.workspace.errors import WorkspaceError
@@ -215,21 +216,6 @@ class LintTool(Strict):
 
 
 @dataclass(frozen=True)
-class Carried(Strict):
-    """A site the case's fix removes, matched like an allow rule."""
-
-    file: str
-    function: str | None = None
-    line: int | None = None
-    caller: str | None = None
-    code: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.file.strip():
-            raise RecordError("file", "is blank: name the file (a path suffix) the fix changes")
-
-
-@dataclass(frozen=True)
 class Card(Strict):
     title: str
     project: str
@@ -241,7 +227,7 @@ class Card(Strict):
     tests: Tests = Tests()
     profile: Profile | None = None
     lint: dict[str, LintTool] = field(default_factory=dict)
-    carries: tuple[Carried, ...] = ()
+    carries: tuple[SiteRule, ...] = ()
 
     def __post_init__(self) -> None:
         scenarios = [name for launch in self.repro.launch for name in launch.scenarios]
@@ -319,8 +305,7 @@ class Case:
     def carries(self) -> tuple[AllowRule, ...]:
         """The sites the fix removes, as rules whose reason is the case's name."""
         return tuple(
-            AllowRule(reason=self.name, **{k: v for k, v in vars(c).items() if v is not None})
-            for c in self.card.carries
+            AllowRule(reason=self.name, **dataclasses.asdict(c)) for c in self.card.carries
         )
 
     def tree_name(self, name: str) -> str:

@@ -1,5 +1,5 @@
 """The files a person edits (the case cards, pin.toml, census.toml, surveys.toml,
-hunt_allowlist.toml), each read whole by one strict loader before anything runs.
+known_sites.toml), each read whole by one strict loader before anything runs.
 
 Each file is a `Strict` record, or a mapping of them, so the codec checks every key: a syntax
 error, a missing field, an unknown key, a wrong type or a value outside its choices is refused

@@ -63,8 +63,9 @@ class Layout:
         return self.root / "issue_drafts" / self.case
 
     @property
-    def allowlist(self) -> Path:
-        return self.root / "hunt_allowlist.toml"
+    def known_sites(self) -> Path:
+        """The sites accepted by design, and the candidates left as they are."""
+        return self.root / "known_sites.toml"
 
     @property
     def work(self) -> Path:
