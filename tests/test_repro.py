@@ -17,6 +17,7 @@ import pytest
 
 from hostsync.launch import devices, launchers
 from hostsync.launch.launchers import LaunchPlan, Run, RunFailed, World
+from hostsync.measure import report as repro_report
 from hostsync.measure import repro
 from hostsync.upstream.trees import Tree, prepare_tree, prepare_trees
 from hostsync.workspace import cases, results
@@ -221,7 +222,7 @@ def test_ranks_that_agree_give_one_value_and_those_that_differ_say_so() -> None:
     assert [(s["count"], s["count_per_rank"]) for s in row["sites"]] == [(2, [1, 2])]
     assert row["problems"] == ["loss is off"]
     assert type(merged).from_json(row) == merged, "a row reads back as it was written"
-    notes = repro.anomalies([merged], ["syncs", "ok"])
+    notes = repro_report.anomalies([merged], ["syncs", "ok"])
     assert notes == ["pinned x2 s: ranks differ in ok [True, False]", "pinned x2 s: loss is off"]
 
 

@@ -17,8 +17,8 @@ from hostsync.history.bisect import (
     Target,
     bisect_sites,
     case_targets,
-    report,
 )
+from hostsync.history.report import report
 from hostsync.upstream.git import is_repository
 from hostsync.workspace import locks, projects
 from hostsync.workspace.cases import Case

@@ -16,7 +16,8 @@ from hostsync.commands.options import (
     node_layout,
 )
 from hostsync.launch.nodes import clear_stale
-from hostsync.measure.repro import ReproSettings, report, repro_case
+from hostsync.measure.report import report
+from hostsync.measure.repro import ReproSettings, repro_case
 from hostsync.workspace import locks, results
 from hostsync.workspace.cases import Case
 from hostsync.workspace.values import comma_list

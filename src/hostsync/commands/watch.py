@@ -7,7 +7,8 @@ import argparse
 import functools
 
 from hostsync.commands.options import add_timeout
-from hostsync.history.watch import WatchSettings, digest, watch
+from hostsync.history.report import digest
+from hostsync.history.watch import WatchSettings, watch
 from hostsync.hunt.run import new_sites
 from hostsync.workspace import results
 from hostsync.workspace.errors import WorkspaceError

@@ -15,7 +15,7 @@ newest: what a contributor reads in a minute.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from packaging.version import Version
@@ -24,7 +24,7 @@ from hostsync.detector.sites import AllowRule
 from hostsync.history.bisect import Reader, case_targets
 from hostsync.measure import judge, provenance, test_patch
 from hostsync.sites.known import carried_rules
-from hostsync.upstream import presence, sdists
+from hostsync.upstream import sdists
 from hostsync.upstream.patchqueue import PatchDoesNotApply, series
 from hostsync.upstream.trees import checkout_tree
 from hostsync.workspace import cases, locks, pin
@@ -33,7 +33,6 @@ from hostsync.workspace.projects import PROJECTS, Project
 from hostsync.workspace.records import (
     CaseWatch,
     HuntSite,
-    Presence,
     ProjectWatch,
     SiteWatch,
     WatchResult,
@@ -147,71 +146,3 @@ def watch(layout: Layout, settings: WatchSettings) -> WatchResult:
 
 def _hunted(watched: ProjectWatch, said: str, sites: tuple[HuntSite, ...] = ()) -> ProjectWatch:
     return dataclasses.replace(watched, hunt=said, new_sites=sites)
-
-
-# --- the digest ----------------------------------------------------------------------------------
-
-_STATES = {
-    Presence.PRESENT: "still present at",
-    Presence.ELSEWHERE: "moved, now at",
-    Presence.ABSENT: "gone",
-    Presence.MISSING: "gone, with the code it lay in",
-}
-
-
-def digest(result: WatchResult, source: str) -> str:
-    """A page a contributor reads in a minute: the projects' newest releases, then each case."""
-    out = [
-        f"# Watch, {result.stamp.created[:10]}",
-        "",
-        f"The newest final releases on {result.index} against pin.toml, and every case there"
-        f" (`{source}`).",
-        "",
-        "## Projects",
-        "",
-    ]
-    out += [line for watched in result.projects for line in _project(watched)]
-    out += ["", "## Cases", ""]
-    out += [line for watched in result.cases for line in _case(watched)]
-    return "\n".join(out) + "\n"
-
-
-def _project(watched: ProjectWatch) -> Iterator[str]:
-    released = f"{watched.project} {watched.newest} ({watched.uploaded or 'upload day unknown'})"
-    if watched.newest == watched.pinned:
-        yield f"- {released}: as pinned."
-    else:
-        behind = ", ".join(watched.newer)
-        yield (
-            f"- {released}: pin.toml installs {watched.pinned or 'no release of it'};"
-            f" {len(watched.newer)} newer: {behind}."
-        )
-    if watched.hunt:
-        yield f"  - hunt: {watched.hunt}."
-    for hunted in watched.new_sites:
-        site = hunted.site
-        yield (
-            f"  - new per-step read at {site.file}:{site.line} ({site.function}):"
-            f" `{site.code}`, {hunted.per_step} per step ({hunted.when})."
-        )
-
-
-def _case(watched: CaseWatch) -> Iterator[str]:
-    newest = (
-        "the pinned release" if watched.newest == watched.pinned else f"pinned {watched.pinned}"
-    )
-    fixed = f"; upstream fixed it in {watched.fixed}" if watched.fixed else ""
-    behind = (
-        f"; behind: `nox -s repin -- --case {watched.case}`"
-        if watched.newest != watched.pinned and not watched.fixed
-        else ""
-    )
-    yield f"- **{watched.case}** ({watched.project} {watched.newest}, {newest}{fixed}{behind}):"
-    for site in watched.sites:
-        where = ", ".join(presence.located(at) for at in site.finding.found)
-        state = f"{_STATES[site.finding.presence]} {where}".strip()
-        run = f"; run there: {site.judged.verdict} ({site.judged.reason})" if site.judged else ""
-        yield f"  - {site.project} {site.version}: {presence.described(site.site)} {state}{run}."
-    yield f"  - series on {watched.newest}: {watched.series}."
-    for check in watched.tests:
-        yield f"  - {check.check} on {check.label}: {check.verdict} ({check.reason})."
