@@ -218,7 +218,7 @@ def test_the_report_ranks_sites_by_reads_per_step_summed_over_the_setups(tmp_pat
     (largest,) = report.largest_windows(result)
     assert (largest.setup, largest.hunted.site.file) == ("two", "accelerate/d.py")
     assert "transformers/trainer.py:10 (400)" in text
-    assert "idle us/step today -> fixed" in report.console_summary(result)
+    assert "median idle us/step today -> fixed" in report.console_summary(result)
     assert written[1].suffix == ".png" and written[1].stat().st_size > 0
     assert results.read(path, CensusResult) == result
 

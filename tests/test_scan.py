@@ -88,7 +88,7 @@ def test_a_planted_read_is_found_at_its_line_with_its_wait_and_reported(
     assert "| candidate |" in report and "Blocking copies of host memory to the device" in report
     assert path.with_suffix(".png").exists()
     trace = json.loads((results.attachments(path) / "rank-0.trace.json").read_text())
-    waits = [e for e in trace["traceEvents"] if e.get("cat") == "wait"]
+    waits = [e for e in trace["traceEvents"] if e.get("cat") == "stall"]
     spans = [e["name"] for e in trace["traceEvents"] if e["ph"] == "X"]
     # One read a step, the last one's after the last step (its optimizer step ends a step).
     assert spans == [*(f"step {n}" for n in range(1, 6)), "after the last step"]
@@ -205,7 +205,7 @@ def test_fail_on_new_fails_a_ci_run_on_a_planted_read_the_baseline_does_not_hold
     failures = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(failures) == 2, done.stderr
     assert failures[0].startswith(f"error: new host sync at loop.py:{line} in <module>: `{READ}`")
-    assert "over the budget of 0 per step" in failures[1]
+    assert "over the budget of 0 stalls per step" in failures[1]
     assert f"loop.py:{line}" in failures[1]
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hostsync.census.report import dispositions
 from hostsync.rank.rankkit import tiny_tokenizer
 from hostsync.scan.report import scan_sites
+from hostsync.sites.dispositions import known_now
 from hostsync.workspace import results
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import HuntSite, ScanResult
@@ -128,11 +128,11 @@ def test_trl_dpo_finds_the_metric_reads_left_not_carried_with_why(
 
     result = scan(workspace, tmp_path, dpo, *trl_args(tiny_model, data, tmp_path / "out"))
 
-    shown = scan_sites(result, dispositions(workspace))
+    shown = scan_sites(result, known_now(workspace))
     metrics = [s for s in shown if s.hunted.site.file == "trl/trainer/dpo_trainer.py"]
     assert len(metrics) >= 5
-    assert all(s.disposed.kind == "not carried" for s in metrics)
-    assert all("TRL #6943" in s.disposed.verdict for s in metrics)
+    assert all(s.disposed.disposition == "not carried" for s in metrics)
+    assert all("TRL #6943" in str(s.disposed) for s in metrics)
     nan_filter = site(result, "transformers/trainer.py", "torch.isnan(tr_loss_step)")
     assert nan_filter.carried == "trainer-nan-filter"
 

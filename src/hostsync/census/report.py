@@ -1,10 +1,10 @@
-"""The census's report: every site ranked by its reads per optimizer step summed over the
-setups, with its verdict; the setups with their waits, blocking copies and idle time per step
+"""The census's report: every site ranked by its waits per optimizer step summed over the
+setups, with its disposition; the setups with their waits, blocking copies and idle time per step
 today and with every carried fix; the largest idle windows, where the host does the most work
 after a drain; a heat map of setups x sites. Markdown and PNG beside the JSON result.
 
 Every candidate ends somewhere: carried by a case, accepted by an allow rule, or not carried
-with its reason (known_sites.toml's `[[not_carried]]`). The allow-list is matched again when
+with its reason (known_sites.toml's `[[not_carried]]`). The known sites are matched again when
 the report is rendered, so a rule or reason added since the census ran needs no new run. A
 candidate with none of these is listed apart, as one without a disposition."""
 
@@ -30,6 +30,16 @@ from hostsync.sites.summary import copies_rate
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import CensusResult, HuntSite, HuntTree
+from hostsync.workspace.vocabulary import (
+    COPIES,
+    DISPOSITION,
+    IDLE_MEAN,
+    IDLE_MEDIAN,
+    STALLS,
+    VERDICT,
+    WAITS,
+    WINDOW_MEDIAN,
+)
 
 # The columns of the census: the releases as published, and with every carried fix.
 TODAY, FIXED = "today", "fixed"
@@ -71,7 +81,7 @@ class CensusSite:
 
 
 def census_sites(runs: Sequence[HuntTree], rules: KnownSites = NONE_KNOWN) -> list[CensusSite]:
-    """Every site of any run, ranked by its reads per step summed over the setups today (then
+    """Every site of any run, ranked by its waits per step summed over the setups today (then
     with every fix), candidates first among equals; each site the census left a candidate with
     the reason of the first of `rules` matching it, if any."""
     found: dict[tuple[str, str, str, str], CensusSite] = {}
@@ -92,8 +102,8 @@ def census_sites(runs: Sequence[HuntTree], rules: KnownSites = NONE_KNOWN) -> li
 
 
 def per_setup(result: CensusResult, column: str, *, unaccepted: bool = False) -> dict[str, float]:
-    """Reads per optimizer step of each measured setup in `column`: every read, or only those
-    the allow-list does not accept (`unaccepted`)."""
+    """Waits per optimizer step of each measured setup in `column`: every wait, or only those
+    the known sites do not accept (`unaccepted`)."""
     found = {}
     for run in result.runs:
         if run.tree == column and run.measured:
@@ -194,10 +204,10 @@ def render(
         f" {result.steps} optimizer steps with the Trainer, one of TRL's trainers or a plain"
         " accelerate loop (a reward model: a one-label scoring head), every step"
         " under `hostsync.detector` from fetching its batch to the end of its logging (and"
-        " evaluation); step 1 is the warm-up. *Reads per step*: the host reads one rank made in"
-        " an optimizer step after the warm-up, averaged over ranks and steps (micro-batches of"
-        " an accumulation window count in their optimizer step). Sites are matched on file,"
-        " function, code line and caller.",
+        " evaluation); step 1 is the warm-up. *waits/step*: the waits (reads and blocking copies)"
+        " one rank made in an optimizer step after the warm-up, the mean over ranks and steps"
+        " (micro-batches of an accumulation window count in their optimizer step). Sites are"
+        " matched on file, function, code line and caller.",
         "",
         f"**On.** {result.environment.device}; {versions}; census wall time {result.wall_s:.0f} s."
         f" Command: `{result.stamp.command}`.",
@@ -211,13 +221,13 @@ def render(
             (
                 "setup",
                 "what",
-                *[f"reads/step {c}" for c in columns],
-                "stalls/step " + " -> ".join(columns),
-                "copies/step " + " -> ".join(columns),
-                "idle us/step " + " -> ".join(columns),
+                *[f"{WAITS} {c}" for c in columns],
+                f"{STALLS} " + " -> ".join(columns),
+                f"{COPIES} " + " -> ".join(columns),
+                f"{IDLE_MEDIAN} " + " -> ".join(columns),
                 *[f"not accepted {c}" for c in columns],
                 *[f"run s {c}" for c in columns],
-                "verdict",
+                VERDICT,
             ),
             [
                 (
@@ -245,13 +255,14 @@ def render(
             ],
         ),
         "",
-        f"*not accepted*: the reads left when the accepted ones ({len(result.allowlist)} rules of"
-        " known_sites.toml, each with its reason) are set aside: candidates and carried."
+        "*not accepted*: the waits/step left when the accepted ones"
+        f" ({len(result.allowlist)} rules of known_sites.toml, each with its reason) are set"
+        " aside: candidates and carried."
         " *stalls/step*: the waits (reads and blocking copies to the device) that waited for"
         " device work queued since the host last waited. *copies/step*: the blocking copies of"
-        " host memory to the device among the waits. *idle us/step*: the windows after the"
-        " stalls, from each stall's return to the next kernel launch, summed per step (the"
-        " median over the steady steps): host time in microseconds measured on this CPU, the"
+        " host memory to the device among the waits. *median idle us/step*: the windows after"
+        " the stalls, from each stall's return to the next kernel launch, summed per step, the"
+        " median over the steady steps: host time in microseconds measured on this CPU, the"
         " detector's own time taken out, during which a GPU would have nothing to run."
         f" *verdict*: the carried fixes together, {TODAY} against {FIXED} ({BOUND}).",
         "",
@@ -259,10 +270,10 @@ def render(
     windows = largest_windows(result)
     if windows:
         out += [
-            f"## The largest idle windows ({TODAY}): where the host works most after a drain",
+            f"## The largest idle windows ({TODAY}): where the host works most after a stall",
             "",
             table.markdown(
-                ("setup", "site", "stalls/step", "idle us/step", "median window us", "ran"),
+                ("setup", "site", STALLS, IDLE_MEAN, WINDOW_MEDIAN, "ran"),
                 [
                     (
                         w.setup,
@@ -278,7 +289,8 @@ def render(
             "",
             "*ran*: the statements the host reached in those windows, with the host time (us, over"
             " all of the site's steady windows on every rank) that ran before each: the time"
-            " before a torch call is charged to it. Each line is shown"
+            " before a torch call is charged to it. *mean idle us/step*: the site's windows summed,"
+            " the mean per rank per step. Each line is shown"
             " once, in the setup where its windows are longest; every one is a candidate for"
             " moving host work out of the window (before the wait, or off the step).",
             "",
@@ -286,7 +298,7 @@ def render(
     top = sites[:TOP_IN_TABLE]
     if top:
         out += [
-            f"## Setups x top sites (reads per optimizer step, {TODAY})",
+            f"## Setups x top sites (waits per optimizer step, {TODAY})",
             "",
             table.markdown(
                 ("setup", *[f"#{n}" for n in range(1, len(top) + 1)]),
@@ -298,14 +310,14 @@ def render(
             "",
         ]
     if png:
-        out += [f"![setups x sites, reads per optimizer step]({png})", ""]
+        out += [f"![setups x sites, waits per optimizer step]({png})", ""]
     kinds = {kind: sum(s.disposition is kind for s in sites) for kind in Disposition}
     out += [
-        "## Every site, ranked by reads per step summed over the setups",
+        "## Every site, ranked by waits per step summed over the setups",
         "",
-        "*when*: the steps of its first setup that read there (every step, logging steps, some"
-        " steps, or one step: a one-off averaged over the steady steps). *verdict*: carried by a"
-        " case, accepted by an allow rule, or not carried with its reason (known_sites.toml's"
+        "*when*: the steps of its first setup that waited there (every step, logging steps, some"
+        " steps, or one step: a one-off averaged over the steady steps). *disposition*: carried"
+        " by a case, accepted by an allow rule, or not carried with its reason (known_sites.toml's"
         " `[[allow]]` and `[[not_carried]]`, matched again when this report was rendered): "
         + ", ".join(f"{n} {kind}" for kind, n in kinds.items() if kind != Disposition.CANDIDATE)
         + f", {kinds[Disposition.CANDIDATE]} without a disposition.",
@@ -315,9 +327,9 @@ def render(
                 "#",
                 "package",
                 "site",
-                *[f"sum {c}" for c in columns],
+                *[f"{WAITS} sum {c}" for c in columns],
                 "setups",
-                "verdict",
+                DISPOSITION,
                 "code",
                 "reading",
             ),
@@ -354,8 +366,8 @@ def _column_text(name: str, trees) -> str:
 
 
 def heat_map(result: CensusResult, path: Path, rules: KnownSites = NONE_KNOWN) -> None:
-    """Setups x the top sites, reads per optimizer step today, each cell written in; the
-    site labels coloured by verdict (carried, accepted, not carried, candidate)."""
+    """Setups x the top sites, waits per optimizer step today, each cell written in; the
+    site labels coloured by disposition (carried, accepted, not carried, candidate)."""
     setups = list(result.setups)
     sites = census_sites(result.runs, rules)[:TOP]
     values = [[s.rates.get(TODAY, {}).get(name, 0.0) for s in sites] for name in setups]
@@ -364,7 +376,7 @@ def heat_map(result: CensusResult, path: Path, rules: KnownSites = NONE_KNOWN) -
         setups,
         [s.disposed for s in sites],
         values,
-        f"Host reads per optimizer step ({TODAY}); {LABEL_COLOURS}",
+        f"Waits per optimizer step ({TODAY}); {LABEL_COLOURS}",
     )
 
 
@@ -410,10 +422,10 @@ def console_summary(result: CensusResult) -> str:
     ]
     headers = (
         "setup",
-        *[f"reads/step {c}" for c in columns],
-        "stalls/step " + " -> ".join(columns),
-        "idle us/step " + " -> ".join(columns),
-        "verdict",
+        *[f"{WAITS} {c}" for c in columns],
+        f"{STALLS} " + " -> ".join(columns),
+        f"{IDLE_MEDIAN} " + " -> ".join(columns),
+        VERDICT,
     )
     return f"{table.text(headers, rows)}\nverdict bound: {BOUND}"
 

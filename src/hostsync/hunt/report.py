@@ -13,12 +13,21 @@ from hostsync.sites.render import reading, where_text
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import HuntResult, HuntSite, HuntTree
+from hostsync.workspace.vocabulary import (
+    DISPOSITION,
+    IDLE_MEDIAN,
+    KERNELS,
+    MOST_WAITS,
+    STALLS,
+    VERDICT,
+    WAITS,
+)
 
 
 @dataclass
 class SiteAcross:
     """One site from one caller (matched on `HuntSite.key`) and where each tree has it; `first`
-    is the site as the first tree holding it has it (its package and verdict)."""
+    is the site as the first tree holding it has it (its package and disposition)."""
 
     first: HuntSite
     trees: dict[str, HuntSite] = field(default_factory=dict)
@@ -83,11 +92,12 @@ def render(result: HuntResult, source: str) -> str:
         "",
         "## Sites compared across trees",
         "",
-        "Each cell: line, most syncs per step on one rank, when. Sites are matched on file,"
+        "Each cell: line, the most waits one rank made there in one step, when. Sites are"
+        " matched on file,"
         " function and code line; *change* is relative to the first tree.",
         "",
         table.markdown(
-            ("package", "file", "function", *labels, "change", "verdict", "code"),
+            ("package", "file", "function", *labels, "change", DISPOSITION, "code"),
             [
                 (
                     row.first.package,
@@ -145,11 +155,12 @@ def _header(result: HuntResult, source: str) -> list[str]:
         " pinned,patched --release VERSION --setups bf16-zero1,fp32-zero1 --stack CASE"
         " --steps N`.",
         "",
-        "**Reading the tables.** *per step*: the most syncs one rank made at the site in one"
-        " step; *when*: every step after the warm-up, logging steps only, some steps (the SP"
+        f"**Reading the tables.** *{MOST_WAITS}*: the most waits (reads and blocking copies)"
+        " one rank made at the site in one step; *when*: every step after the warm-up, logging"
+        " steps only, some steps (the SP"
         " data loader refills every sp_size steps), or the warm-up only. The detector treats"
         " every tensor as a device tensor, so on CPU it also counts reads of tensors that stay"
-        " on the host in a GPU run; `hunt_allowlist.toml` accepts those, and the syncs that are"
+        " on the host in a GPU run; `known_sites.toml` accepts those, and the syncs that are"
         " there by design, each with its reason. A site a case's fix removes is *carried* (its"
         " card's `[[carries]]`). A read inside a shared helper is listed once per caller"
         " (*from*): each caller is judged on its own.",
@@ -188,7 +199,7 @@ def _failed_section(tree: HuntTree) -> list[str]:
 def _sites_table(sites: list[HuntSite], heading: str, why: list[str | None]) -> str:
     """Sites set apart from the candidates, with what sets them apart last."""
     return table.markdown(
-        ("package", "site", "when", "per step", heading),
+        ("package", "site", "when", MOST_WAITS, heading),
         [
             (site.package, where_text(site), site.when, site.per_step, reason)
             for site, reason in zip(sites, why, strict=True)
@@ -207,10 +218,10 @@ def _tree_section(tree: HuntTree) -> list[str]:
         "",
         f"## {tree.label}",
         "",
-        f"### Candidates, most syncs per step first ({len(candidates)})",
+        f"### Candidates, most waits per step first ({len(candidates)})",
         "",
         table.markdown(
-            ("#", "package", "site", "when", "per step", "code", "reading"),
+            ("#", "package", "site", "when", MOST_WAITS, "code", "reading"),
             [
                 (
                     number,
@@ -229,7 +240,7 @@ def _tree_section(tree: HuntTree) -> list[str]:
         "",
         _sites_table(carried, "case", [site.carried for site in carried]),
         "",
-        f"### Accepted by design ({len(accepted)}, from hunt_allowlist.toml)",
+        f"### Accepted by design ({len(accepted)}, from known_sites.toml)",
         "",
         _sites_table(accepted, "reason", [site.allowed for site in accepted]),
         "",
@@ -280,16 +291,17 @@ def console_summary(trees: Sequence[HuntTree]) -> str:
         )
         for row in compare(trees)
     ]
-    sites = table.text(("file", "function", *labels, "change", "verdict"), rows)
+    sites = table.text(("file", "function", *labels, "change", DISPOSITION), rows)
     return f"{sites}\n\n{table.text(COST_COLUMNS, cost_rows(trees))}\nverdict bound: {BOUND}"
 
 
-COST_COLUMNS = ("tree", "waits/step", "stalls/step", "idle us/step", "kernels/step", "verdict")
+COST_COLUMNS = ("tree", WAITS, STALLS, IDLE_MEDIAN, KERNELS, VERDICT)
 
 
 def cost_rows(trees: Sequence[HuntTree]) -> list[tuple]:
-    """Each accounted tree's waits, stalls, idle time (host us, measured on CPU) and kernels per
-    rank and step after the warm-up, and its verdict against the first tree of its setup."""
+    """Each accounted tree's waits, stalls, idle time (host us, measured on CPU, the median) and
+    kernels per rank and step after the warm-up, and its verdict against the first tree of its
+    setup."""
     first: dict[str, HuntTree] = {}
     rows = []
     for tree in trees:

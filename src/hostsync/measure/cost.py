@@ -36,6 +36,7 @@ from hostsync.workspace.records import (
     ReproResult,
     ScenarioRow,
 )
+from hostsync.workspace.vocabulary import IDLE_MEDIAN, KERNELS, STALLS, VERDICT, WAITS
 
 # How much more device work per step a fix may add and still be judged by its waits alone.
 WORK_BOUND = 0.01
@@ -133,16 +134,7 @@ def compare_costs(runs: Sequence[ScenarioRow]) -> list[CostComparison]:
     ]
 
 
-COLUMNS = (
-    "scenario",
-    "ranks",
-    "trees",
-    "waits/step",
-    "stalls/step",
-    "idle us/step",
-    "kernels/step",
-    "verdict",
-)
+COLUMNS = ("scenario", "ranks", "trees", WAITS, STALLS, IDLE_MEDIAN, KERNELS, VERDICT)
 
 
 def verdict_table(comparisons: Sequence[CostComparison]) -> str:

@@ -1,6 +1,6 @@
 """A scan as a CI gate: a baseline of what a run saw, in `hostsync.detector.baseline`'s format
 with the script as its one test (sites matched on file, function and code, so a line that moves
-still matches), the sites a later run finds that it does not hold, and a budget of waits per step.
+still matches), the sites a later run finds that it does not hold, and a budget of stalls per step.
 
 A new site fails only where known_sites.toml does not accept it; a compiled call is no site.
 Each failure is one line naming the site and its line.
@@ -53,13 +53,13 @@ def new_sites(result: ScanResult, baseline: Baseline) -> list[str]:
 
 def rate_text(site: HuntSite) -> str:
     if site.when == "warm-up only":
-        return f"{site.per_step} read(s) in the warm-up"
-    return f"{site.rate:.2f}".rstrip("0").rstrip(".") + f" read(s) per step, {site.when}"
+        return f"{site.per_step} wait(s) in the warm-up"
+    return f"{site.rate:.2f}".rstrip("0").rstrip(".") + f" wait(s) per step, {site.when}"
 
 
 def over_budget(result: ScanResult, max_waits: int) -> list[str]:
-    """One line for the step after the warm-up that waited most, where it waited more than
-    `max_waits` times: the rank, the step, and the site that waited most in it."""
+    """One line for the step after the warm-up that stalled most, where it stalled more than
+    `max_waits` times: the rank, the step, and the site that stalled most in it."""
     worst = max(
         (
             (step.hunt.cost.stalls, rank.rank, step)
@@ -72,10 +72,10 @@ def over_budget(result: ScanResult, max_waits: int) -> list[str]:
     )
     if worst is None or worst[0] <= max_waits:
         return []
-    waits, rank, step = worst
+    stalls, rank, step = worst
     site = max(step.hunt.sites, key=lambda s: s.stalls)
     return [
-        f"rank {rank} waited {waits} times in step {step.hunt.step}, over the budget of"
-        f" {max_waits} per step (--max-waits): most at {site.site} ({site.stalls} waits):"
+        f"rank {rank} stalled {stalls} times in step {step.hunt.step}, over the budget of"
+        f" {max_waits} stalls per step (--max-waits): most at {site.site} ({site.stalls} stalls):"
         f" `{site.site.code}`"
     ]

@@ -1,11 +1,11 @@
 """What a scan shows: a one-screen summary, the Markdown report beside the result, a heat map of
 steps x sites (drawn as the census draws its own) and a Chrome trace per rank (Perfetto opens it).
 
-Figures are per rank per step after the warm-up: a site's reads and waits (the reads that found
+Figures are per rank per step after the warm-up: a site's waits and stalls (the waits that found
 device work queued since the host last waited: a GPU stalls there) and the device work those
-waited for. Each site's disposition is matched again when the report is rendered (as the census
-report does): carried by a case, accepted by known_sites.toml, read and not carried, or a
-candidate. A torch.compile'd call is listed apart, compiled and not judged.
+waited for, in the words of `hostsync.workspace.vocabulary`. Each site's disposition is matched
+again when the report is rendered: carried by a case, accepted by known_sites.toml, read and not
+carried, or a candidate. A torch.compile'd call is listed apart, compiled and not judged.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from hostsync.sites.render import (
     where_text,
 )
 from hostsync.sites.summary import copies_rate, summarize
-from hostsync.workspace import results, table
+from hostsync.workspace import results, table, vocabulary
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import HuntSite, ScanRank, ScanResult
+from hostsync.workspace.vocabulary import DISPOSITION, IDLE_MEAN, STALLS, WAITS
 
 # How many sites the summary, the heat map and the report's table show; how many steps.
 SUMMARY_SITES = 10
@@ -44,9 +45,10 @@ COMPILED_VERDICT = "compiled, not judged"
 MEASURED = (
     "Blocking copies of host memory to the device (`.to(device)` without `non_blocking=True`,"
     " `torch.tensor(data, device=...)`, `copy_` from the host) are waits like reads, kind"
-    " `device_copy`. *idle us*: the host time after each stall until the next kernel launch,"
-    " summed per step, measured on this CPU with the detector's own time taken out: a GPU has"
-    " nothing to run then."
+    " `device_copy`. *median idle us*: the windows after the stalls of a step, each from the"
+    " stall until the next kernel launch, summed per step, the median over the steps; *mean idle"
+    " us/step* a site's windows summed, the mean per rank per step. Both are host time measured"
+    " on this CPU, the detector's own time taken out: a GPU has nothing to run then."
 )
 
 
@@ -69,7 +71,7 @@ def compiled_only(site: HuntSite) -> bool:
 
 
 def scan_sites(result: ScanResult, rules: KnownSites) -> list[ScanSite]:
-    """Every judged site of the result, as summed up over the ranks, most reads first."""
+    """Every judged site of the result, as summed up over the ranks, most waits first."""
     per_rank: dict[tuple, dict[int, float]] = defaultdict(dict)
     for rank in hunt_ranks(result.ranks):
         for site in summarize([rank], ()):
@@ -87,7 +89,7 @@ def scan_sites(result: ScanResult, rules: KnownSites) -> list[ScanSite]:
 
 
 def waited_for(ranks: Sequence[ScanRank]) -> dict[Site, DeviceWork]:
-    """The device work each source line's waits waited for, per rank per step after the
+    """The device work each source line's stalls waited for, per rank per step after the
     warm-up (a line read from several callers counts once)."""
     found: dict[Site, DeviceWork] = defaultdict(DeviceWork)
     steady = [step for rank in ranks for step in rank.steps if not step.hunt.warmup]
@@ -101,7 +103,7 @@ def waited_for(ranks: Sequence[ScanRank]) -> dict[Site, DeviceWork]:
 
 
 def per_step(result: ScanResult) -> dict[str, float]:
-    """Reads, waits and device work per rank per step after the warm-up; seconds per step (the
+    """Waits, stalls and device work per rank per step after the warm-up; seconds per step (the
     slowest rank's)."""
     cost = result.cost
     steady = [[s for s in rank.steps if not s.hunt.warmup] for rank in result.ranks]
@@ -109,8 +111,8 @@ def per_step(result: ScanResult) -> dict[str, float]:
     if cost is None or not cost.steps:
         return {}
     return {
-        "reads": cost.reads / cost.steps,
-        "waits": cost.stalls / cost.steps,
+        "waits": cost.reads / cost.steps,
+        "stalls": cost.stalls / cost.steps,
         "copies": copies_rate(result.sites),
         "idle_us": idle_per_step(cost)[0],
         "kernels": cost.work.kernels / cost.steps,
@@ -144,12 +146,14 @@ def summary(result: ScanResult, rules: KnownSites) -> str:
         lines.append(f"PARTIAL: {result.partial}")
     if figures:
         lines.append(
-            f"per rank per step: {figure_text(figures['reads'])} reads (of which"
-            f" {figure_text(figures['copies'])} copies to the device),"
-            f" {figure_text(figures['waits'])} waits, {figures['idle_us']:g} us idle after them"
-            f" (host time, measured on CPU), {figures['kernels']:.0f} kernels of device work,"
-            f" {figures['seconds']:.3f} s on"
-            " the host (with the detector)"
+            vocabulary.figures_line(
+                figure_text(figures["waits"]),
+                figure_text(figures["copies"]),
+                figure_text(figures["stalls"]),
+                f"{figures['idle_us']:g}",
+                f"{figures['kernels']:.0f}",
+                f"{figures['seconds']:.3f}",
+            )
         )
     sites = scan_sites(result, rules)
     rows = [
@@ -163,12 +167,12 @@ def summary(result: ScanResult, rules: KnownSites) -> str:
         for s in sites[:SUMMARY_SITES]
     ]
     if rows:
-        headers = ("reads/step", "waits/step", "idle us/step", "site", "disposition")
+        headers = (WAITS, STALLS, IDLE_MEAN, "site", DISPOSITION)
         lines.append(table.text(headers, rows))
         if len(sites) > SUMMARY_SITES:
             lines.append(f"... and {len(sites) - SUMMARY_SITES} more site(s) in the report")
     else:
-        lines.append("no host read in the measured steps")
+        lines.append("no wait in the measured steps")
     compiled = [s for s in result.sites if compiled_only(s)]
     lines += [f"{COMPILED_VERDICT}: {where_text(s)}" for s in compiled]
     return "\n".join(lines)
@@ -191,7 +195,7 @@ def render(result: ScanResult, source: str, png: str | None, rules: KnownSites) 
         "",
         f"**What ran.** {what_ran(result)}. The script's setup runs unwatched; the watch"
         " begins as the first step does, and each later step runs from the end of the one"
-        " before, so every read after the first step falls in one.",
+        " before, so every wait after the first step falls in one.",
         "",
         f"**On.** {result.environment.device}; {versions}; wall time {result.wall_s:.0f} s."
         f" Command: `{result.stamp.command}`.",
@@ -206,10 +210,10 @@ def render(result: ScanResult, source: str, png: str | None, rules: KnownSites) 
             table.markdown(
                 (
                     "per rank per step",
-                    "reads",
-                    "copies",
                     "waits",
-                    "idle us",
+                    "copies",
+                    "stalls",
+                    "median idle us",
                     "kernels",
                     "collectives",
                     "bytes",
@@ -218,10 +222,10 @@ def render(result: ScanResult, source: str, png: str | None, rules: KnownSites) 
                 ),
                 [
                     (
-                        "after the warm-up",
-                        figure_text(figures["reads"]),
-                        figure_text(figures["copies"]),
+                        "after the warm-up (the mean)",
                         figure_text(figures["waits"]),
+                        figure_text(figures["copies"]),
+                        figure_text(figures["stalls"]),
                         f"{figures['idle_us']:g}",
                         f"{figures['kernels']:.0f}",
                         f"{figures['collectives']:.0f}",
@@ -237,17 +241,18 @@ def render(result: ScanResult, source: str, png: str | None, rules: KnownSites) 
         "## Ranks",
         "",
         table.markdown(
-            ("rank", "ended", "steps", "reads/step", "waits/step", "error"),
+            ("rank", "ended", "steps", WAITS, STALLS, "error"),
             [_rank_row(rank) for rank in result.ranks],
         ),
         "",
         "## Sites",
         "",
-        "*reads/step*, *waits/step*: per rank per step after the warm-up; *waits*: reads that"
-        " found device work queued since the host last waited (a GPU stalls there), the other"
-        " reads are free; *work waited for*: the kernels those waits waited for, per rank per"
-        " step. *disposition*: carried by a case (its fix removes the site), accepted by"
-        " known_sites.toml (with its reason), read and not carried (with why), or a candidate."
+        f"*{WAITS}*, *{STALLS}*: {vocabulary.PER_STEP}, the mean. A wait is a read or a"
+        " blocking copy; a stall a wait that found device work queued since the host last waited"
+        " (a GPU stalls there); the other waits are free. *waited-for kernels/step*: the"
+        " kernels those stalls waited for, per rank per step. *disposition*: carried by a case"
+        " (its fix removes the site), accepted by known_sites.toml (with its reason), read and"
+        " not carried (with why), or a candidate."
         f" {MEASURED}",
         "",
     ]
@@ -258,14 +263,14 @@ def render(result: ScanResult, source: str, png: str | None, rules: KnownSites) 
                 (
                     "#",
                     "site",
-                    "reads/step",
-                    "waits/step",
+                    WAITS,
+                    STALLS,
                     *rank_columns,
-                    "work waited for/step",
-                    "idle us/step",
+                    "waited-for kernels/step",
+                    IDLE_MEAN,
                     "host ran in the windows",
                     "when",
-                    "disposition",
+                    DISPOSITION,
                     "code",
                 ),
                 [
@@ -289,18 +294,18 @@ def render(result: ScanResult, source: str, png: str | None, rules: KnownSites) 
         if len(sites) > TOP:
             out.append(f"\n... and {len(sites) - TOP} more site(s): see the JSON result.")
     else:
-        out.append("No host read in the measured steps.")
+        out.append("No wait in the measured steps.")
     compiled = [s for s in result.sites if compiled_only(s)]
     if compiled:
         out += ["", f"## {COMPILED_VERDICT.capitalize()}", ""]
         out += [
             f"- {where_text(s)} `{s.site.code}`: a torch.compile'd call; its graphs run fused"
-            " kernels the detector does not judge (reads after it in the same step may show as"
+            " kernels the detector does not judge (waits after it in the same step may show as"
             " free)"
             for s in compiled
         ]
     if png:
-        out += ["", f"![steps x sites, reads per rank]({png})"]
+        out += ["", f"![steps x sites, waits per rank]({png})"]
     out += ["", "## Steps", "", _steps_table(result)]
     after = [(rank.rank, rank.after_last_step) for rank in result.ranks if rank.after_last_step]
     if after:
@@ -308,7 +313,7 @@ def render(result: ScanResult, source: str, png: str | None, rules: KnownSites) 
         for rank, step in after:
             where = ", ".join(f"{s.site.file}:{s.site.line} x{s.count}" for s in step.hunt.sites)
             where = where or "none"
-            out.append(f"- rank {rank}: {len(step.waits)} read(s) ({where})")
+            out.append(f"- rank {rank}: {len(step.waits)} wait(s) ({where})")
     return "\n".join(out) + "\n"
 
 
@@ -326,7 +331,7 @@ def _rank_row(rank: ScanRank) -> tuple:
 
 
 def _steps_table(result: ScanResult) -> str:
-    """Each step, over the ranks: reads and waits summed, kernels, the slowest rank's time."""
+    """Each step, over the ranks: waits and stalls summed, kernels, the slowest rank's time."""
     by_step: dict[int, list] = defaultdict(list)
     for rank in result.ranks:
         for step in rank.steps:
@@ -343,14 +348,14 @@ def _steps_table(result: ScanResult) -> str:
         for number, steps in sorted(by_step.items())[:STEP_ROWS]
     ]
     shown = table.markdown(
-        ("step", "", "reads (all ranks)", "waits (all ranks)", "kernels", "host s"), rows
+        ("step", "", "waits (all ranks)", "stalls (all ranks)", "kernels", "host s"), rows
     )
     more = len(by_step) - STEP_ROWS
     return shown + (f"\n\n... and {more} more step(s): see the JSON result." if more > 0 else "")
 
 
 def heat_map(result: ScanResult, path: Path, rules: KnownSites) -> bool:
-    """Steps x the top sites, reads per rank at each step; False where there is nothing to draw."""
+    """Steps x the top sites, waits per rank at each step; False where there is nothing to draw."""
     sites = scan_sites(result, rules)[:TOP]
     numbers = sorted({s.hunt.step for rank in result.ranks for s in rank.steps})[:STEP_ROWS]
     if not sites or not numbers:
@@ -372,7 +377,7 @@ def heat_map(result: ScanResult, path: Path, rules: KnownSites) -> bool:
         rows,
         [s.disposed for s in sites],
         values,
-        f"Host reads per rank at each step of {Path(result.script).name}; {LABEL_COLOURS}",
+        f"Waits per rank at each step of {Path(result.script).name}; {LABEL_COLOURS}",
     )
     return True
 
@@ -401,7 +406,7 @@ def trace(rank: ScanRank, result: ScanResult) -> str:
                 "tid": 0,
                 "ts": round(step.started_s * 1e6, 1),
                 "dur": round(step.seconds * 1e6, 1),
-                "args": {"reads": step.hunt.cost.reads, "waits": step.hunt.cost.stalls},
+                "args": {"waits": step.hunt.cost.reads, "stalls": step.hunt.cost.stalls},
             }
         )
         for wait in step.waits:
@@ -409,11 +414,7 @@ def trace(rank: ScanRank, result: ScanResult) -> str:
             events.append(
                 {
                     "name": f"{Path(wait.site.file).name}:{wait.site.line}",
-                    "cat": COMPILED
-                    if wait.kind == COMPILED
-                    else "wait"
-                    if stalled
-                    else "free read",
+                    "cat": COMPILED if wait.kind == COMPILED else "stall" if stalled else "free",
                     "ph": "i",
                     "s": "t",
                     "pid": rank.rank,
