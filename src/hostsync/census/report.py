@@ -29,7 +29,7 @@ from hostsync.sites.render import (
 from hostsync.sites.summary import copies_rate
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import CensusResult, HuntSite, HuntTree
+from hostsync.workspace.records import CensusResult, CensusTrees, HuntSite, HuntTree
 from hostsync.workspace.vocabulary import (
     COPIES,
     DISPOSITION,
@@ -358,7 +358,7 @@ def render(
     return "\n".join(out) + "\n"
 
 
-def _column_text(name: str, trees) -> str:
+def _column_text(name: str, trees: CensusTrees) -> str:
     every = [trees.tree, *trees.stacked]
     shown = ", ".join(f"{t.project} {t.version}" for t in every)
     carried = f" with the series of {', '.join(trees.cases)}" if trees.cases else " as published"
@@ -383,25 +383,16 @@ def heat_map(result: CensusResult, path: Path, rules: KnownSites = NONE_KNOWN) -
 def write_reports(layout: Layout, json_path: Path) -> list[Path]:
     """The Markdown and the heat map beside the result, and census.md from the newest."""
     png = json_path.with_suffix(".png")
-    heat_map(results.read(json_path, CensusResult), png, known_now(layout))
-    beside = json_path.with_suffix(".md")
-    with beside.open("x") as out:
-        out.write(render_file(layout, json_path))
-    newest = results.latest(layout.profiles, CensusResult)
-    stable = layout.profiles / f"{CensusResult.KIND}.md"
-    stable.write_text(render_file(layout, newest))
+    known = known_now(layout)
+    heat_map(results.read(json_path, CensusResult), png, known)
+
+    def rendered(result: CensusResult, path: Path) -> str:
+        drawn = path.with_suffix(".png")
+        shown = drawn.name if drawn.exists() else None
+        return render(result, str(path.relative_to(layout.root)), shown, known)
+
+    beside, stable = results.write_markdown(json_path, CensusResult, rendered)
     return [beside, png, stable]
-
-
-def render_file(layout: Layout, json_path: Path) -> str:
-    result = results.read(json_path, CensusResult)
-    png = json_path.with_suffix(".png")
-    return render(
-        result,
-        str(json_path.relative_to(layout.root)),
-        png.name if png.exists() else None,
-        known_now(layout),
-    )
 
 
 def console_summary(result: CensusResult) -> str:

@@ -45,7 +45,7 @@ TREE_UNDER_TEST = trainer_project()
 def census_cases(everyone: Sequence[Case]) -> list[Case]:
     """The cases pinning the newest release any case pins of their project, the tree under
     test's first: what the fixed column applies. An older pin (a bug fixed since) is left out."""
-    newest = {}
+    newest: dict[str, Version] = {}
     for case in everyone:
         version = Version(case.pin.version)
         newest[case.project.name] = max(newest.get(case.project.name, version), version)

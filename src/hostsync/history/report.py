@@ -52,10 +52,9 @@ SUMMARY = (
 
 
 def _summary(history: SiteHistory) -> list[object]:
-    by = {narrowed.change: narrowed for narrowed in history.narrowed if narrowed.first}
+    by = {n.change: (n.first, n.pull_request) for n in history.narrowed if n.first}
     commits = [
-        by[change].first.commit[:10]
-        + (f" (#{by[change].pull_request})" if by[change].pull_request else "")
+        by[change][0].commit[:10] + (f" (#{by[change][1]})" if by[change][1] else "")
         if change in by
         else None
         for change in (Change.ADDED, Change.REMOVED)

@@ -88,22 +88,22 @@ def watch_case(case: cases.Case, reader: Reader, settings: WatchSettings) -> Cas
                 settings.timeout,
             )
         sites.append(SiteWatch(target.project.name, newest.version, target.site, finding, run))
-    newest = reader.releases(case.project)[-1].version
+    version = reader.releases(case.project)[-1].version
     with locks.case(layout):
-        state = series_state(case, newest)
+        state = series_state(case, version)
         checks = []
         if settings.tests:
             workdir = layout.new_run_dir(f"watch-{layout.case}")
             checks = test_patch.other_release_checks(
-                layout, case, workdir, newest, settings.timeout
+                layout, case, workdir, version, settings.timeout
             )
     return CaseWatch(
         case=case.name,
         project=case.project.name,
         pinned=case.pin.version,
-        newest=newest,
+        newest=version,
         provenance=measured_against,
-        fixed=case.fixed and case.fixed.version,
+        fixed=case.fixed.version if case.fixed else None,
         sites=tuple(sites),
         series=state,
         tests=tuple(check.record() for check in checks),
@@ -127,13 +127,8 @@ def watch(layout: Layout, settings: WatchSettings) -> WatchResult:
     for project in PROJECTS.values():
         watched = watch_project(project, pins.get(project.name, ""), reader)
         home = next((case for case in known if case.project == project), None)
-        if settings.hunt and home is None:
-            watched = _hunted(watched, f"no case of {project.name}: its trees have no home")
-        elif settings.hunt and watched.newest == watched.pinned:
-            watched = _hunted(watched, "the newest release is the pinned one: nothing new to hunt")
-        elif settings.hunt:
-            found = settings.hunt(home, watched.pinned, watched.newest, carried)
-            watched = _hunted(watched, *found)
+        if settings.hunt is not None:
+            watched = _hunted(watched, *_new_sites(settings.hunt, home, watched, carried))
         projects.append(watched)
     watched_cases = [watch_case(case, reader, settings) for case in known]
     return WatchResult(
@@ -142,6 +137,17 @@ def watch(layout: Layout, settings: WatchSettings) -> WatchResult:
         projects=tuple(projects),
         cases=tuple(watched_cases),
     )
+
+
+def _new_sites(
+    hunt: NewSites, home: cases.Case | None, watched: ProjectWatch, carried: tuple[AllowRule, ...]
+) -> tuple[str, tuple[HuntSite, ...]]:
+    """What `hunt` finds new in the project's newest release, or why nothing was hunted."""
+    if home is None:
+        return f"no case of {watched.project}: its trees have no home", ()
+    if watched.newest == watched.pinned:
+        return "the newest release is the pinned one: nothing new to hunt", ()
+    return hunt(home, watched.pinned, watched.newest, carried)
 
 
 def _hunted(watched: ProjectWatch, said: str, sites: tuple[HuntSite, ...] = ()) -> ProjectWatch:

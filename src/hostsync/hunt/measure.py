@@ -15,6 +15,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hostsync.detector.sites import AllowRule
 from hostsync.launch import trainer_step
@@ -113,17 +114,17 @@ def profiler_only(ranks: Sequence[HuntRank], twin: int) -> list[ProfilerOnly]:
     Matched per (file, function): the profiler names a function by its first line, not the
     line of the call. A surplus made inside a kernel (`via`) is a read no dispatch mode sees.
     """
-    found: dict[tuple[str, str], dict] = {}
+    found: dict[tuple[str, str], dict[str, Any]] = {}
     for rank in ranks:
-        detected: Counter = Counter()
+        detected: Counter[tuple[str, str]] = Counter()
         for step in rank.hunt.steps:
             if step.step == twin:
-                for read in step.sites:
-                    if read.kind == "scalar_read":
-                        detected[(read.site.file, read.site.function)] += read.count
-        profiled: dict[tuple, Counter] = defaultdict(Counter)
+                for seen in step.sites:
+                    if seen.kind == "scalar_read":
+                        detected[(seen.site.file, seen.site.function)] += seen.count
+        profiled: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
         for read in rank.hunt.profiled:
-            profiled[(read.file, read.function)][read.via] += read.count
+            profiled[(read.file, read.function)][read.via or ""] += read.count
         for (file, function), by_via in profiled.items():
             surplus = sum(by_via.values()) - detected[(file, function)]
             if surplus <= 0:

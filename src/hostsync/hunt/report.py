@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hostsync.detector.records import Cost
 from hostsync.measure.cost import BOUND, assess
 from hostsync.sites.dispositions import disposed
 from hostsync.sites.render import reading, where_text
@@ -125,6 +126,7 @@ def render(result: HuntResult, source: str) -> str:
 
 def _header(result: HuntResult, source: str) -> list[str]:
     setup, plan = result.setup, result.measured[0].plan
+    assert plan is not None, "a measured tree has its plan"
     versions = ", ".join(f"{name} {version}" for name, version in setup.versions.items())
     return [
         "# Host syncs in a full DeepSpeed Ulysses SP training step (Trainer)",
@@ -298,18 +300,18 @@ def console_summary(trees: Sequence[HuntTree]) -> str:
 COST_COLUMNS = ("tree", WAITS, STALLS, IDLE_MEDIAN, KERNELS, VERDICT)
 
 
-def cost_rows(trees: Sequence[HuntTree]) -> list[tuple]:
+def cost_rows(trees: Sequence[HuntTree]) -> list[tuple[object, ...]]:
     """Each accounted tree's waits, stalls, idle time (host us, measured on CPU, the median) and
     kernels per rank and step after the warm-up, and its verdict against the first tree of its
     setup."""
-    first: dict[str, HuntTree] = {}
-    rows = []
+    first: dict[str, Cost] = {}
+    rows: list[tuple[object, ...]] = []
     for tree in trees:
         if tree.cost is None:
             continue
-        base = first.setdefault(tree.setup, tree)
-        judgement = assess(base.cost, tree.cost)
-        verdict = "-" if base is tree else f"{judgement.verdict}: {judgement.reason}"
+        base = first.setdefault(tree.setup, tree.cost)
+        judgement = assess(base, tree.cost)
+        verdict = "-" if base is tree.cost else f"{judgement.verdict}: {judgement.reason}"
         rows.append(
             (
                 tree.label,
