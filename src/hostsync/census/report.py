@@ -255,7 +255,7 @@ def render(
             ],
         ),
         "",
-        "*not accepted*: the waits/step left when the accepted ones"
+        "*not accepted*: the waits per step left when the accepted ones"
         f" ({len(result.allowlist)} rules of known_sites.toml, each with its reason) are set"
         " aside: candidates and carried."
         " *stalls/step*: the waits (reads and blocking copies to the device) that waited for"

@@ -1,6 +1,6 @@
-"""The history's results in words: a bisect's summary and Markdown report, per site its first
-and last release and the evidence for each; the watch's digest, what a contributor reads in a
-minute. The searches themselves are `bisect` and `watch`; this module only renders them."""
+"""The history's results in words. A bisect's summary and report: per site, its first and last
+release, and the evidence for each. The watch's digest, read in a minute. `bisect` and `watch`
+search; this module only renders what they found."""
 
 from __future__ import annotations
 

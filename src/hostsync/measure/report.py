@@ -1,6 +1,6 @@
-"""A repro result in words: the console table of each run, the trees compared, the fix's
-verdicts, the Trainer's losses, and what a reader must not miss. The measurement itself is
-`hostsync.measure.repro`; this module only renders what it recorded."""
+"""A repro result in words. The console table of each run, the trees compared and the fix's
+verdicts. The Trainer's losses, and what a reader must not miss. `hostsync.measure.repro`
+measures; this module only renders what it recorded."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""What a site is to us, its disposition: carried by a case, accepted by design, read and not
-carried, or a candidate. Every report that lists sites says it with these words.
+"""What a site is to us: its disposition. Every report that lists sites says it in these words.
 
-The known sites are matched again when a report is rendered, so a rule or a reason added since
-the run needs no new run. What the run itself matched (`HuntSite.carried`, `allowed`) comes first.
+A site is carried by a case, accepted by design, read and not carried, or a candidate. Reports
+match the known sites again when they render. So a rule added since the run needs no new run.
+What the run itself matched (`HuntSite.carried`, `allowed`) comes first.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ class Disposition(StrEnum):
 
 @dataclass(frozen=True)
 class Disposed:
-    """A site with its disposition and why: the case carrying it, or the reason of the rule
-    accepting it or leaving it (none for a candidate)."""
+    """A site with its disposition and why. `why` is the case carrying it, or the rule's reason;
+    a candidate has none."""
 
     hunted: HuntSite
     disposition: Disposition

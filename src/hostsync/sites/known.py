@@ -1,11 +1,11 @@
 """The known sites: those accepted by design, and the candidates left as they are.
 
-`known_sites.toml` holds one `[[allow]]` table per accepted site: `file` (a path suffix),
-optionally `function`, `line`, `code`, `caller` (for a read inside a shared helper: which of
-its callers is accepted), `host_memory = true` where the site reads host memory the detector
-cannot see being made (its reads are then no waits), and a `reason` a reviewer can check.
-`[[not_carried]]` tables, with the same keys, name the candidates read and left as they are,
-each with why. A site a case's fix removes is named by its card (`[[carries]]`) instead.
+`known_sites.toml` holds one `[[allow]]` table per accepted site. Each names a `file` (a path
+suffix), and may name a `function`, `line`, `code` or `caller`. `caller` picks the callers of a
+shared helper. `host_memory = true` marks a site that reads host memory the detector cannot see
+being made: its reads are no waits. Each has a `reason` a reviewer can check. `[[not_carried]]`
+tables name the candidates read and left as they are, each with why. A case's card names the
+sites its fix removes (`[[carries]]`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from hostsync.workspace.config import load_toml
 
 @dataclass(frozen=True)
 class KnownSites(Strict):
-    """known_sites.toml: the sites accepted by design (`allow`), and the candidates read and
-    left as they are (`not_carried`), each a rule with its reason."""
+    """known_sites.toml: the sites accepted by design (`allow`), and the candidates left as
+    they are (`not_carried`). Each is a rule with its reason."""
 
     allow: tuple[AllowRule, ...] = ()
     not_carried: tuple[AllowRule, ...] = ()

@@ -1,5 +1,5 @@
-"""A site in words and in pictures: where it is, its figures as a person writes them, why its
-line waits, and the heat map the census and the scan draw of their sites."""
+"""A site in words and in pictures. Where it is, its figures as a person writes them, and why
+its line waits. The heat map the census and the scan draw of their sites."""
 
 from __future__ import annotations
 
@@ -97,8 +97,8 @@ def draw_heat_map(
     values: Sequence[Sequence[float]],
     title: str,
 ) -> None:
-    """`rows` x `sites`, each cell written in, on a square-root scale; the site labels coloured
-    by disposition. A PNG at `path`."""
+    """`rows` x `sites` as a PNG at `path`, each cell written in, on a square-root scale. The
+    site labels are coloured by disposition."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,8 +1,8 @@
-"""Ranks' records summed into sites: how often each site waits per step, on which steps, its
-stalls and windows, and what a case or the known sites say of it.
+"""Ranks' records summed into sites. How often each site waits per step, and on which steps.
+Its stalls and windows, and what a case or the known sites say of it.
 
-The hunt, the census and the scan sum their ranks' steps the same way: here, once. A rank's
-step counts as one, so every figure is per rank and step after the warm-up (the mean).
+The hunt, the census and the scan sum their ranks' steps here, once. A rank's step counts as
+one. So every figure is per rank and step after the warm-up, the mean.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from hostsync.workspace.records import HuntRank, HuntSite, TrainerRank
 
 
 def rank_records(results: Sequence[TrainerRank]) -> list[HuntRank]:
-    """What each rank of a Trainer worker run recorded, with its rank and where it ran: what
-    `summarize` reads."""
+    """Each rank's record of a Trainer worker run, with its rank and device: what `summarize`
+    reads."""
     return [
         HuntRank(rank, result.device, result.backend, result.model, result.hunt)
         for rank, result in enumerate(results)
@@ -39,9 +39,9 @@ def summarize(
     """One entry per site over all ranks and steps, most waits per step first. `carried` names
     the case whose fix removes a site, before any allow rule.
 
-    `per_step` is the most waits one rank made there in one step (after the warm-up, unless it
-    waits only then); `rate` the mean per rank per step after the warm-up (what the site costs
-    in the steady state); `when` names the steps.
+    `per_step` is the most waits one rank made there in one step. It counts after the warm-up,
+    unless the site waits only then. `rate` is the mean per rank per step after the warm-up:
+    the site's steady cost. `when` names the steps.
     """
     steady = sorted({s.step for rank in ranks for s in rank.hunt.steps if not s.warmup})
     logging_steps = sorted(

@@ -1,9 +1,9 @@
 """The words every report uses, each with one meaning, and the labels made of them.
 
-A reader trips on a loose word more than on a figure: "reads" that hold copies, "waits" that
-are stalls, a "verdict" that is a site's disposition. So each word is defined here once, and
-every renderer prints its figures under these labels (tests/test_words.py renders the reference
-set and refuses any other). docs/glossary.md says the same words at length.
+A reader trips on a loose word more than on a figure. "Reads" held copies, "waits" were
+stalls, and a site's disposition was a "verdict". So each word is defined here once. Every
+renderer prints its figures under these labels. tests/test_words.py renders the reference set
+and refuses any other. docs/glossary.md says the same words at length.
 """
 
 from __future__ import annotations
