@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -372,6 +373,20 @@ def finders_off_the_site_layer(graph: dict[str, set[str]] | None = None) -> list
     ]
 
 
+def docstring_sentences(modules: dict[str, Path] | None = None) -> list[int]:
+    """The length in words of each sentence of the engine's docstrings. A sentence ends at `.`,
+    `!` or `?`; a code span counts as one word."""
+    modules = engine_modules() if modules is None else modules
+    holders = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    found = []
+    for path in modules.values():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            text = ast.get_docstring(node) if isinstance(node, holders) else None
+            spans = re.sub(r"`[^`]*`", "X", " ".join((text or "").split()))
+            found += [len(s.split()) for s in re.split(r"(?<=[.!?])\s+", spans) if s.split()]
+    return found
+
+
 def back_edges() -> list[str]:
     """Each import that climbs from a module's floor to a higher one."""
     table = floors()
@@ -403,6 +418,8 @@ def main() -> int:
         f" not on the site layer: {len(finders_off_the_site_layer(graph))}"
     )
     print(f"untyped signatures: {len(untyped)} of {total} functions (--list names them)")
+    sentences = docstring_sentences()
+    print(f"docstring sentences: {len(sentences)}, median words: {statistics.median(sentences)}")
     print(
         f"rank scripts: {len(scripts)}, untyped signatures: {len(untyped_scripts)} of"
         f" {script_functions} functions, not returning their record: "
