@@ -1,12 +1,13 @@
 """`python -m hostsync census`: every host sync of the training steps users run, setup by setup.
 
-- `setups`: `census.toml`, one table per setup (trainer, ranks, ZeRO stage, precision, SP,
-  accumulation, checkpointing, packing, LoRA, logging and evaluation), read and checked;
-- `run`: each setup run on the newest release each case pins, as published and with every
-  carried fix stacked on one tree per project, its sites summed by the site layer
-  (`hostsync.sites`: the known sites, the cases' `[[carries]]`);
-- `report`: one report, Markdown, JSON and a heat map (setups x sites, reads per optimizer
-  step), every site ranked by its reads per step summed over the setups, with its verdict.
+A case shows one bug; the census shows what users' setups pay for all of them.
+
+- `setups`: `census.toml`, one table per setup, read and checked. Trainer, ranks, ZeRO stage,
+  precision, SP, accumulation, checkpointing, packing, LoRA, logging and evaluation.
+- `run`: each setup on the newest release each case pins, as published and with every carried
+  fix. The site layer (`hostsync.sites`) sums its sites.
+- `report`: Markdown and a heat map of setups x sites, waits per optimizer step. Every site is
+  ranked by its waits per step summed over the setups, with its disposition.
 
 Its command line is `hostsync.commands.census`.
 

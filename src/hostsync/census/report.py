@@ -1,12 +1,11 @@
-"""The census's report: every site ranked by its waits per optimizer step summed over the
-setups, with its disposition; the setups with their waits, blocking copies and idle time per step
-today and with every carried fix; the largest idle windows, where the host does the most work
-after a drain; a heat map of setups x sites. Markdown and PNG beside the JSON result.
+"""The census's report, in the words of `workspace.vocabulary`. Every site is ranked by its
+waits per optimizer step summed over the setups, with its disposition. The setups show their
+waits, stalls, copies and idle time per step, today and with every carried fix. The largest
+idle windows show where the host works most after a stall. A heat map shows setups x sites.
 
-Every candidate ends somewhere: carried by a case, accepted by an allow rule, or not carried
-with its reason (known_sites.toml's `[[not_carried]]`). The known sites are matched again when
-the report is rendered, so a rule or reason added since the census ran needs no new run. A
-candidate with none of these is listed apart, as one without a disposition."""
+Every candidate ends somewhere: carried by a case, accepted, or not carried with its reason. The
+known sites are matched again when the report is rendered: a rule added since needs no new run.
+A candidate with none of these is listed apart, as one without a disposition."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""A census run: every setup of census.toml on the newest release each case pins, as published
-(today) and with every carried fix (fixed), one hunt record per setup and column."""
+"""A census run: every setup of census.toml on the newest release each case pins. Each runs as
+published (today) and with every carried fix (fixed): one hunt record per setup and column."""
 
 from __future__ import annotations
 

@@ -1,15 +1,14 @@
 """`python -m hostsync watch`: what the newest releases changed, against the pins and every case.
 
-For each project of `projects.PROJECTS`, its newest final release on the package index against
-the release pin.toml installs. For each case: whether each of its sites is still in the newest
-release of the project holding it (the presence check `bisect` makes, from the verified sdist),
-and whether its series applies to its project's newest release (`git am` on that release's
-tree); with `--tests`, how its tests go there (test-patch's checks for another release). With
-`--hunt`, the sites the hunt finds in each project's newest release and not in its pinned one
-(matched on file, function, code and caller: lines move); the command hands that hunt in.
+A pin ages quietly; this says which. For each project, its newest final release on the index
+against the one pin.toml installs. For each case, whether each of its sites is still in the
+newest release (the presence check `bisect` makes, from the verified sdist). Whether its series
+applies there (`git am` on that release's tree). With `--tests`, how its tests go there. With
+`--hunt`, the sites the hunt finds in the newest release and not in the pinned one, matched on
+file, function, code and caller. The command hands that hunt in: watch imports no hunt.
 
 Writes profiles/watch/watch-<time>.json and its Markdown digest beside it, and watch.md from the
-newest: what a contributor reads in a minute.
+newest: what a contributor reads in a minute (`history.report`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The hunt's report: trees compared site by site, each tree's candidates, carried and accepted
-sites, and the reads only the profiler saw, as Markdown (and a short table for the console)."""
+"""The hunt's report, as Markdown and a short console table. Trees are compared site by site.
+Each tree lists its candidates, its carried and accepted sites, and the reads only the profiler
+saw."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""A hunt of a case: its trees prepared (with the fixes of the cases stacked on them), each
-hunted in each setup, and one result written with its report. Also the sites a newer release
-adds, which `watch --hunt` asks for."""
+"""A hunt of a case: its trees prepared, with the fixes of the stacked cases on them. Each tree
+is hunted in each setup, and one result is written with its report. Also the sites a newer
+release adds, which `watch --hunt` is handed."""
 
 from __future__ import annotations
 
