@@ -11,13 +11,16 @@ template), with every figure a query over the latest results:
     {{snippet:code}}                                        the case's one-process snippet
     {{bisect:sites[project=deepspeed].first}}              the first release with the site
     {{gpu:figures[tree=pinned].dtoh_copies}}                GPU evidence, where there is some
-    {{repro:sites[tree=patched,scenario=zero1]|reads}}      the waits a run leaves, by site
-    {{repro:sites[tree=pinned,function=step]|waits}}        which stall, and for what, by site
+    {{repro:sites[tree=patched,scenario=zero1]|reads}}      the reads a run leaves, by site
+    {{repro:sites[tree=patched,scenario=zero1]|copies}}     its blocking copies to the device
+    {{repro:sites[tree=patched,scenario=zero1]|waits}}      both, each named as what it is
+    {{repro:sites[tree=pinned,function=step]|stalls}}       which stall, and for what, by site
 
 A path walks dicts by key and maps over lists; `[key=value,...]` keeps the list items that
 match. Reducers: first (the default), last, max, min, sum, count, join, and a number n: the n-th
-value (`|2`); `reads` and `waits` list a repro's sites (`hostsync.drafting.sites`), so that what
-a fix leaves and where a wait goes are the accounting's, not a draft's. Results measured against
+value (`|2`); `reads`, `copies`, `waits` and `stalls` list a repro's sites
+(`hostsync.drafting.sites`), so that what a fix leaves and where a wait goes are the
+accounting's, not a draft's, and a read is never counted as a copy. Results measured against
 another pin.toml, card, patch series or case script (the snippet an issue quotes among them) are
 stale: `review` names them and refuses, or reruns their commands with `--rerun`; a result of
 another case, one that measured nothing or a proof that failed is refused outright. A bisect and
@@ -49,14 +52,19 @@ from pathlib import Path
 from typing import Any
 
 from hostsync.detector.codec import dump
+from hostsync.detector.sites import Site
 from hostsync.drafting import drafts, sites
 from hostsync.drafting.claims import check_claims
+from hostsync.drafting.lines import Sources, check_lines
 from hostsync.measure import provenance
 from hostsync.upstream import patchqueue
+from hostsync.upstream.presence import sdist_sources
+from hostsync.upstream.sdists import pypi_sdist
 from hostsync.workspace import results
 from hostsync.workspace.cases import Case
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
+from hostsync.workspace.projects import PROJECTS
 from hostsync.workspace.records import (
     BisectResult,
     GpuResult,
@@ -90,7 +98,9 @@ REDUCERS: dict[str, Callable[[list[Any]], Any]] = {
     "count": len,
     "join": lambda values: ", ".join(str(v) for v in values),
     "reads": sites.reads,
+    "copies": sites.copies,
     "waits": sites.waits,
+    "stalls": sites.stalls,
 }
 
 
@@ -286,8 +296,9 @@ def figure(match: re.Match, documents: dict[str, Any]) -> str:
     return drafts.number(REDUCERS[reduce](values))
 
 
-def fill(template: str, documents: dict[str, Any]) -> str:
-    return PLACEHOLDER.sub(lambda match: figure(match, documents), template)
+def fill(template: str, documents: dict[str, Any], margin: int = 0) -> str:
+    """The template with each placeholder's figure, `margin` characters wider where asked."""
+    return PLACEHOLDER.sub(lambda match: figure(match, documents) + "_" * margin, template)
 
 
 def made_by(source: str, case: str) -> str:
@@ -362,6 +373,27 @@ def documents(layout: Layout, case: Case, sources: dict[str, Source]) -> dict[st
     )
 
 
+def release_source(case: Case) -> Callable[[str, str], Sources]:
+    """A release's package source, from its sdist: the card's where it pins or names the
+    release as fixed, else the index's (verified against its sha256), each read once."""
+    cards = {(case.project.name, s.version): s.sdist for s in (case.card.pin, case.card.fixed) if s}
+    read: dict[tuple[str, str], Sources] = {}
+
+    def source(project: str, version: str) -> Sources:
+        if (project, version) not in read:
+            sdist = cards.get((project, version)) or pypi_sdist(PROJECTS[project], version)
+            read[project, version] = sdist_sources(case.layout, sdist, PROJECTS[project])
+        return read[project, version]
+
+    return source
+
+
+def recorded_sites(found: dict[str, Any]) -> list[Site]:
+    """The sites the draft's repro recorded, on every tree."""
+    items = found.get(ReproResult.KIND, {}).get("sites", [])
+    return [sites.RunSite.from_json(item).site for item in items]
+
+
 # --- writing -------------------------------------------------------------------------------------
 
 
@@ -406,6 +438,7 @@ def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]
     repro = sources.get(ReproResult.KIND)
     verdicts = repro.result.verdicts if repro else ()
     filled = {}
+    source = release_source(case)
     for template in templates(layout):
         text = template.read_text()
         drafts.check_template(template, text)
@@ -413,7 +446,12 @@ def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]
         refuse_unsaid_pr_change(template, text, case)
         filled[template.name] = drafts.reflow(fill(text, found))
         drafts.check_draft(template.name, drafts.kind(template), filled[template.name])
+        wider = drafts.reflow(fill(text, found, drafts.MARGIN))
+        drafts.check_length(template.name, drafts.kind(template), wider, widened=True)
         drafts.check_threads(template.name, filled[template.name], case.upstream.cited)
+        check_lines(
+            template.name, filled[template.name], case.project.name, source, recorded_sites(found)
+        )
         check_claims(template.name, filled[template.name], verdicts, GpuResult.KIND in sources)
     if own_results and refresh:  # only a set whose drafts passed becomes the reference
         for change in refresh_reference(layout, sources):
