@@ -482,3 +482,32 @@ def test_a_bisect_is_cited_where_the_case_has_one(workspace: Layout) -> None:
     assert review.fill(template, before) == "Since not measured."
     assert isinstance(sources["bisect"].result, BisectResult)
     assert review.fill(template, review.documents(workspace, case, sources)) == "Since 5.0.0."
+
+
+TRAINING_ARGS = """
+@dataclass
+class TrainingArguments:
+    logging_steps: float = field(default=500, metadata={"help": "..."})
+    logging_nan_inf_filter: bool = field(default=True)
+    include_num_input_tokens_seen: str | bool = "no"
+"""
+
+
+def test_a_scenario_s_settings_are_rendered_beside_the_defaults_they_differ_from() -> None:
+    """Scope is derived: a run's settings that differ from the release's `TrainingArguments`
+    defaults, each beside its default; none typed into the draft."""
+    source = {"src/transformers/training_args.py": TRAINING_ARGS}
+    found = {
+        "repro": {
+            "runs": [{"scenario": "nan", "logging_steps": 1, "logging_nan_inf_filter": True}]
+        },
+        review.DEFAULTS: {review.TRAINER_ARGUMENTS: review.trainer_defaults(source, "5.24.0")},
+    }
+
+    assert review.fill("{{repro:runs[scenario=nan]|settings}}", found) == (
+        "`logging_steps=1` (the default is 500)"
+    )
+    found["repro"]["runs"][0]["logging_steps"] = 500
+    assert review.fill("{{repro:runs[scenario=nan]|settings}}", found) == "the Trainer's defaults"
+    with pytest.raises(WorkspaceError, match="has no TrainingArguments"):
+        review.trainer_defaults({}, "5.24.0")

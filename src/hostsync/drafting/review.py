@@ -40,6 +40,7 @@ naming what produces it (`nox -s bisect`, ...).
 
 from __future__ import annotations
 
+import ast
 import logging
 import re
 import shlex
@@ -83,12 +84,20 @@ OPTIONAL_KINDS: tuple[type[Result], ...] = (BisectResult, GpuResult)
 # Made on a GPU machine: left out with a warning when stale, as no CPU session can remake it.
 MADE_ELSEWHERE: tuple[type[Result], ...] = (GpuResult,)
 # What a placeholder can cite: the results above, the card, the snippet, the series' new files.
-SOURCES = (*(kind.KIND for kind in KINDS + OPTIONAL_KINDS), "case", "snippet", "series")
+SOURCES = (
+    *(kind.KIND for kind in KINDS + OPTIONAL_KINDS),
+    "case",
+    "snippet",
+    "series",
+    "defaults",
+)
 REFERENCE = "reference"
 # What a comment on an open PR cites to say which of the PR's changes its figures are of.
 PR_CHANGE_FOLLOWS = "upstream.pr_change.follows"
 PLACEHOLDER = re.compile(r"\{\{\s*(?P<source>\w+):(?P<path>[^|}]+?)(?:\|(?P<reduce>\w+))?\s*\}\}")
 SEGMENT = re.compile(r"(?:'(?P<quoted>[^']*)'|(?P<name>[^.\[\]']+))(?:\[(?P<filters>[^\]]*)\])?\.?")
+# A run's settings beside the Trainer's defaults they differ from (the `defaults` source).
+SETTINGS, DEFAULTS, TRAINER_ARGUMENTS = "settings", "defaults", "TrainingArguments"
 REDUCERS: dict[str, Callable[[list[Any]], Any]] = {
     "max": max,
     "min": min,
@@ -101,6 +110,7 @@ REDUCERS: dict[str, Callable[[list[Any]], Any]] = {
     "copies": sites.copies,
     "waits": sites.waits,
     "stalls": sites.stalls,
+    SETTINGS: lambda values: values,
 }
 
 
@@ -293,7 +303,52 @@ def figure(match: re.Match, documents: dict[str, Any]) -> str:
         reduce = "first"
     if not values and reduce != "count":
         return drafts.NOT_MEASURED
+    if reduce == SETTINGS:
+        return settings(values[0], documents.get(DEFAULTS, {}).get(TRAINER_ARGUMENTS, {}))
     return drafts.number(REDUCERS[reduce](values))
+
+
+def settings(run: Any, defaults: dict[str, Any]) -> str:
+    """A scenario's settings where they differ from the Trainer's defaults, each beside its
+    default: "`logging_steps=1` (the default is 500)"; "the Trainer's defaults" where none do."""
+    if not isinstance(run, dict):
+        raise WorkspaceError(
+            f"`{SETTINGS}` renders a run's settings, not {run!r}: cite `runs[...]`"
+        )
+    differ = [
+        f"`{name}={_shown(value)}` (the default is {_shown(defaults[name])})"
+        for name, value in run.items()
+        if name in defaults and value != defaults[name]
+    ]
+    return ", ".join(differ) or "the Trainer's defaults"
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else drafts.number(value)
+
+
+def trainer_defaults(source: Sources, version: str) -> dict[str, Any]:
+    """The defaults of `TrainingArguments` fields, read from a transformers release's source."""
+    text = source.get("src/transformers/training_args.py", "")
+    found: dict[str, Any] = {}
+    for node in ast.walk(ast.parse(text)):
+        if not (isinstance(node, ast.ClassDef) and node.name == TRAINER_ARGUMENTS):
+            continue
+        for field in node.body:
+            if not (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)):
+                continue
+            value = field.value
+            if isinstance(value, ast.Call):
+                value = next((k.value for k in value.keywords if k.arg == "default"), None)
+            try:
+                found[field.target.id] = ast.literal_eval(value) if value else None
+            except ValueError:
+                continue
+    if not found:
+        raise WorkspaceError(
+            f"transformers {version} has no {TRAINER_ARGUMENTS} to read defaults from"
+        )
+    return found
 
 
 def fill(template: str, documents: dict[str, Any], margin: int = 0) -> str:
@@ -373,6 +428,26 @@ def documents(layout: Layout, case: Case, sources: dict[str, Source]) -> dict[st
     )
 
 
+def defaults(
+    case: Case, sources: dict[str, Source], release: Callable[[str, str], Sources]
+) -> dict[str, Any]:
+    """The `defaults` source: the `TrainingArguments` defaults of the transformers release the
+    repro ran, where it ran one (read from its sdist only where a template cites them)."""
+    repro = sources.get(ReproResult.KIND)
+    if repro is None:
+        return {}
+    document = repro.result.document()
+    pinned = document.get("trees", {}).get("pinned", {})
+    version = (
+        pinned.get("version")
+        if case.project.name == "transformers"
+        else document.get("environment", {}).get("transformers")
+    )
+    if not version:
+        return {}
+    return {TRAINER_ARGUMENTS: trainer_defaults(release("transformers", version), version)}
+
+
 def release_source(case: Case) -> Callable[[str, str], Sources]:
     """A release's package source, from its sdist: the card's where it pins or names the
     release as fixed, else the index's (verified against its sha256), each read once."""
@@ -434,11 +509,16 @@ def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]
             where,
             REFERENCE,
         )
+    source = release_source(case)
     found = documents(layout, case, sources)
+    if any(
+        f"|{SETTINGS}" in t.read_text() or f"{{{DEFAULTS}:" in t.read_text()
+        for t in templates(layout)
+    ):
+        found[DEFAULTS] = defaults(case, sources, source)
     repro = sources.get(ReproResult.KIND)
     verdicts = repro.result.verdicts if repro else ()
     filled = {}
-    source = release_source(case)
     for template in templates(layout):
         text = template.read_text()
         drafts.check_template(template, text)
