@@ -310,7 +310,8 @@ def figure(match: re.Match, documents: dict[str, Any]) -> str:
 
 def settings(run: Any, defaults: dict[str, Any]) -> str:
     """A scenario's settings where they differ from the Trainer's defaults, each beside its
-    default: "`logging_steps=1` (the default is 500)"; "the Trainer's defaults" where none do."""
+    default: "`logging_steps=1` (the default is 500)"; "the Trainer's defaults" where none do.
+    Two values that both mean none (`False`, `None`, `0`) do not differ."""
     if not isinstance(run, dict):
         raise WorkspaceError(
             f"`{SETTINGS}` renders a run's settings, not {run!r}: cite `runs[...]`"
@@ -318,7 +319,7 @@ def settings(run: Any, defaults: dict[str, Any]) -> str:
     differ = [
         f"`{name}={_shown(value)}` (the default is {_shown(defaults[name])})"
         for name, value in run.items()
-        if name in defaults and value != defaults[name]
+        if name in defaults and value != defaults[name] and (value or defaults[name])
     ]
     return ", ".join(differ) or "the Trainer's defaults"
 
