@@ -511,3 +511,21 @@ def test_a_scenario_s_settings_are_rendered_beside_the_defaults_they_differ_from
     assert review.fill("{{repro:runs[scenario=nan]|settings}}", found) == "the Trainer's defaults"
     with pytest.raises(WorkspaceError, match="has no TrainingArguments"):
         review.trainer_defaults({}, "5.24.0")
+
+
+def test_a_patched_tree_s_site_is_cited_at_the_pinned_release_s_line(workspace: Layout) -> None:
+    """A draft names releases, not its own trees: a statement the patch moved is cited at its
+    line in the pinned release, one the patch added at the patched tree's."""
+    moved = Site(CLIP.file, CLIP.line + 10, CLIP.function, CLIP.code)
+    added = Site(CLIP.file, 250, "to_inf", "return torch.where(norm >= 0, norm, inf)")
+    pinned = accounted("pinned", (SiteCost(CLIP, 2, 2, DeviceWork(3)),))
+    patched = accounted(
+        "patched", (SiteCost(moved, 2, 0, DeviceWork()), SiteCost(added, 2, 0, DeviceWork()))
+    )
+    result = made.repro(workspace, (pinned, patched))
+    found = {"repro": review.Source("repro", Path("repro.json"), result).data}
+
+    assert review.fill("{{repro:sites[tree=patched]|stalls}}", found) == (
+        "`pkg/utils.py:233` `is_invalid` (1 wait, none stalls); `pkg/utils.py:250` `to_inf` (1 wait,"
+        " none stalls)"
+    )

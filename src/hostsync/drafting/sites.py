@@ -29,9 +29,10 @@ from hostsync.detector.codec import FLAT, OPTIONAL, Record, RecordError, shown
 from hostsync.detector.records import Cost, DeviceWork, SiteCost
 from hostsync.detector.sites import DEVICE_COPY, Site
 from hostsync.workspace.errors import WorkspaceError
-from hostsync.workspace.records import ReproResult, ScenarioRow
+from hostsync.workspace.records import ReproResult, ScenarioRow, TreeRole
 
 WORK = tuple(item.name for item in dataclasses.fields(DeviceWork))
+PINNED = TreeRole.PINNED.value
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,13 @@ class RunSite(Record):
     kinds: tuple[str, ...] = ()
     reads: tuple[float, ...] | None = field(default=None, metadata=OPTIONAL)
     copies: tuple[float, ...] | None = field(default=None, metadata=OPTIONAL)
+    pinned_line: int | None = field(default=None, metadata=OPTIONAL)
+
+    @property
+    def cited(self) -> str:
+        """`file:line` as a draft cites it: the pinned release's line of the same statement,
+        where a patched tree's line differs (a draft names releases, not its own trees)."""
+        return f"{self.site.file}:{self.pinned_line or self.site.line}"
 
     @property
     def noun(self) -> str:
@@ -63,11 +71,18 @@ class RunSite(Record):
 
 
 def run_sites(result: ReproResult) -> list[RunSite]:
-    """Every accounted run's sites, the most read first."""
-    return [site for row in result.runs for site in _row_sites(row)]
+    """Every accounted run's sites, the most waited at first."""
+    pinned = {
+        site.identity: site.line
+        for row in result.runs
+        if row.tree == PINNED
+        for cost in row.costs
+        for site in (entry.site for entry in cost.sites)
+    }
+    return [site for row in result.runs for site in _row_sites(row, pinned)]
 
 
-def _row_sites(row: ScenarioRow) -> list[RunSite]:
+def _row_sites(row: ScenarioRow, pinned: dict[tuple[str, str, str], int]) -> list[RunSite]:
     ranks = [(cost.steps or 1, _by_site(cost)) for cost in row.costs]
     order = list(dict.fromkeys(site for _, sites in ranks for site in sites))
 
@@ -103,6 +118,7 @@ def _row_sites(row: ScenarioRow) -> list[RunSite]:
                 stalls=per_step(site, "stalls"),
                 waited_for={name: per_step(site, f"waited_for.{name}") for name in WORK},
                 **split(site, waits),
+                pinned_line=None if row.tree == PINNED else pinned.get(site.identity),
             )
         )
     return sorted(found, key=lambda run_site: -max(run_site.waits))  # stable: ties keep order
@@ -184,7 +200,7 @@ def _listed(values: list[Any], said: Callable[[list[RunSite]], str], kind: str =
     """Each site once, in the order given, with what `said` says of its figures (every rank's,
     of every run that matched); only those with a `kind` figure (reads, copies) where one is
     named, refused where a run does not record a site's kind."""
-    grouped: dict[Site, list[RunSite]] = {}
+    grouped: dict[str, list[RunSite]] = {}
     for value in values:
         try:
             found = RunSite.from_json(value)
@@ -200,10 +216,9 @@ def _listed(values: list[Any], said: Callable[[list[RunSite]], str], kind: str =
                 " the case's script list the run's sites (`sync_sites()`)"
             )
         if not kind or max(getattr(found, kind), default=0.0) > 0:
-            grouped.setdefault(found.site, []).append(found)
+            grouped.setdefault(found.cited, []).append(found)
     return "; ".join(
-        f"`{site.file}:{site.line}` `{site.function}` ({said(runs)})"
-        for site, runs in grouped.items()
+        f"`{cited}` `{runs[0].site.function}` ({said(runs)})" for cited, runs in grouped.items()
     )
 
 
