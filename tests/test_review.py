@@ -361,11 +361,11 @@ def test_what_a_fix_leaves_and_where_its_waits_stall_are_listed_from_the_account
     with pytest.raises(WorkspaceError, match=r"`pkg/utils.py:888` is not known to hold reads"):
         filled("{{repro:sites[tree=patched]|reads}}")
     assert filled("{{repro:sites[tree=patched,line=888]|stalls}}") == (
-        "`pkg/utils.py:888` `mask_nan` (1 to 2 waits stall, for 12 to 26 kernels in all,"
+        "`pkg/utils.py:888` `mask_nan` (1 to 2 waits, waiting for 12 to 26 kernels in all,"
         " 1 collective among them)"
     )
     assert filled("{{repro:sites[tree=pinned,function=is_invalid]|stalls}}") == (
-        "`pkg/utils.py:233` `is_invalid` (2 of 3 reads stall, for 15 kernels in all)"
+        "`pkg/utils.py:233` `is_invalid` (3 reads, 2 of them waiting for 15 kernels in all)"
     )
     assert filled("{{repro:sites[tree=patched,function=is_invalid]|stalls}}") == (
         "`pkg/utils.py:233` `is_invalid` (1 read, none stalls)"

@@ -30,7 +30,9 @@ CLEANUP_WORDS = re.compile(r"\bclean-?\s?up\b", re.IGNORECASE)
 SAVING_CLAIM = re.compile(
     r"\bsav(?:es?|ed|ing)\b[^.\n]{0,40}?\b(?:waits?|stalls?|idle)\b", re.IGNORECASE
 )
-MOVES_SAID = re.compile(r"\bmoves? the wait\b|\bthe wait moves\b|\bwaits? moved?\b", re.IGNORECASE)
+MOVES_SAID = re.compile(
+    r"\bmoves?\s+the\s+wait\b|\bthe\s+wait\s+moves\b|\bwaits?\s+moved?\b", re.IGNORECASE
+)
 LABEL = "(host time, measured on CPU)"
 # A time in microseconds, as drafts write idle figures.
 MICROSECONDS = re.compile(r"(?<![\w.])(?P<us>\d[\d,]*(?:\.\d+)?) ?(?:us|µs)\b")
@@ -82,7 +84,7 @@ def check_claims(
         )
     for claim in IDLE_CLAIM.finditer(text):
         _check_idle(name, claim, verdicts)
-    for sentence in SENTENCE_END.split(text):
+    for sentence in (" ".join(said.split()) for said in SENTENCE_END.split(text)):
         for figure in MICROSECONDS.finditer(sentence):
             _check_beside_verdict(name, sentence, figure["us"], verdicts)
     cleanup = all(v.judgement.verdict == FixVerdict.CLEANUP for v in verdicts)

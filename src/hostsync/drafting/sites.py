@@ -169,8 +169,8 @@ def waits(values: list[Any]) -> str:
 
 def stalls(values: list[Any]) -> str:
     """The sites `values` holds, each with its waits, how many stall and the device work they
-    wait for: `file:line` `function` (2 of 6 reads stall, for 11 kernels in all, 3 collectives
-    among them)."""
+    wait for: `file:line` `function` (6 reads, 2 of them waiting for 11 kernels in all, 3
+    collectives among them)."""
     return _listed(values, _stalled)
 
 
@@ -179,17 +179,19 @@ def _of(figure: str) -> Callable[[RunSite], tuple[float, ...]]:
 
 
 def _stalled(sites: list[RunSite]) -> str:
+    """`2 reads, none stalls`; `1 read, waiting for 4 kernels`; `6 reads, 2 of them waiting for
+    11 kernels in all, 3 collectives among them`."""
     reading = _each(sites, _of("waits"))
     waiting = _each(sites, lambda site: site.stalls)
     counted = _amount(reading, sites[0].noun)
     if max(waiting) == 0:
         return f"{counted}, none stalls"
+    said = f"{counted}, waiting for"
     if waiting != reading:
-        counted = f"{_range(waiting)} of {counted}"
-    said = f"{counted} {'stalls' if max(waiting) == 1 else 'stall'}"
+        said = f"{counted}, {_range(waiting)} of them waiting for"
     kernels = _each(sites, lambda site: site.waited_for["kernels"])
-    said += f", for {_amount(kernels, 'kernel')}"
-    said += " in all" if max(waiting) > 1 else ""
+    said += f" {_amount(kernels, 'kernel')}"
+    said += " in all" if max(reading) > 1 else ""
     collectives = _each(sites, lambda site: site.waited_for["collectives"])
     if max(collectives) > 0:
         said += f", {_amount(collectives, 'collective')} among them"
