@@ -89,9 +89,9 @@ def check_length(name: str, draft_kind: str, text: str, widened: bool = False) -
     own = text.split(TEMPLATE_MARK, 1)[0]
     lines = _without_code(own).rstrip("\n").splitlines()
     if len(lines) > LIMITS[draft_kind]:
-        wider = f" with every figure {MARGIN} characters wider, as a rerun's may be," * widened
+        wider = f" with every figure {MARGIN} characters wider, as a rerun's may be" * widened
         raise WorkspaceError(
-            f"{name} has {len(lines)} lines besides its code{wider} over the"
+            f"{name} has {len(lines)} lines besides its code{wider}, over the"
             f" {LIMITS[draft_kind]} of a {draft_kind}: cut it to what a maintainer needs to act"
         )
 
