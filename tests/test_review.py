@@ -377,6 +377,14 @@ def test_what_a_fix_leaves_and_where_its_waits_stall_are_listed_from_the_account
         filled("{{repro:runs.tree|reads}}")
 
 
+def test_a_verdict_s_waits_are_never_cited_as_reads(drafted: Layout) -> None:
+    """Counts say what they count: a verdict's `reads` are reads and copies together."""
+    draft(drafted, "Reads: {{repro:verdicts[scenario=zero1].judgement.reads|first}}.\n")
+
+    with pytest.raises(WorkspaceError, match=r"a verdict's `reads` count reads and copies"):
+        review.review(load_case(drafted.root, drafted.case))
+
+
 def judged(verdict: FixVerdict, before: float, after: float, spread: float) -> CostComparison:
     """A scenario's fix judged: 4 stalls per step fewer, idle time per step `before` -> `after`."""
     figures = dict.fromkeys(("reads", "stalls", "kernels", "bytes", "flops"), (8.0, 4.0))
@@ -526,6 +534,6 @@ def test_a_patched_tree_s_site_is_cited_at_the_pinned_release_s_line(workspace: 
     found = {"repro": review.Source("repro", Path("repro.json"), result).data}
 
     assert review.fill("{{repro:sites[tree=patched]|stalls}}", found) == (
-        "`pkg/utils.py:233` `is_invalid` (1 wait, none stalls); `pkg/utils.py:250` `to_inf` (1 wait,"
-        " none stalls)"
+        "`pkg/utils.py:233` `is_invalid` (1 wait, none stalls);"
+        " `pkg/utils.py:250` `to_inf` (1 wait, none stalls)"
     )

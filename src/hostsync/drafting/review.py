@@ -383,6 +383,17 @@ def refuse_unmeasured(template: Path, text: str, found: dict[str, Any], case: st
         )
 
 
+def refuse_waits_as_reads(template: Path, text: str) -> None:
+    """A count of reads counts reads: a verdict's `reads` are its waits, reads and blocking
+    copies together, so a template cites `sites[...].reads`, `.copies` or `.waits` instead."""
+    for match in PLACEHOLDER.finditer(text):
+        if match["source"] == "repro" and re.search(r"\bjudgement\.reads\b", match["path"]):
+            raise WorkspaceError(
+                f"{template.name} cites {match[0]}: a verdict's `reads` count reads and copies"
+                " together; cite `repro:sites[...].reads`, `.copies` or `.waits`"
+            )
+
+
 def refuse_unsaid_pr_change(template: Path, text: str, case: Case) -> None:
     """A comment on an open PR whose change the series carries says which change its figures
     are of: the PR's diff, or its description where no diff is on record."""
@@ -523,6 +534,7 @@ def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]
     for template in templates(layout):
         text = template.read_text()
         drafts.check_template(template, text)
+        refuse_waits_as_reads(template, text)
         refuse_unmeasured(template, text, found, layout.case)
         refuse_unsaid_pr_change(template, text, case)
         filled[template.name] = drafts.reflow(fill(text, found))
