@@ -201,7 +201,7 @@ def test_a_draft_may_claim_a_stall_only_where_one_is_removed():
     saves = [compared(read_twice, read_at_the_end)]
     cleanup = [compared(log_twice, log_once)]
 
-    check_claims("issue.md", "Each read waits for the device.", saves, gpu_figures=False)
+    check_claims("issue.md", "Each read waits for the device, or the wait moves.", saves, False)
     with pytest.raises(WorkspaceError, match=r"says 'waiting for the device', but no read"):
         check_claims("issue.md", "A cleanup: each waiting for the device.", cleanup, False)
     with pytest.raises(WorkspaceError, match=r"issue.md says 'waits for the device', but no read"):
