@@ -187,7 +187,7 @@ def test_a_draft_may_say_a_fix_saves_a_wait_only_where_idle_time_drops_beyond_it
 
 def test_an_idle_time_in_a_draft_is_a_measured_figure_labelled_as_host_time():
     saves = [judged(idle(900, 400, 410, 420), idle(900, 100, 105, 110, stalls=0))]
-    said = "the GPU idles while the host runs {} us{}."
+    said = "The fix saves idle time: the GPU idles while the host runs {} us{}."
     label = " (host time, measured on CPU)"
 
     check_claims("pr.md", said.format(410, label), saves, gpu_figures=False)
@@ -201,7 +201,7 @@ def test_a_draft_may_claim_a_stall_only_where_one_is_removed():
     saves = [compared(read_twice, read_at_the_end)]
     cleanup = [compared(log_twice, log_once)]
 
-    check_claims("issue.md", "Each read waits for the device.", saves, gpu_figures=False)
+    check_claims("issue.md", "Each read waits for the device, or the wait moves.", saves, False)
     with pytest.raises(WorkspaceError, match=r"says 'waiting for the device', but no read"):
         check_claims("issue.md", "A cleanup: each waiting for the device.", cleanup, False)
     with pytest.raises(WorkspaceError, match=r"issue.md says 'waits for the device', but no read"):

@@ -4,6 +4,7 @@ inputs: the real ones come from `nox -s repro test_patch profile`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import subprocess
@@ -12,13 +13,24 @@ from pathlib import Path
 import pytest
 
 from hostsync.detector.records import Cost, DeviceWork, SiteCost
-from hostsync.detector.sites import Site
+from hostsync.detector.sites import DEVICE_COPY, Site, SiteCount
 from hostsync.drafting import drafts, review
+from hostsync.drafting.claims import check_claims
+from hostsync.drafting.lines import check_lines
 from hostsync.workspace import cases, results
 from hostsync.workspace.cases import load as load_case
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import ROOT, Layout
-from hostsync.workspace.records import BisectResult, ProfileResult, ScenarioRow, Verdict
+from hostsync.workspace.records import (
+    BisectResult,
+    CostComparison,
+    FixAssessment,
+    FixVerdict,
+    MergedSite,
+    ProfileResult,
+    ScenarioRow,
+    Verdict,
+)
 
 import made
 
@@ -298,24 +310,33 @@ def test_a_mean_per_step_is_cited_to_the_hundredth_and_a_whole_one_as_a_whole_nu
 
 CLIP = Site("pkg/utils.py", 233, "is_invalid", "return bool(norm < 0)")
 MASK = Site("pkg/utils.py", 888, "mask_nan", "input.masked_fill_(inf_or_nan, err)")
+COPY = Site("pkg/utils.py", 887, "mask_nan", "err = torch.tensor(-1.0, device=device)")
 
 
 def accounted(tree: str, *ranks: tuple[SiteCost, ...]) -> ScenarioRow:
-    """A two-step run whose ranks accounted for `ranks`' sites (a site listed once per step)."""
+    """A two-step run whose ranks accounted for `ranks`' sites (a site listed once per step),
+    its site list saying which wait each is (MASK: none)."""
     costs = tuple(Cost(2, 0, 0, DeviceWork(), sites) for sites in ranks)
-    return ScenarioRow(tree, "clip.py", len(ranks), "zero1", costs=costs)
+    kinds = {CLIP: ("scalar_read",), COPY: (DEVICE_COPY,)}
+    listed = tuple(
+        MergedSite(SiteCount(site, 1, kinds[site]), (1,) * len(ranks))
+        for site in dict.fromkeys(cost.site for sites in ranks for cost in sites)
+        if site in kinds
+    )
+    return ScenarioRow(tree, "clip.py", len(ranks), "zero1", costs=costs, site_lists={"s": listed})
 
 
-def test_what_a_fix_leaves_and_where_its_reads_wait_are_listed_from_the_accounting(
+def test_what_a_fix_leaves_and_where_its_waits_stall_are_listed_from_the_accounting(
     workspace: Layout,
 ) -> None:
-    """`sites` is each run's sites, every rank's figures per step; `reads` and `waits` list them,
-    the most read first, a figure the ranks disagree on as its range."""
+    """`sites` is each run's sites, every rank's figures per step; `reads`, `copies`, `waits`
+    and `stalls` list them, the most waited first, a figure the ranks disagree on as its range;
+    a read is never counted as a copy, nor a wait of unknown kind as either."""
     pinned = accounted("pinned", (SiteCost(CLIP, 6, 4, DeviceWork(30)),))
     waited = (SiteCost(MASK, 1, 1, DeviceWork(12, 1)), SiteCost(MASK, 1, 1, DeviceWork(12, 1)))
     patched = accounted(
         "patched",
-        (SiteCost(CLIP, 2, 0, DeviceWork()), *waited),
+        (SiteCost(CLIP, 2, 0, DeviceWork()), SiteCost(COPY, 4, 2, DeviceWork(3)), *waited),
         (SiteCost(CLIP, 2, 0, DeviceWork()), SiteCost(MASK, 4, 4, DeviceWork(52, 2))),
     )
     result = made.repro(workspace, (pinned, patched))
@@ -324,21 +345,113 @@ def test_what_a_fix_leaves_and_where_its_reads_wait_are_listed_from_the_accounti
     def filled(template: str) -> str:
         return review.fill(template, found)
 
-    assert filled("{{repro:sites[tree=patched,scenario=zero1]|reads}}") == (
-        "`pkg/utils.py:888` `mask_nan` (1 to 2 waits); `pkg/utils.py:233` `is_invalid` (1 wait)"
+    assert filled("{{repro:sites[tree=patched,function=is_invalid]|reads}}") == (
+        "`pkg/utils.py:233` `is_invalid` (1 read)"
     )
-    assert filled("{{repro:sites[tree=patched]|waits}}") == (
-        "`pkg/utils.py:888` `mask_nan` (1 to 2 waits stall, for 12 to 26 kernels in all,"
-        " 1 collective among them); `pkg/utils.py:233` `is_invalid` (1 wait, none stalls)"
+    assert filled("{{repro:sites[tree=patched,line=887]|copies}}") == (
+        "`pkg/utils.py:887` `mask_nan` (0 to 2 copies)"
     )
-    assert filled("{{repro:sites[tree=pinned,function=is_invalid]|waits}}") == (
-        "`pkg/utils.py:233` `is_invalid` (2 of 3 waits stall, for 15 kernels in all)"
+    assert filled("{{repro:sites[tree=patched,scenario=zero1]|waits}}") == (
+        "`pkg/utils.py:887` `mask_nan` (0 to 2 copies); `pkg/utils.py:888` `mask_nan` (1 to 2"
+        " waits); `pkg/utils.py:233` `is_invalid` (1 read)"
     )
-    assert filled("{{repro:sites[tree=patched,function=mask_nan].waited_for.kernels|max}}") == "26"
-    assert filled("{{repro:sites[tree=patched].line|count}}") == "2"
+    assert filled("{{repro:sites[tree=patched,file=pkg/utils.py].reads|sum}}") == "2"
+    assert filled("{{repro:sites[tree=patched,line=887].waits|sum}}") == "2"
+    assert filled("{{repro:sites[tree=patched,line=888].reads|sum}}") == drafts.NOT_MEASURED
+    with pytest.raises(WorkspaceError, match=r"`pkg/utils.py:888` is not known to hold reads"):
+        filled("{{repro:sites[tree=patched]|reads}}")
+    assert filled("{{repro:sites[tree=patched,line=888]|stalls}}") == (
+        "`pkg/utils.py:888` `mask_nan` (1 to 2 waits, waiting for 12 to 26 kernels in all,"
+        " 1 collective among them)"
+    )
+    assert filled("{{repro:sites[tree=pinned,function=is_invalid]|stalls}}") == (
+        "`pkg/utils.py:233` `is_invalid` (3 reads, 2 of them waiting for 15 kernels in all)"
+    )
+    assert filled("{{repro:sites[tree=patched,function=is_invalid]|stalls}}") == (
+        "`pkg/utils.py:233` `is_invalid` (1 read, none stalls)"
+    )
+    assert filled("{{repro:sites[tree=patched,line=888].waited_for.kernels|max}}") == "26"
+    assert filled("{{repro:sites[tree=patched].line|count}}") == "3"
     assert filled("{{repro:sites[tree=fixed]|reads}}") == drafts.NOT_MEASURED
-    with pytest.raises(WorkspaceError, match="`reads` and `waits` list sites"):
+    with pytest.raises(WorkspaceError, match="`reads`, `copies`, `waits` and `stalls` list sites"):
         filled("{{repro:runs.tree|reads}}")
+
+
+def test_a_verdict_s_waits_are_never_cited_as_reads(drafted: Layout) -> None:
+    """Counts say what they count: a verdict's `reads` are reads and copies together."""
+    draft(drafted, "Reads: {{repro:verdicts[scenario=zero1].judgement.reads|first}}.\n")
+
+    with pytest.raises(WorkspaceError, match=r"a verdict's `reads` count reads and copies"):
+        review.review(load_case(drafted.root, drafted.case))
+
+
+def judged(verdict: FixVerdict, before: float, after: float, spread: float) -> CostComparison:
+    """A scenario's fix judged: 4 stalls per step fewer, idle time per step `before` -> `after`."""
+    figures = dict.fromkeys(("reads", "stalls", "kernels", "bytes", "flops"), (8.0, 4.0))
+    judgement = FixAssessment(verdict, **figures, bound="", reason="", idle_us=(before, after))
+    judgement = dataclasses.replace(judgement, idle_spread_us=spread)
+    return CostComparison("step.py", 2, "zero1", "pinned", "patched", judgement)
+
+
+LABEL = "(host time, measured on CPU)"
+
+
+def test_a_figure_stands_with_its_verdict() -> None:
+    """An idle time is cited only beside the verdict it belongs to, labelled; one inside its
+    spread is never a change; where stalls drop but the windows do not shrink, the wait moves."""
+    moves = [judged(FixVerdict.MOVES_WAIT, 1076.7, 833.4, 906.3)]
+    saves = [judged(FixVerdict.SAVES_IDLE, 6866.6, 3990.2, 1589.3)]
+
+    check_claims("issue.md", "Four stalls fewer: the wait moves to the next read.", moves, False)
+    with pytest.raises(WorkspaceError, match=r"issue.md: the stalls drop .* say that the wait"):
+        check_claims("issue.md", "Four stalls fewer per step.", moves, False)
+    within = "The wait moves. Idle time: 1076.7 us, then 833.4 us."
+    with pytest.raises(WorkspaceError, match=r"cites 1076.7 us, an idle time inside its spread"):
+        check_claims("issue.md", within, moves, False)
+    beside = f"The fix saves idle time: 6866.6 us, then 3990.2 us per step {LABEL}."
+    check_claims("pr.md", beside, saves, False)
+    with pytest.raises(WorkspaceError, match=r"cites 3990.2 us away from its verdict"):
+        check_claims("pr.md", f"The fix saves idle time. It idles 3990.2 us {LABEL}.", saves, False)
+    with pytest.raises(WorkspaceError, match=r"cites 6866.6 us away from its verdict"):
+        check_claims("pr.md", "The fix saves idle time: 6866.6 us before.", saves, False)
+
+
+RELEASES = {
+    ("deepspeed", "0.19.8"): {"deepspeed/runtime/utils.py": f"a = 1\n\n{COPY.code}\n"},
+    ("accelerate", "1.16.0"): {"src/accelerate/utils/operations.py": "x = 1\nt.to(device)\n"},
+}
+
+
+def release(project: str, version: str) -> dict[str, str]:
+    return RELEASES[project, version]
+
+
+def test_a_line_a_draft_cites_is_a_line_of_the_release_it_names() -> None:
+    """Every `file:line` is read in the release the draft names beside it: a patched tree's
+    line, another release's, a blank one or one of no named release is refused."""
+    sites = [Site("deepspeed/runtime/utils.py", 3, "f", COPY.code)]
+    good = "In DeepSpeed 0.19.8, `deepspeed/runtime/utils.py:3` copies; `utils.py:1` assigns."
+    check_lines("issue.md", good, "deepspeed", release, sites)
+    patched = [Site("deepspeed/runtime/utils.py", 1, "f", COPY.code)]
+    with pytest.raises(WorkspaceError, match=r"cites `utils.py:1` for `err = .*`, but that line"):
+        check_lines("pr.md", "DeepSpeed 0.19.8: `utils.py:1`.", "deepspeed", release, patched)
+    with pytest.raises(WorkspaceError, match=r"`utils.py:2`, which holds no code in deepspeed"):
+        check_lines("pr.md", "DeepSpeed 0.19.8: `utils.py:2`.", "deepspeed", release, ())
+    unnamed = "The copy is at `accelerate/utils/operations.py:2`."
+    with pytest.raises(WorkspaceError, match="names no accelerate release"):
+        check_lines("c.md", unnamed, "transformers", release, ())
+    check_lines("c.md", "accelerate 1.16.0: " + unnamed, "transformers", release, ())
+
+
+def test_a_draft_that_a_rerun_s_wider_figures_would_push_over_its_length_is_refused(
+    drafted: Layout,
+) -> None:
+    """A draft's shape must not hang on run-to-run noise: it fits with every figure wider."""
+    item = "- " + "x" * 96 + " {{repro:runs[tree=pinned,ranks=2].host_syncs}}"  # 100 wide
+    draft(drafted, "\n".join([item] * drafts.LIMITS["issue"]) + "\n")
+
+    with pytest.raises(WorkspaceError, match=r"issue\.md has 80 lines besides its code with every"):
+        review.review(load_case(drafted.root, drafted.case))
 
 
 def test_running_review_twice_leaves_git_status_clean(drafted: Layout) -> None:
@@ -377,3 +490,50 @@ def test_a_bisect_is_cited_where_the_case_has_one(workspace: Layout) -> None:
     assert review.fill(template, before) == "Since not measured."
     assert isinstance(sources["bisect"].result, BisectResult)
     assert review.fill(template, review.documents(workspace, case, sources)) == "Since 5.0.0."
+
+
+TRAINING_ARGS = """
+@dataclass
+class TrainingArguments:
+    logging_steps: float = field(default=500, metadata={"help": "..."})
+    logging_nan_inf_filter: bool = field(default=True)
+    include_num_input_tokens_seen: str | bool = "no"
+"""
+
+
+def test_a_scenario_s_settings_are_rendered_beside_the_defaults_they_differ_from() -> None:
+    """Scope is derived: a run's settings that differ from the release's `TrainingArguments`
+    defaults, each beside its default; none typed into the draft."""
+    source = {"src/transformers/training_args.py": TRAINING_ARGS}
+    found = {
+        "repro": {
+            "runs": [{"scenario": "nan", "logging_steps": 1, "logging_nan_inf_filter": True}]
+        },
+        review.DEFAULTS: {review.TRAINER_ARGUMENTS: review.trainer_defaults(source, "5.24.0")},
+    }
+
+    assert review.fill("{{repro:runs[scenario=nan]|settings}}", found) == (
+        "`logging_steps=1` (the default is 500)"
+    )
+    found["repro"]["runs"][0]["logging_steps"] = 500
+    assert review.fill("{{repro:runs[scenario=nan]|settings}}", found) == "the Trainer's defaults"
+    with pytest.raises(WorkspaceError, match="has no TrainingArguments"):
+        review.trainer_defaults({}, "5.24.0")
+
+
+def test_a_patched_tree_s_site_is_cited_at_the_pinned_release_s_line(workspace: Layout) -> None:
+    """A draft names releases, not its own trees: a statement the patch moved is cited at its
+    line in the pinned release, one the patch added at the patched tree's."""
+    moved = Site(CLIP.file, CLIP.line + 10, CLIP.function, CLIP.code)
+    added = Site(CLIP.file, 250, "to_inf", "return torch.where(norm >= 0, norm, inf)")
+    pinned = accounted("pinned", (SiteCost(CLIP, 2, 2, DeviceWork(3)),))
+    patched = accounted(
+        "patched", (SiteCost(moved, 2, 0, DeviceWork()), SiteCost(added, 2, 0, DeviceWork()))
+    )
+    result = made.repro(workspace, (pinned, patched))
+    found = {"repro": review.Source("repro", Path("repro.json"), result).data}
+
+    assert review.fill("{{repro:sites[tree=patched]|stalls}}", found) == (
+        "`pkg/utils.py:233` `is_invalid` (1 wait, none stalls);"
+        " `pkg/utils.py:250` `to_inf` (1 wait, none stalls)"
+    )

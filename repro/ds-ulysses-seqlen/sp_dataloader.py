@@ -28,6 +28,7 @@ from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAd
 from torch.utils.data import DataLoader
 
 from hostsync.detector import SiteCount, SyncScope
+from hostsync.detector.sites import DEVICE_COPY, Site
 from hostsync.rank.protocol import RankRow, ReproRank, rank_entry, repro_parser
 
 SP_FILE = "deepspeed/runtime/sequence_parallel/ulysses_sp.py"
@@ -74,29 +75,37 @@ def run_scenario(name: str, device: torch.device, no_detector: bool) -> RankRow:
         sp_world_size=dist.get_world_size(),
         device=device,
     )
-    per_refill, checks, refill = [], [], loader.refill
+    per_refill, copies, checks, refill = [], [], [], loader.refill
 
     def measured_refill() -> None:
         begin = len(scope.events) if scope else 0
         refill()
         if scope:
             scope.step()  # a refill is a step: its idle time is summed on its own
-            own = [e.site for e in scope.events[begin:] if e.site.file == SP_FILE]
-            per_refill.append(len(own))
-            checks.append(sum(1 for site in own if LENGTH_CHECK in site.code))
+            own = [e for e in scope.events[begin:] if e.site.file == SP_FILE]
+            per_refill.append(sum(1 for e in own if e.kind != DEVICE_COPY))
+            copies.append(sum(1 for e in own if e.kind == DEVICE_COPY))
+            checks.append(sum(1 for e in own if LENGTH_CHECK in e.site.code))
 
     loader.refill = measured_refill
     with contextlib.nullcontext() if no_detector else SyncScope(account=True) as scope:
         micro_batches = list(loader)
-    own = [event.site for event in scope.events if event.site.file == SP_FILE] if scope else []
+    own = [event for event in scope.events if event.site.file == SP_FILE] if scope else []
+    kinds: dict[Site, set[str]] = {}
+    for event in own:
+        kinds.setdefault(event.site, set()).add(event.kind)
+    counted = sorted(Counter(event.site for event in own).items())
     return RankRow(
         scenario=name,
         cost=scope.cost(len(per_refill)) if scope else None,
-        site_lists={"sites": tuple(SiteCount(site, n) for site, n in sorted(Counter(own).items()))},
+        site_lists={
+            "sites": tuple(SiteCount(site, n, tuple(sorted(kinds[site]))) for site, n in counted)
+        },
         figures={
             "batches_from": batches_from,
             "tensors": len(keys),
             "reads_per_refill": per_refill or None,
+            "copies_per_refill": copies or None,
             "length_check_reads_per_refill": checks or None,
             "micro_batches": [
                 {key: int(value.sum()) for key, value in batch.items() if torch.is_tensor(value)}

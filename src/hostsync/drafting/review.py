@@ -11,13 +11,16 @@ template), with every figure a query over the latest results:
     {{snippet:code}}                                        the case's one-process snippet
     {{bisect:sites[project=deepspeed].first}}              the first release with the site
     {{gpu:figures[tree=pinned].dtoh_copies}}                GPU evidence, where there is some
-    {{repro:sites[tree=patched,scenario=zero1]|reads}}      the waits a run leaves, by site
-    {{repro:sites[tree=pinned,function=step]|waits}}        which stall, and for what, by site
+    {{repro:sites[tree=patched,scenario=zero1]|reads}}      the reads a run leaves, by site
+    {{repro:sites[tree=patched,scenario=zero1]|copies}}     its blocking copies to the device
+    {{repro:sites[tree=patched,scenario=zero1]|waits}}      both, each named as what it is
+    {{repro:sites[tree=pinned,function=step]|stalls}}       which stall, and for what, by site
 
 A path walks dicts by key and maps over lists; `[key=value,...]` keeps the list items that
 match. Reducers: first (the default), last, max, min, sum, count, join, and a number n: the n-th
-value (`|2`); `reads` and `waits` list a repro's sites (`hostsync.drafting.sites`), so that what
-a fix leaves and where a wait goes are the accounting's, not a draft's. Results measured against
+value (`|2`); `reads`, `copies`, `waits` and `stalls` list a repro's sites
+(`hostsync.drafting.sites`), so that what a fix leaves and where a wait goes are the
+accounting's, not a draft's, and a read is never counted as a copy. Results measured against
 another pin.toml, card, patch series or case script (the snippet an issue quotes among them) are
 stale: `review` names them and refuses, or reruns their commands with `--rerun`; a result of
 another case, one that measured nothing or a proof that failed is refused outright. A bisect and
@@ -37,6 +40,7 @@ naming what produces it (`nox -s bisect`, ...).
 
 from __future__ import annotations
 
+import ast
 import logging
 import re
 import shlex
@@ -49,14 +53,19 @@ from pathlib import Path
 from typing import Any
 
 from hostsync.detector.codec import dump
+from hostsync.detector.sites import Site
 from hostsync.drafting import drafts, sites
 from hostsync.drafting.claims import check_claims
+from hostsync.drafting.lines import Sources, check_lines
 from hostsync.measure import provenance
 from hostsync.upstream import patchqueue
+from hostsync.upstream.presence import sdist_sources
+from hostsync.upstream.sdists import pypi_sdist
 from hostsync.workspace import results
 from hostsync.workspace.cases import Case
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
+from hostsync.workspace.projects import PROJECTS
 from hostsync.workspace.records import (
     BisectResult,
     GpuResult,
@@ -75,12 +84,20 @@ OPTIONAL_KINDS: tuple[type[Result], ...] = (BisectResult, GpuResult)
 # Made on a GPU machine: left out with a warning when stale, as no CPU session can remake it.
 MADE_ELSEWHERE: tuple[type[Result], ...] = (GpuResult,)
 # What a placeholder can cite: the results above, the card, the snippet, the series' new files.
-SOURCES = (*(kind.KIND for kind in KINDS + OPTIONAL_KINDS), "case", "snippet", "series")
+SOURCES = (
+    *(kind.KIND for kind in KINDS + OPTIONAL_KINDS),
+    "case",
+    "snippet",
+    "series",
+    "defaults",
+)
 REFERENCE = "reference"
 # What a comment on an open PR cites to say which of the PR's changes its figures are of.
 PR_CHANGE_FOLLOWS = "upstream.pr_change.follows"
 PLACEHOLDER = re.compile(r"\{\{\s*(?P<source>\w+):(?P<path>[^|}]+?)(?:\|(?P<reduce>\w+))?\s*\}\}")
 SEGMENT = re.compile(r"(?:'(?P<quoted>[^']*)'|(?P<name>[^.\[\]']+))(?:\[(?P<filters>[^\]]*)\])?\.?")
+# A run's settings beside the Trainer's defaults they differ from (the `defaults` source).
+SETTINGS, DEFAULTS, TRAINER_ARGUMENTS = "settings", "defaults", "TrainingArguments"
 REDUCERS: dict[str, Callable[[list[Any]], Any]] = {
     "max": max,
     "min": min,
@@ -90,7 +107,10 @@ REDUCERS: dict[str, Callable[[list[Any]], Any]] = {
     "count": len,
     "join": lambda values: ", ".join(str(v) for v in values),
     "reads": sites.reads,
+    "copies": sites.copies,
     "waits": sites.waits,
+    "stalls": sites.stalls,
+    SETTINGS: lambda values: values,
 }
 
 
@@ -283,11 +303,58 @@ def figure(match: re.Match, documents: dict[str, Any]) -> str:
         reduce = "first"
     if not values and reduce != "count":
         return drafts.NOT_MEASURED
+    if reduce == SETTINGS:
+        return settings(values[0], documents.get(DEFAULTS, {}).get(TRAINER_ARGUMENTS, {}))
     return drafts.number(REDUCERS[reduce](values))
 
 
-def fill(template: str, documents: dict[str, Any]) -> str:
-    return PLACEHOLDER.sub(lambda match: figure(match, documents), template)
+def settings(run: Any, defaults: dict[str, Any]) -> str:
+    """A scenario's settings where they differ from the Trainer's defaults, each beside its
+    default: "`logging_steps=1` (the default is 500)"; "the Trainer's defaults" where none do.
+    Two values that both mean none (`False`, `None`, `0`) do not differ."""
+    if not isinstance(run, dict):
+        raise WorkspaceError(
+            f"`{SETTINGS}` renders a run's settings, not {run!r}: cite `runs[...]`"
+        )
+    differ = [
+        f"`{name}={_shown(value)}` (the default is {_shown(defaults[name])})"
+        for name, value in run.items()
+        if name in defaults and value != defaults[name] and (value or defaults[name])
+    ]
+    return ", ".join(differ) or "the Trainer's defaults"
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else drafts.number(value)
+
+
+def trainer_defaults(source: Sources, version: str) -> dict[str, Any]:
+    """The defaults of `TrainingArguments` fields, read from a transformers release's source."""
+    text = source.get("src/transformers/training_args.py", "")
+    found: dict[str, Any] = {}
+    for node in ast.walk(ast.parse(text)):
+        if not (isinstance(node, ast.ClassDef) and node.name == TRAINER_ARGUMENTS):
+            continue
+        for field in node.body:
+            if not (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)):
+                continue
+            value = field.value
+            if isinstance(value, ast.Call):
+                value = next((k.value for k in value.keywords if k.arg == "default"), None)
+            try:
+                found[field.target.id] = ast.literal_eval(value) if value else None
+            except ValueError:
+                continue
+    if not found:
+        raise WorkspaceError(
+            f"transformers {version} has no {TRAINER_ARGUMENTS} to read defaults from"
+        )
+    return found
+
+
+def fill(template: str, documents: dict[str, Any], margin: int = 0) -> str:
+    """The template with each placeholder's figure, `margin` characters wider where asked."""
+    return PLACEHOLDER.sub(lambda match: figure(match, documents) + "_" * margin, template)
 
 
 def made_by(source: str, case: str) -> str:
@@ -314,6 +381,17 @@ def refuse_unmeasured(template: Path, text: str, found: dict[str, Any], case: st
             f" {'; '.join(made_by(source, case) for source in lacking)}; or drop them from the"
             " template"
         )
+
+
+def refuse_waits_as_reads(template: Path, text: str) -> None:
+    """A count of reads counts reads: a verdict's `reads` are its waits, reads and blocking
+    copies together, so a template cites `sites[...].reads`, `.copies` or `.waits` instead."""
+    for match in PLACEHOLDER.finditer(text):
+        if match["source"] == "repro" and re.search(r"\bjudgement\.reads\b", match["path"]):
+            raise WorkspaceError(
+                f"{template.name} cites {match[0]}: a verdict's `reads` count reads and copies"
+                " together; cite `repro:sites[...].reads`, `.copies` or `.waits`"
+            )
 
 
 def refuse_unsaid_pr_change(template: Path, text: str, case: Case) -> None:
@@ -362,6 +440,47 @@ def documents(layout: Layout, case: Case, sources: dict[str, Source]) -> dict[st
     )
 
 
+def defaults(
+    case: Case, sources: dict[str, Source], release: Callable[[str, str], Sources]
+) -> dict[str, Any]:
+    """The `defaults` source: the `TrainingArguments` defaults of the transformers release the
+    repro ran, where it ran one (read from its sdist only where a template cites them)."""
+    repro = sources.get(ReproResult.KIND)
+    if repro is None:
+        return {}
+    document = repro.result.document()
+    pinned = document.get("trees", {}).get("pinned", {})
+    version = (
+        pinned.get("version")
+        if case.project.name == "transformers"
+        else document.get("environment", {}).get("transformers")
+    )
+    if not version:
+        return {}
+    return {TRAINER_ARGUMENTS: trainer_defaults(release("transformers", version), version)}
+
+
+def release_source(case: Case) -> Callable[[str, str], Sources]:
+    """A release's package source, from its sdist: the card's where it pins or names the
+    release as fixed, else the index's (verified against its sha256), each read once."""
+    cards = {(case.project.name, s.version): s.sdist for s in (case.card.pin, case.card.fixed) if s}
+    read: dict[tuple[str, str], Sources] = {}
+
+    def source(project: str, version: str) -> Sources:
+        if (project, version) not in read:
+            sdist = cards.get((project, version)) or pypi_sdist(PROJECTS[project], version)
+            read[project, version] = sdist_sources(case.layout, sdist, PROJECTS[project])
+        return read[project, version]
+
+    return source
+
+
+def recorded_sites(found: dict[str, Any]) -> list[Site]:
+    """The sites the draft's repro recorded, on every tree."""
+    items = found.get(ReproResult.KIND, {}).get("sites", [])
+    return [sites.RunSite.from_json(item).site for item in items]
+
+
 # --- writing -------------------------------------------------------------------------------------
 
 
@@ -402,18 +521,30 @@ def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]
             where,
             REFERENCE,
         )
+    source = release_source(case)
     found = documents(layout, case, sources)
+    if any(
+        f"|{SETTINGS}" in t.read_text() or f"{{{DEFAULTS}:" in t.read_text()
+        for t in templates(layout)
+    ):
+        found[DEFAULTS] = defaults(case, sources, source)
     repro = sources.get(ReproResult.KIND)
     verdicts = repro.result.verdicts if repro else ()
     filled = {}
     for template in templates(layout):
         text = template.read_text()
         drafts.check_template(template, text)
+        refuse_waits_as_reads(template, text)
         refuse_unmeasured(template, text, found, layout.case)
         refuse_unsaid_pr_change(template, text, case)
         filled[template.name] = drafts.reflow(fill(text, found))
         drafts.check_draft(template.name, drafts.kind(template), filled[template.name])
+        wider = drafts.reflow(fill(text, found, drafts.MARGIN))
+        drafts.check_length(template.name, drafts.kind(template), wider, widened=True)
         drafts.check_threads(template.name, filled[template.name], case.upstream.cited)
+        check_lines(
+            template.name, filled[template.name], case.project.name, source, recorded_sites(found)
+        )
         check_claims(template.name, filled[template.name], verdicts, GpuResult.KIND in sources)
     if own_results and refresh:  # only a set whose drafts passed becomes the reference
         for change in refresh_reference(layout, sources):
