@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hostsync.launch import launchers, nodes
-from hostsync.launch.launchers import DEFAULT_TIMEOUT_S
+from hostsync.launch.processes import DEFAULT_TIMEOUT_S
 from hostsync.workspace import cases
 from hostsync.workspace.cases import Case
 from hostsync.workspace.errors import WorkspaceError

@@ -21,8 +21,8 @@ from hostsync.detector.records import Cost, Idle
 from hostsync.detector.sites import DEVICE_COPY, AllowRule, Site
 from hostsync.hunt.allowlist import host_memory_args, reason
 from hostsync.launch import trainer_step
-from hostsync.launch.launchers import DEFAULT_TIMEOUT_S, RunFailed, read_ranks
 from hostsync.launch.nodes import SINGLE, NodeLayout, shares_of
+from hostsync.launch.processes import DEFAULT_TIMEOUT_S, RunFailed, read_ranks
 from hostsync.upstream.trees import Tree
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout

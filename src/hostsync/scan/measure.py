@@ -16,9 +16,10 @@ from pathlib import Path
 from hostsync.detector.codec import RecordError, read_file
 from hostsync.detector.sites import AllowRule
 from hostsync.hunt.measure import steady_cost, summarize
-from hostsync.launch import devices, launchers
-from hostsync.launch.launchers import LaunchPlan, RunFailed, RunHung, World, world_dir
+from hostsync.launch import devices, launchers, processes
+from hostsync.launch.launchers import LaunchPlan, World, world_dir
 from hostsync.launch.nodes import SINGLE, NodeLayout
+from hostsync.launch.processes import RunFailed, RunHung
 from hostsync.measure import provenance
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.files import sha256
@@ -57,7 +58,7 @@ class ScanPlan:
     steps: int | None = None
     step_fn: str | None = None
     device: Device = Device.CPU
-    timeout: float = launchers.DEFAULT_TIMEOUT_S
+    timeout: float = processes.DEFAULT_TIMEOUT_S
     # Off: the steps timed only (what the scan adds to them, `bench --scan`).
     detect: bool = True
 
@@ -117,7 +118,7 @@ def _is_target(text: str) -> bool:
 
 def run_scan(layout: Layout, plan: ScanPlan) -> Scanned:
     """Run the plan and read back what its ranks recorded; every process is gone on return."""
-    run = launchers.Run(layout.new_run_dir(SCAN), None, layout)
+    run = processes.Run(layout.new_run_dir(SCAN), None, layout)
     world = World(plan.world_size, plan.runner_args())
     what = LaunchPlan(
         RUNNER,
@@ -147,10 +148,10 @@ def run_scan(layout: Layout, plan: ScanPlan) -> Scanned:
     return Scanned(ranks, partial, interrupted, run.run_dir, round(time.monotonic() - started, 1))
 
 
-def with_the_silent(error: RunFailed, run: launchers.Run, ranks: int) -> str:
+def with_the_silent(error: RunFailed, run: processes.Run, ranks: int) -> str:
     """The failure, after the ranks that stopped without a result or an error first: the
     others often fail only because those left (a collective's peer gone)."""
-    silent = launchers.unfinished(run.run_dir, ranks)
+    silent = processes.unfinished(run.run_dir, ranks)
     if not silent:
         return str(error)
     return (
