@@ -399,16 +399,30 @@ def test_two_nodes_on_this_machine_pool_their_ranks(workspace: Layout, tmp_path:
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize(
+    ("planted", "then"),
+    [
+        # Rank 0 waits in a collective: it raises as its peer goes, or is stopped first.
+        ("if rank == 1 and step == 2: os._exit(3)", ("rank 0 raised", "rank 0 of 2 was stopped")),
+        # Rank 0 waits on nothing that fails: its launcher stops it, as on a busy machine.
+        (
+            "if step == 2: os._exit(3) if rank == 1 else signal.pause()",
+            ("rank 0 of 2 was stopped by SIGTERM",),
+        ),
+    ],
+    ids=["in-a-collective", "stopped"],
+)
 def test_a_rank_that_dies_is_named_and_what_it_measured_kept(
-    workspace: Layout, tmp_path: Path
+    workspace: Layout, tmp_path: Path, planted: str, then: tuple[str, ...]
 ) -> None:
-    train = script(tmp_path, "train.py", DDP, "if rank == 1 and step == 2: os._exit(3)")
-    train.write_text("import os\n" + train.read_text())
+    train = script(tmp_path, "train.py", DDP, planted)
+    train.write_text("import os\nimport signal\n" + train.read_text())
 
     done = scan(workspace, "--nproc-per-node", "2", "--timeout", "120", train)
 
     line = one_line_error(done)
     assert line.startswith("error: rank 1 of 2 stopped mid-run without an error")
+    assert any(f"; then {stopped}" in line for stopped in then), line
     assert "the partial result is profiles/scan/scan-" in line
     _, result = written(workspace)
     assert result.partial
