@@ -35,6 +35,7 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hostsync.detector.codec import read_file, write_file
 from hostsync.launch import nodes
@@ -55,8 +56,6 @@ from hostsync.launch.processes import (
     unfinished,
 )
 from hostsync.rank.protocol import free_port
-from hostsync.upstream.trees import Tree
-from hostsync.workspace.cases import Case
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import DEFAULT_SETUP, DeepSpeedSetup, accelerate_config
@@ -70,6 +69,10 @@ from hostsync.workspace.records import (
     SharedForkPlan,
     SnippetExit,
 )
+
+if TYPE_CHECKING:
+    from hostsync.upstream.trees import Tree
+    from hostsync.workspace.cases import Case
 
 # Fields of `LaunchPlan.wrap`'s words, filled in for each wrapped command: the folder it runs
 # for and its node (each node's agent has its own), e.g. where nsys writes that node's report.

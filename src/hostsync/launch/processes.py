@@ -13,6 +13,7 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,15 +22,17 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from hostsync.detector.codec import R, RecordError, read_file
 from hostsync.rank.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV
-from hostsync.upstream.trees import Tree
 from hostsync.workspace import locks
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import RankReport
+
+if TYPE_CHECKING:
+    from hostsync.upstream.trees import Tree
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +107,10 @@ class Run:
         if self.tree:
             env[TREE_SRC_ENV] = str(self.tree.src)
             env[TREE_PACKAGE_ENV] = self.tree.project.name
-        # Two ranks on two cores: one thread each, or they fight over the cores.
-        env.setdefault("OMP_NUM_THREADS", "1")
+        # The workspace's ranks, two on two cores: one thread each, or they fight over the
+        # cores. A user's own script (no tree) keeps the threads its user set.
+        if self.tree:
+            env.setdefault("OMP_NUM_THREADS", "1")
         # Each rank imports the tree under test from source: let Python keep the bytecode it
         # compiles (in the tree, under work/), or every rank compiles transformers again.
         env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -189,7 +194,7 @@ def run_groups(
         try:
             for (run, command, _), environment in zip(commands, environments, strict=True):
                 run.run_dir.mkdir(parents=True, exist_ok=True)
-                log.info("running %s (log: %s)", " ".join(command[:6]), run.log_file)
+                log.info("running %s (log: %s)", shlex.join(command), run.log_file)
                 with run.log_file.open("w") as output:
                     processes.append(
                         subprocess.Popen(
