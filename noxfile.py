@@ -10,6 +10,7 @@ interpreter, `python -m nox --no-venv -s repro`, which checks it instead of inst
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import sys
@@ -42,10 +43,11 @@ def prepared(session: nox.Session) -> bool:
 INTERRUPT = {"interrupt_timeout": 15.0, "terminate_timeout": 10.0}
 
 
-def run_module(session: nox.Session, module: str, *args: str) -> None:
+def run_module(session: nox.Session, module: str, *args: str, path: str = "") -> None:
     """`python -m module` in the workspace's environment (built on first use), or the prepared
-    one."""
-    env = {"PYTHONPATH": SRC, "HOSTSYNC_PREPARED": "1" if prepared(session) else "0"}
+    one; `path` after the package on PYTHONPATH."""
+    python_path = os.pathsep.join(filter(None, (SRC, path)))
+    env = {"PYTHONPATH": python_path, "HOSTSYNC_PREPARED": "1" if prepared(session) else "0"}
     python = sys.executable
     if not prepared(session):
         found = session.run(python, "-m", "hostsync", "env", env=env, silent=True, **INTERRUPT)
@@ -144,9 +146,10 @@ def survey(session: nox.Session) -> None:
 @nox.session(python=False)
 def scan(session: nox.Session) -> None:
     """Every host sync of your own training script, run unchanged (`-- SCRIPT [ARGS...]`)."""
-    # The script and its paths are the caller's: it runs from where nox was started.
+    # The script, its paths and its PYTHONPATH are the caller's: it runs from where nox was
+    # started (`nox -f path/to/noxfile.py` from the script's own folder).
     session.chdir(session.invoked_from)
-    hostsync(session, "scan", *session.posargs)
+    run_module(session, "hostsync", "scan", *session.posargs, path=os.environ.get("PYTHONPATH", ""))
 
 
 @nox.session(python=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hostsync.launch.launchers import Run
+from hostsync.launch.processes import Run
 from hostsync.workspace.layout import ROOT, Layout
 
 CASE = "sp-loss"

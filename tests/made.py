@@ -10,7 +10,7 @@ import sys
 
 from hostsync.detector.sites import AllowRule
 from hostsync.history.bisect import first_boundary
-from hostsync.launch.launchers import ENGINE_SRC
+from hostsync.launch.processes import ENGINE_SRC
 from hostsync.measure import provenance
 from hostsync.workspace import cases
 from hostsync.workspace.files import sha256

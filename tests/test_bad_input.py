@@ -23,7 +23,8 @@ from hostsync.commands import options
 from hostsync.commands import repro as repro_command
 from hostsync.drafting import review
 from hostsync.launch import launchers
-from hostsync.launch.launchers import LaunchPlan, Run, RunFailed, World, run_group
+from hostsync.launch.launchers import LaunchPlan, World
+from hostsync.launch.processes import Run, RunFailed, run_group
 from hostsync.measure import repro
 from hostsync.upstream import envs, sdists
 from hostsync.upstream.trees import Tree

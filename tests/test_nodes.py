@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from hostsync.launch import nodes
-from hostsync.launch.launchers import LaunchPlan, Run, World, torchrun_command
+from hostsync.launch.launchers import LaunchPlan, World, torchrun_command
 from hostsync.launch.nodes import NodeLayout, Pool
+from hostsync.launch.processes import Run
 from hostsync.measure import repro
 from hostsync.workspace import cases, locks
 from hostsync.workspace.errors import WorkspaceError

@@ -13,7 +13,7 @@ import pytest
 from local_index import make_sdist, serving
 
 from hostsync.commands import test_patch as proof_command
-from hostsync.launch.launchers import Run
+from hostsync.launch.processes import Run
 from hostsync.measure import linters, provenance
 from hostsync.measure import test_patch as patch_proof
 from hostsync.measure.test_patch import (

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hostsync.commands import profile as profile_command
-from hostsync.launch.launchers import RunHung, run_group
+from hostsync.launch.processes import RunHung, run_group
 from hostsync.profiling import capture as capturing
 from hostsync.profiling import nsys, report, traces
 from hostsync.profiling.run import profile_case

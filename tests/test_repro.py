@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from hostsync.launch import devices, launchers
-from hostsync.launch.launchers import LaunchPlan, Run, RunFailed, World
+from hostsync.launch import devices, launchers, processes
+from hostsync.launch.launchers import LaunchPlan, World
+from hostsync.launch.processes import Run, RunFailed
 from hostsync.measure import report as repro_report
 from hostsync.measure import repro
 from hostsync.upstream.trees import Tree, prepare_tree, prepare_trees
@@ -549,9 +550,9 @@ def test_runs_side_by_side_stop_together_when_one_fails(tmp_path: Path) -> None:
 
     # The hanging run's timeout is never reached: the failure beside it stops it (what is tested).
     with pytest.raises(RunFailed, match="rank 0 raised ValueError"):
-        launchers.side_by_side(
+        processes.side_by_side(
             [
-                lambda: launchers.run_group(hangs, [sys.executable, "-c", script], timeout=3600),
+                lambda: processes.run_group(hangs, [sys.executable, "-c", script], timeout=3600),
                 fails_once_the_other_runs,
             ],
             at_once=2,

@@ -80,6 +80,8 @@ def test_a_planted_read_is_found_at_its_line_with_its_wait_and_reported(
     )
     assert (site.rate, site.stall_rate, site.when) == (1.0, 1.0, "every step")
     assert (site.carried, site.allowed, result.partial) == (None, None, None)
+    assert result.threads == "1" and "OMP_NUM_THREADS=1" in done.stdout
+    assert f"{loop} 5 (log: " in done.stderr  # the command echoed whole
     (rank,) = result.ranks
     assert (rank.ended, len(rank.steps), result.warmup) == (ScanEnd.FINISHED, 5, 1)
     assert result.cost.stalls == result.cost.reads == result.cost.steps == 4
@@ -222,6 +224,36 @@ def test_a_baseline_holding_the_read_passes_and_lines_that_move_still_match(
     assert done.returncode == 0, done.stderr
 
 
+def test_the_baseline_key_does_not_depend_on_how_the_path_was_typed(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    """Relative to the repository, absolute, or from the script's folder: one key. A baseline
+    with no entry for the script warns that every site counts as new."""
+    baseline = tmp_path / "host-syncs.json"
+    repository = tmp_path / "repository"
+    (repository / ".git").mkdir(parents=True)
+    (repository / "examples").mkdir()
+    loop = script(repository / "examples", "loop.py", LOOP, READ)
+
+    def gate_run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+        words = ("scan", "--baseline", str(baseline), *map(str, args))
+        return hostsync(workspace, *words, env_extra={"OMP_NUM_THREADS": "1"}, cwd=cwd)
+
+    assert gate_run("examples/loop.py", "3", cwd=repository).returncode == 0
+    assert list(json.loads(baseline.read_text())["tests"]) == ["examples/loop.py"]
+    for typed, cwd in ((loop, tmp_path), ("loop.py", loop.parent)):
+        done = gate_run("--fail-on", "new", typed, "3", cwd=cwd)
+        assert done.returncode == 0, done.stderr
+        assert "warning:" not in done.stderr
+    baseline.write_text(baseline.read_text().replace('"examples/loop.py"', '"loop.py"'))
+
+    done = gate_run("--fail-on", "new", loop, "3", cwd=tmp_path)
+
+    assert done.returncode == 1
+    assert "warning: no entry of the baseline" in done.stderr
+    assert "is for examples/loop.py (it holds: loop.py)" in done.stderr
+
+
 # --- bad input -----------------------------------------------------------------------------------
 
 
@@ -232,6 +264,57 @@ def test_a_script_that_does_not_exist_is_refused_before_anything_runs(
 
     assert "no script at" in one_line_error(done)
     assert not (workspace.root / "profiles" / "scan").exists()
+
+
+def test_a_syntax_error_is_refused_at_its_line_before_anything_runs(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    train = script(tmp_path, "train.py", "import torch\nif True\n    pass\n")
+
+    done = scan(workspace, train)
+
+    assert one_line_error(done) == (
+        f"error: {train}:2: expected ':': fix the script (nothing was started)"
+    )
+    assert not (workspace.root / "profiles" / "scan").exists()
+
+
+OWN_PACKAGE = """
+    import torch
+
+    from mine import model
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with open("steps.txt") as steps:
+        for step in range(int(steps.read())):
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            optimizer.step()
+"""
+
+
+def test_the_script_runs_from_its_folder_with_the_users_pythonpath(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    """It opens a file beside itself and imports its own package from the user's PYTHONPATH."""
+    package = tmp_path / "lib" / "mine"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("import torch\n\nmodel = torch.nn.Linear(8, 2)\n")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "steps.txt").write_text("3")
+    train = script(tmp_path / "run", "train.py", OWN_PACKAGE)
+    path = os.pathsep.join([str(ROOT / "src"), str(tmp_path / "lib")])
+
+    done = hostsync(
+        workspace,
+        *("scan", str(train)),
+        env_extra={"PYTHONPATH": path},
+        cwd=train.parent,
+    )
+
+    assert done.returncode == 0, done.stderr
+    _, result = written(workspace)
+    assert len(result.ranks[0].steps) == 3
+    assert result.threads == os.environ.get("OMP_NUM_THREADS")  # as the user set them
 
 
 RAISES = """
@@ -247,6 +330,11 @@ RAISES = """
 """
 NEVER_STEPS = """
     import torch
+
+
+    def train_step(weight):
+        (weight * 2).sum().backward()
+
 
     print(torch.ones(3).sum().item())
 """
@@ -288,7 +376,8 @@ def test_a_script_that_fails_is_named_in_one_line_and_its_partial_result_kept(
     line = one_line_error(done)
     assert said in line and "the partial result is profiles/scan/scan-" in line
     if "never" in said:
-        assert "--step-fn MODULE:FUNCTION" in line
+        assert "--step-fn MODULE:FUNCTION; candidates, which call backward() or step():" in line
+        assert "__main__:train_step" in line
     _, result = written(workspace)
     assert result.partial and said in result.partial
     assert sum(len(rank.steps) for rank in result.ranks) == steps
@@ -374,7 +463,7 @@ def test_two_ranks_on_torchrun_are_scanned_each_and_together(
 ) -> None:
     train = script(tmp_path, "train.py", DDP)
 
-    done = scan(workspace, "--nproc-per-node", "2", train)
+    done = scan(workspace, "--nproc_per_node", "2", train)  # torchrun's spelling
 
     assert done.returncode == 0, done.stderr
     path, result = written(workspace)
@@ -399,16 +488,30 @@ def test_two_nodes_on_this_machine_pool_their_ranks(workspace: Layout, tmp_path:
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize(
+    ("planted", "then"),
+    [
+        # Rank 0 waits in a collective: it raises as its peer goes, or is stopped first.
+        ("if rank == 1 and step == 2: os._exit(3)", ("rank 0 raised", "rank 0 of 2 was stopped")),
+        # Rank 0 waits on nothing that fails: its launcher stops it, as on a busy machine.
+        (
+            "if step == 2: os._exit(3) if rank == 1 else signal.pause()",
+            ("rank 0 of 2 was stopped by SIGTERM",),
+        ),
+    ],
+    ids=["in-a-collective", "stopped"],
+)
 def test_a_rank_that_dies_is_named_and_what_it_measured_kept(
-    workspace: Layout, tmp_path: Path
+    workspace: Layout, tmp_path: Path, planted: str, then: tuple[str, ...]
 ) -> None:
-    train = script(tmp_path, "train.py", DDP, "if rank == 1 and step == 2: os._exit(3)")
-    train.write_text("import os\n" + train.read_text())
+    train = script(tmp_path, "train.py", DDP, planted)
+    train.write_text("import os\nimport signal\n" + train.read_text())
 
     done = scan(workspace, "--nproc-per-node", "2", "--timeout", "120", train)
 
     line = one_line_error(done)
     assert line.startswith("error: rank 1 of 2 stopped mid-run without an error")
+    assert any(f"; then {stopped}" in line for stopped in then), line
     assert "the partial result is profiles/scan/scan-" in line
     _, result = written(workspace)
     assert result.partial

@@ -14,8 +14,9 @@ from hostsync.census import setups
 from hostsync.census.report import FIXED
 from hostsync.census.setups import Matrix
 from hostsync.detector.sites import AllowRule
-from hostsync.launch import devices, launchers, trainer_step
-from hostsync.launch.launchers import LaunchPlan, RankResults, RunFailed, read_ranks
+from hostsync.launch import devices, launchers, processes, trainer_step
+from hostsync.launch.launchers import LaunchPlan
+from hostsync.launch.processes import RankResults, RunFailed, read_ranks
 from hostsync.measure.provenance import detector_digest
 from hostsync.sites.known import carried_rules, host_memory_args, load_known_sites
 from hostsync.sites.summary import rank_records, steady_cost, summarize
@@ -118,7 +119,7 @@ def run_column(
 ) -> list[HuntTree]:
     """Every setup on `tree`: the forked ones from one import of the worker, the SP ones each
     through the launcher that sets SP up; a setup that fails is kept with its error."""
-    run = launchers.Run(layout.new_run_dir(f"census-{column}"), tree, layout)
+    run = processes.Run(layout.new_run_dir(f"census-{column}"), tree, layout)
     worker = trainer_step.WORKER
     forked = {
         n: s for n, s in matrix.setups.items() if launchers.LAUNCHERS[setups.launcher(s)].forks

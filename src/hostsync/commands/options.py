@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hostsync.launch import launchers, nodes
-from hostsync.launch.launchers import DEFAULT_TIMEOUT_S
+from hostsync.launch.processes import DEFAULT_TIMEOUT_S
 from hostsync.workspace import cases
 from hostsync.workspace.cases import Case
 from hostsync.workspace.errors import WorkspaceError
@@ -113,7 +113,8 @@ def add_timeout(parser: argparse.ArgumentParser, run: str) -> None:
 
 
 def add_nodes(parser: argparse.ArgumentParser) -> None:
-    """Where this node stands in a run across nodes (default: SLURM's variables, or one node)."""
+    """Where this node stands in a run across nodes (default: SLURM's variables, or one node);
+    torchrun's spellings with `_` are taken too."""
     group = parser.add_argument_group(
         "across nodes (torchrun's c10d rendezvous; default: SLURM_NNODES, SLURM_NODEID and the"
         " first host of SLURM_JOB_NODELIST when set)"
@@ -125,9 +126,12 @@ def add_nodes(parser: argparse.ArgumentParser) -> None:
         help="nodes the ranks span; without --rdzv-endpoint every node's agent"
         " starts on this machine",
     )
-    group.add_argument("--node-rank", type=int, metavar="R", help="this node (0 writes the result)")
+    group.add_argument(
+        "--node-rank", "--node_rank", type=int, metavar="R", help="this node (0 writes the result)"
+    )
     group.add_argument(
         "--rdzv-endpoint",
+        "--rdzv_endpoint",
         metavar="HOST:PORT",
         help=f"node 0's rendezvous (under SLURM: its first host, port MASTER_PORT"
         f" or {nodes.DEFAULT_PORT})",

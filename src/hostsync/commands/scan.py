@@ -4,6 +4,7 @@ detector, every host sync it makes reported with its disposition; a CI gate on t
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -28,14 +29,25 @@ from hostsync.workspace.records import Launcher
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hostsync scan",
+        prog="hostsync scan",
         description="Run a training script unchanged, as `python SCRIPT ARGS` would, each of its"
         " steps under the host-sync detector, and report every host sync it makes: where, how"
         " often per step, whether it waits for the device, and its disposition.",
         allow_abbrev=False,
     )
     parser.add_argument(
-        "--nproc-per-node", type=positive_count, default=1, metavar="N", help="ranks on this node"
+        "--nproc-per-node",
+        "--nproc_per_node",
+        type=positive_count,
+        default=1,
+        metavar="N",
+        help="ranks on this node (torchrun's spellings are taken)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=positive_count,
+        metavar="N",
+        help="OMP_NUM_THREADS for every rank (default: as you set it; the scan adds none)",
     )
     parser.add_argument(
         "--launcher",
@@ -85,6 +97,12 @@ def parser() -> argparse.ArgumentParser:
         help="new: fail on a site the baseline does not hold (and no [[allow]] accepts)",
     )
     ci.add_argument(
+        "--sarif",
+        type=Path,
+        metavar="FILE",
+        help="write every site as SARIF 2.1.0 to FILE: code scanning shows them on the PR's lines",
+    )
+    ci.add_argument(
         "--max-waits",
         type=int,
         metavar="N",
@@ -111,6 +129,7 @@ def plan_of(args: argparse.Namespace, layout: Layout) -> ScanPlan:
         step_fn=args.step_fn,
         device=devices.resolve_device(args.device, nodes.ranks_here(world), sys.executable),
         timeout=args.timeout,
+        threads=args.threads,
     )
     check_plan(plan)
     return plan
@@ -143,8 +162,16 @@ def main(argv: list[str]) -> int:
         return 130
     if result.partial:
         raise WorkspaceError(f"{result.partial}; the partial result is {where}")
+    if args.sarif is not None:
+        # The remedy of each finding is `gate.NO_REMEDY` until a table of remedies names one.
+        found = gate.findings(result, rules, baseline)
+        args.sarif.write_text(json.dumps(gate.sarif(found), indent=1) + "\n")
+        print(f"wrote {args.sarif}", file=sys.stderr)
     failures = gate.over_budget(result, args.max_waits) if args.max_waits is not None else []
     if baseline is not None:
+        warning = gate.unmatched(result, baseline, args.baseline)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
         failures = gate.new_sites(result, baseline) + failures
     elif args.baseline is not None:
         gate.baseline_of(result).write(args.baseline)

@@ -19,8 +19,8 @@ from typing import Any
 
 from hostsync.detector.sites import AllowRule
 from hostsync.launch import trainer_step
-from hostsync.launch.launchers import DEFAULT_TIMEOUT_S, RunFailed, read_ranks
 from hostsync.launch.nodes import SINGLE, NodeLayout, shares_of
+from hostsync.launch.processes import DEFAULT_TIMEOUT_S, RunFailed, read_ranks
 from hostsync.sites.known import host_memory_args
 from hostsync.sites.summary import package, rank_records, steady_cost, summarize
 from hostsync.upstream.trees import Tree

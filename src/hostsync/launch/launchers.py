@@ -1,4 +1,4 @@
-"""How ranks start, and multi-process runs that leave nothing behind.
+"""How ranks start: one `LauncherBackend` per launcher, its command and what it can do.
 
 Every command that runs ranks (repro, profile, bench, the hunt, the census) starts them through
 `LAUNCHERS`, one `LauncherBackend` per way a case card can name (`records.Launcher`), holding what
@@ -23,40 +23,39 @@ results before the next world; `fork` is one machine, so its worlds go to torchr
 `python` is one process. Without an endpoint every node's agent starts here, each in a folder of its
 own.
 
-A launch is started in a session of its own, so that on a timeout, an error or Ctrl-C the whole
-process group (launcher, ranks, compilers they spawned) is killed and no rank outlives the run.
-The rank side (`protocol.rank_entry`) writes each rank's result, or its traceback, into the run
-folder, so that a failure is reported with its rank number.
+The processes each command starts are run and stopped by `hostsync.launch.processes`.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import dataclasses
 import json
-import logging
-import os
 import shlex
 import shutil
-import signal
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
-from hostsync.detector.codec import R, RecordError, read_file, write_file
+from hostsync.detector.codec import read_file, write_file
 from hostsync.launch import nodes
 from hostsync.launch.devices import device_env
 from hostsync.launch.nodes import SINGLE, NodeLayout
-from hostsync.rank.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV, free_port
-from hostsync.upstream.trees import Tree
-from hostsync.workspace import locks
-from hostsync.workspace.cases import Case
+from hostsync.launch.processes import (
+    RankResults,
+    Run,
+    RunFailed,
+    RunHung,
+    describe_failure,
+    python_path,
+    read_rank_results,
+    run_group,
+    run_groups,
+    run_ranks,
+    still_running,
+    unfinished,
+)
+from hostsync.rank.protocol import free_port
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import DEFAULT_SETUP, DeepSpeedSetup, accelerate_config
@@ -67,103 +66,17 @@ from hostsync.workspace.records import (
     ForkTree,
     ForkWorld,
     Launcher,
-    RankReport,
     SharedForkPlan,
     SnippetExit,
 )
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from hostsync.upstream.trees import Tree
+    from hostsync.workspace.cases import Case
 
-# How long one launched run (a torchrun, a pytest, a training) may take before it counts as hung.
-DEFAULT_TIMEOUT_S = 900.0
-# How long a process group has to end on SIGTERM before SIGKILL: a Ctrl-C must end every rank
-# within seconds, and nox waits for this process only so long.
-_KILL_GRACE_S = 3.0
-# How often a running group is looked at: its end is noticed within this.
-_POLL_S = 0.2
-# Where the hostsync package is imported from: the ranks import its protocol and detector.
-ENGINE_SRC = Path(__file__).resolve().parents[2]
-RankResults = list[RankReport]
-T = TypeVar("T")
 # Fields of `LaunchPlan.wrap`'s words, filled in for each wrapped command: the folder it runs
 # for and its node (each node's agent has its own), e.g. where nsys writes that node's report.
 RUN_DIR_FIELD, NODE_FIELD = "{run_dir}", "{node}"
-
-
-class RunFailed(WorkspaceError):
-    """A rank raised, a launcher exited non-zero, or a run hung and was killed."""
-
-
-class RunHung(RunFailed):
-    """A run passed its timeout and was killed."""
-
-
-class RunStopped(RunFailed):
-    """A run stopped because one beside it failed, or on Ctrl-C (`side_by_side`)."""
-
-
-@dataclass(frozen=True)
-class Run:
-    """Where one multi-process run reads its inputs and leaves its outputs."""
-
-    run_dir: Path
-    # None: a user's own script (`scan`), run by this interpreter with the packages it has.
-    tree: Tree | None
-    layout: Layout = field(default_factory=Layout)
-
-    @property
-    def python(self) -> str:
-        """The interpreter the ranks run: the tree's environment's, else this one."""
-        return self.tree.python if self.tree else sys.executable
-
-    @property
-    def label(self) -> str:
-        return self.tree.label if self.tree else "script"
-
-    @property
-    def extensions_dir(self) -> Path:
-        """Compiled extensions, apart per environment, and per tree where the tree (or one
-        stacked beside it, say DeepSpeed's under the census) compiles from its own sources."""
-        where = Path(self.python).parent.parent.name
-        if self.tree and (self.tree.project.extensions_per_tree or self.tree.stacked):
-            where += f"-{self.layout.case}-{self.tree.label}"
-        return self.layout.cache / "torch_extensions" / where
-
-    @property
-    def tree_paths(self) -> tuple[Path, ...]:
-        """What goes first on sys.path to import the tree under test (and any stacked beside it)."""
-        return (self.tree.src, *self.tree.stacked) if self.tree else ()
-
-    @property
-    def log_file(self) -> Path:
-        return self.run_dir / "launcher.log"
-
-    def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The ranks import the project from the tree under test and hostsync from here, and
-        find the tree's environment's own tools (torchrun, accelerate) first on the PATH."""
-        env = dict(os.environ)
-        env["PYTHONPATH"] = python_path(self.tree_paths)
-        env["PATH"] = os.pathsep.join([str(Path(self.python).parent), env.get("PATH", "")])
-        env[RUN_DIR_ENV] = str(self.run_dir)
-        if self.tree:
-            env[TREE_SRC_ENV] = str(self.tree.src)
-            env[TREE_PACKAGE_ENV] = self.tree.project.name
-        # Two ranks on two cores: one thread each, or they fight over the cores.
-        env.setdefault("OMP_NUM_THREADS", "1")
-        # Each rank imports the tree under test from source: let Python keep the bytecode it
-        # compiles (in the tree, under work/), or every rank compiles transformers again.
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
-        # Compiled extensions are kept between runs, apart per environment (and per tree where
-        # the project compiles from its own sources), or each would rebuild the other's.
-        env.setdefault("TORCH_EXTENSIONS_DIR", str(self.extensions_dir))
-        env.update(extra or {})
-        return env
-
-
-def python_path(first: Sequence[Path]) -> str:
-    """PYTHONPATH for a launch: `first`, then hostsync, then what the caller had."""
-    paths = [*map(str, first), str(ENGINE_SRC), os.environ.get("PYTHONPATH", "")]
-    return os.pathsep.join(paths).rstrip(os.pathsep)
 
 
 # --- what a launch is asked to do ----------------------------------------------------------------
@@ -292,7 +205,7 @@ def _across_nodes(command: Command, run: Run, world: World, what: LaunchPlan) ->
     try:
         statuses = run_groups(agents, timeout=what.timeout)
         failures = [
-            f"node {node}: {_describe_failure(agent, status)}"
+            f"node {node}: {describe_failure(agent, status)}"
             for node, (agent, _, _), status in zip(here, agents, statuses, strict=True)
             if status
         ]
@@ -307,7 +220,7 @@ def _across_nodes(command: Command, run: Run, world: World, what: LaunchPlan) ->
         where = nodes.gather(pool, layout, run.run_dir)
     except WorkspaceError as error:
         raise RunFailed(str(error)) from None
-    results = _read_rank_results(run, run.run_dir, world.ranks)
+    results = read_rank_results(run, run.run_dir, world.ranks)
     return [dataclasses.replace(result, ran_on=where[result.rank]) for result in results]
 
 
@@ -404,7 +317,7 @@ def _accelerate(run: Run, world: World, what: LaunchPlan) -> list[str]:
     accelerate_file.write_text(json.dumps(config, indent=2))
     backend = "nccl" if what.device == Device.CUDA else "gloo"
     return [
-        run.tree.python,
+        run.python,
         "-m",
         "accelerate.commands.launch",
         "--config_file",
@@ -487,14 +400,14 @@ def fork_each(
     (one import for many independent runs). `timeout` is per world; one machine only."""
     plan, folders = _fork_plan(run, what, keep_going)
     plan_file = _write_plan(run, plan)
-    command = what.wrapped(run, [run.tree.python, "-m", "hostsync.rank.prefork", str(plan_file)])
+    command = what.wrapped(run, [run.python, "-m", "hostsync.rank.prefork", str(plan_file)])
     timeout = what.timeout * len(what.worlds)
     try:
         returncode = run_group(run, command, timeout=timeout, env=what.environment())
     except RunHung as error:
         raise _which_hung(error, [(folders, what)]) from None
     if returncode != 0 and not keep_going:
-        raise RunFailed(_describe_failure(run, returncode))
+        raise RunFailed(describe_failure(run, returncode))
     return _fork_results(run, what, folders, returncode)
 
 
@@ -514,7 +427,7 @@ def fork_trees(jobs: Sequence[tuple[Run, LaunchPlan]]) -> list[tuple[list[RankRe
     and each tree's plan runs in a fork of it that imports the rest (`prefork.run_trees`).
     Each tree's worlds' results and the seconds its fork took. Raises at the first tree that
     fails, as `_fork` does; every process is gone either way."""
-    if len({(run.tree.python, run.extensions_dir) for run, _ in jobs}) != 1:
+    if len({(run.python, run.extensions_dir) for run, _ in jobs}) != 1:
         raise WorkspaceError("trees of several environments cannot share one interpreter")
     first, what = jobs[0]
     shared = dataclasses.replace(
@@ -530,7 +443,7 @@ def fork_trees(jobs: Sequence[tuple[Run, LaunchPlan]]) -> list[tuple[list[RankRe
         folders.append(its_folders)
         run.run_dir.mkdir(parents=True, exist_ok=True)
     plan_file = _write_plan(shared, SharedForkPlan(tuple(trees)))
-    prefork = [first.tree.python, "-m", "hostsync.rank.prefork", str(plan_file)]
+    prefork = [first.python, "-m", "hostsync.rank.prefork", str(plan_file)]
     command = what.wrapped(shared, prefork)
     timeout = sum(start.timeout * len(start.worlds) for _, start in jobs)
     try:
@@ -543,7 +456,7 @@ def fork_trees(jobs: Sequence[tuple[Run, LaunchPlan]]) -> list[tuple[list[RankRe
     for (run, start), its_folders in zip(jobs, folders, strict=True):
         ended = _tree_ended(run)
         if ended is None or ended.exit_status != 0:
-            raise RunFailed(_describe_failure(shared, returncode, run.run_dir))
+            raise RunFailed(describe_failure(shared, returncode, run.run_dir))
         worlds = [_raised(one) for one in _fork_results(run, start, its_folders, 0)]
         found.append((worlds, ended.seconds))
     shutil.rmtree(shared.run_dir)
@@ -573,7 +486,7 @@ def _fork_plan(run: Run, what: LaunchPlan, keep_going: bool) -> tuple[ForkPlan, 
             for folder, world in zip(folders, what.worlds, strict=True)
         ),
         keep_going,
-        what.snippet and _snippet_plan(what.snippet),
+        _snippet_plan(what.snippet) if what.snippet else None,
     )
     return plan, folders
 
@@ -591,7 +504,7 @@ def _which_hung(error: RunHung, runs: Sequence[tuple[list[Path], LaunchPlan]]) -
         for folder, world in zip(folders, what.worlds, strict=True):
             ranks = unfinished(folder, world.ranks)
             if ranks:
-                return RunHung(f"{error}; {_still_running(ranks, world.ranks)}")
+                return RunHung(f"{error}; {still_running(ranks, world.ranks)}")
     return error
 
 
@@ -605,8 +518,8 @@ def _fork_results(
     for folder, world in zip(folders, what.worlds, strict=True):
         try:
             if any(folder.glob("rank-*.error")) or unfinished(folder, world.ranks):
-                raise RunFailed(_describe_failure(run, returncode, folder))
-            found.append(_read_rank_results(run, folder, world.ranks))
+                raise RunFailed(describe_failure(run, returncode, folder))
+            found.append(read_rank_results(run, folder, world.ranks))
         except RunFailed as error:
             found.append(error)
     return found
@@ -712,252 +625,3 @@ def check_launches(case: Case) -> None:
                 f"cases/{case.name}.toml: repro.launch[{number}].ranks: a `{launch.launcher}`"
                 " launch is one process: use [1]: fix the card"
             )
-
-
-# --- running a process group ---------------------------------------------------------------------
-
-
-def run_ranks(
-    run: Run,
-    command: Sequence[str],
-    nprocs: int,
-    timeout: float,
-    env: Mapping[str, str] | None = None,
-) -> RankResults:
-    """Run `command` as one process group and return the result each rank wrote, by rank."""
-    try:
-        returncode = run_group(run, command, timeout=timeout, env=env)
-    except RunHung as error:
-        running = _still_running(unfinished(run.run_dir, nprocs), nprocs)
-        raise RunHung(f"{error}; {running}") from None
-    if returncode != 0:
-        raise RunFailed(_describe_failure(run, returncode))
-    return _read_rank_results(run, run.run_dir, nprocs)
-
-
-def unfinished(folder: Path, nprocs: int) -> list[int]:
-    """The ranks of a run that have written neither a result nor an error."""
-    return [
-        rank
-        for rank in range(nprocs)
-        if not any((folder / f"rank-{rank}{suffix}").exists() for suffix in (".json", ".error"))
-    ]
-
-
-def _still_running(ranks: list[int], nprocs: int) -> str:
-    if not ranks:
-        return f"all {nprocs} ranks had finished"
-    return f"rank {', '.join(map(str, ranks))} of {nprocs} had not finished"
-
-
-def run_group(
-    run: Run,
-    command: Sequence[str],
-    *,
-    timeout: float,
-    cwd: Path | None = None,
-    env: Mapping[str, str] | None = None,
-) -> int:
-    """Run `command` as one process group, output in the run's log, and return its exit status.
-
-    For commands whose exit status is an answer (pytest's 1: tests failed). Raises RunFailed on
-    the timeout; either way every process of the group is gone when this returns.
-    """
-    (status,) = run_groups([(run, command, env)], timeout=timeout, cwd=cwd)
-    return status
-
-
-def run_groups(
-    commands: Sequence[tuple[Run, Sequence[str], Mapping[str, str] | None]],
-    *,
-    timeout: float,
-    cwd: Path | None = None,
-) -> list[int]:
-    """Run each (run, command, variables) as a process group of its own, all at once, output in
-    its run's log; their exit statuses once every one has exited, or as soon as one fails (the
-    others, which would wait for it for ever, are ended). Raises RunHung on the timeout; either
-    way every process of every group is gone when this returns."""
-    environments = [run.environment(env) for run, _, env in commands]
-    extensions = {environment.get("TORCH_EXTENSIONS_DIR") for environment in environments}
-    processes: list[subprocess.Popen] = []
-    with locks.extension_builders(sorted(Path(f) for f in extensions if f)) as builders:
-        try:
-            for (run, command, _), environment in zip(commands, environments, strict=True):
-                run.run_dir.mkdir(parents=True, exist_ok=True)
-                log.info("running %s (log: %s)", " ".join(command[:6]), run.log_file)
-                with run.log_file.open("w") as output:
-                    processes.append(
-                        subprocess.Popen(
-                            command,
-                            cwd=cwd,
-                            env=environment,
-                            stdout=output,
-                            stderr=subprocess.STDOUT,
-                            start_new_session=True,
-                            pass_fds=builders,
-                        )
-                    )
-            _wait_for_groups(processes, timeout, [run for run, _, _ in commands])
-        finally:
-            with _uninterrupted():
-                for process in processes:
-                    _kill_group(process)
-    return [process.returncode for process in processes]
-
-
-# Set while the calls of a `side_by_side` batch are being stopped: each stops its groups.
-_stopping = threading.Event()
-
-
-def side_by_side(calls: Sequence[Callable[[], T]], at_once: int) -> list[T]:
-    """Each call (which runs process groups) in a thread of its own, `at_once` at a time; their
-    results in order. On the first failure, or Ctrl-C, the other calls stop their groups, and
-    this raises only once every process of every call is gone."""
-    if at_once <= 1 or len(calls) <= 1:
-        return [call() for call in calls]
-    with concurrent.futures.ThreadPoolExecutor(at_once) as pool:
-        futures = [pool.submit(call) for call in calls]
-        try:
-            concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
-            for future in futures:
-                if future.done() and future.exception():
-                    future.result()
-            return [future.result() for future in futures]
-        except BaseException:
-            _stopping.set()
-            with _uninterrupted():
-                for future in futures:
-                    future.cancel()
-                concurrent.futures.wait(futures)
-            raise
-        finally:
-            _stopping.clear()
-
-
-def _wait_for_groups(
-    processes: Sequence[subprocess.Popen], timeout: float, runs: Sequence[Run]
-) -> None:
-    """Until every process has exited, or one has failed; RunHung past the timeout, RunStopped
-    when the runs beside it are stopped."""
-    deadline = time.monotonic() + timeout
-    while any(_exit_status(process) is None for process in processes):
-        if any(_exit_status(process) not in (None, 0) for process in processes):
-            return
-        if _stopping.is_set():
-            raise RunStopped("stopped: a run beside it failed, or Ctrl-C")
-        if time.monotonic() > deadline:
-            logs = ", ".join(str(run.log_file) for run in runs)
-            raise RunHung(
-                f"run hung: no exit after {timeout:.0f} s, killed it and every process it"
-                f" started; see {logs} and raise the timeout if the machine is just slow"
-            )
-        time.sleep(_POLL_S)
-
-
-@contextlib.contextmanager
-def _uninterrupted() -> Iterator[None]:
-    """Hold Ctrl-C and SIGTERM back while the block runs: a second Ctrl-C, or nox's SIGTERM after
-    its own wait, must not cut the stopping of the groups short and leave ranks behind. A signal
-    held back is delivered when the block ends."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def _exit_status(process: subprocess.Popen) -> int | None:
-    """The launcher's exit status once it has exited, without reaping it: while it is a zombie
-    its pid, its group's id, cannot be given to another process, whose group `_kill_group` would
-    otherwise stop (pids come round again within minutes on a busy machine)."""
-    found = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    if found is None:
-        return None
-    return found.si_status if found.si_code == os.CLD_EXITED else -found.si_status
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    """SIGTERM the group, then SIGKILL what is left: the launcher may already be gone (not
-    reaped: see `_exit_status`), and is reaped last."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + _KILL_GRACE_S
-        while time.monotonic() < deadline and _group_alive(process.pid):
-            time.sleep(0.1)  # polls for the group's end, which has no event to wait on
-        if not _group_alive(process.pid):
-            break
-    process.wait()
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # Zombies answer signal 0 too; a group whose members have all exited counts as gone.
-    return any(_is_live_member(pid, pgid) for pid in _pids())
-
-
-def _pids() -> list[int]:
-    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
-
-
-def _is_live_member(pid: int, pgid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    fields = stat.rsplit(")", 1)[1].split()
-    state, process_group = fields[0], int(fields[2])
-    return process_group == pgid and state != "Z"
-
-
-def _describe_failure(run: Run, returncode: int, folder: Path | None = None) -> str:
-    """Name the rank that failed first (in `folder`, one world's, or anywhere in the run): the
-    others often fail only because it left."""
-    errors = sorted(
-        (folder or run.run_dir).rglob("rank-*.error"),
-        key=lambda path: (path.stat().st_mtime_ns, int(path.stem.split("-")[1])),
-    )
-    if not errors:
-        reported = len(list(run.run_dir.rglob("rank-*.json")))
-        return (
-            f"launcher exited with status {returncode}, {reported} rank(s) having reported a"
-            f" result and none an error; see {run.log_file}"
-        )
-    first = errors[0]
-    rank = first.stem.split("-")[1]
-    summary = first.read_text().splitlines()[0]
-    others = f" ({len(errors) - 1} more rank(s) failed after it)" if len(errors) > 1 else ""
-    return f"rank {rank} raised {summary}{others}; traceback in {first}"
-
-
-def read_ranks(results: RankResults, kind: type[R]) -> list[R]:
-    """Each rank's payload as the record `kind` its command reads; a payload of another shape is
-    refused in one line naming the rank and the field."""
-    try:
-        return [result.read(kind) for result in results]
-    except RecordError as error:
-        raise RunFailed(f"{error}: the rank script returned no {kind.__name__}") from None
-
-
-def _read_rank_results(run: Run, folder: Path, nprocs: int) -> RankResults:
-    results = []
-    for rank in range(nprocs):
-        path = folder / f"rank-{rank}.json"
-        if not path.exists():
-            raise RunFailed(f"rank {rank} exited cleanly but wrote no result; see {run.log_file}")
-        try:
-            results.append(read_file(RankReport, path))
-        except RecordError as error:
-            raise RunFailed(
-                f"rank {rank} wrote no rank report ({error}): its script returns through"
-                " `protocol.rank_entry`"
-            ) from None
-    return results

@@ -14,16 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hostsync.launch import devices, launchers
-from hostsync.launch.launchers import (
-    DEFAULT_TIMEOUT_S,
-    LaunchPlan,
-    RankResults,
-    Run,
-    RunFailed,
-    World,
-    read_ranks,
-)
+from hostsync.launch.launchers import LaunchPlan, World
 from hostsync.launch.nodes import SINGLE, NodeLayout
+from hostsync.launch.processes import DEFAULT_TIMEOUT_S, RankResults, Run, RunFailed, read_ranks
 from hostsync.upstream.trees import Tree
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import DEFAULT_SETUP, DeepSpeedSetup

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from hostsync.detector.codec import read_file
 from hostsync.launch import devices
-from hostsync.launch.launchers import ENGINE_SRC, RankResults, Run, run_group
+from hostsync.launch.processes import ENGINE_SRC, RankResults, Run, run_group
 from hostsync.measure import provenance, repro
 from hostsync.upstream.trees import infos, prepare_tree, prepare_trees
 from hostsync.workspace import cases, results, table

@@ -16,7 +16,7 @@ import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from hostsync.launch.launchers import Run, RunFailed, run_group
+from hostsync.launch.processes import Run, RunFailed, run_group
 from hostsync.measure import probe
 from hostsync.upstream import envs
 from hostsync.upstream.git import git

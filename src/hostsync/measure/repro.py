@@ -34,17 +34,10 @@ from typing import Any, TypeVar
 
 from hostsync.detector.codec import RecordError
 from hostsync.detector.sites import SiteCount
-from hostsync.launch import devices, launchers, trainer_step
-from hostsync.launch.launchers import (
-    LaunchPlan,
-    RankResults,
-    Run,
-    RunFailed,
-    Snippet,
-    World,
-    run_group,
-)
+from hostsync.launch import devices, launchers, processes, trainer_step
+from hostsync.launch.launchers import LaunchPlan, Snippet, World
 from hostsync.launch.nodes import SINGLE, NodeLayout, node_0_first, shares_of
+from hostsync.launch.processes import RankResults, Run, RunFailed, run_group
 from hostsync.measure import cost, provenance
 from hostsync.rank.protocol import free_port
 from hostsync.upstream.trees import Tree, infos, prepare_trees
@@ -390,7 +383,7 @@ def measure(
 
     groups = launchers.sharing_groups(trees, layout) if shared else [[tree] for tree in trees]
     found = Measured()
-    for one in launchers.side_by_side(
+    for one in processes.side_by_side(
         [functools.partial(some_trees, group) for group in groups], at_once
     ):
         found.runs.extend(one.runs)

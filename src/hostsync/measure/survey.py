@@ -32,7 +32,7 @@ from pathlib import Path
 from hostsync import detector
 from hostsync.detector.baseline import Baseline
 from hostsync.detector.sites import COMPILED, Site
-from hostsync.launch import devices, launchers
+from hostsync.launch import devices, processes
 from hostsync.measure.test_patch import read_junit
 from hostsync.upstream.sdists import fetch_sdist
 from hostsync.upstream.trees import Tree
@@ -180,8 +180,8 @@ def survey(
         written = baseline if index == 1 else run_dir / f"report-{index}" / baseline.name
         return ("-p", PLUGIN, f"--host-sync-baseline={written}", "--host-sync-report")
 
-    def pytest(folder: str, extra: tuple[str, ...]) -> tuple[launchers.Run, list[str], Path]:
-        run = launchers.Run(run_dir / folder, tree, layout)
+    def pytest(folder: str, extra: tuple[str, ...]) -> tuple[processes.Run, list[str], Path]:
+        run = processes.Run(run_dir / folder, tree, layout)
         report = run.run_dir / "junit.xml"
         command = [
             tree.python,
@@ -201,13 +201,13 @@ def survey(
     # One unmeasured run first takes the cold start (imports, inductor's kernel cache), so that
     # it counts for no measured run.
     warmup, command, _ = pytest("warmup", arguments(SurveyMode.OFF, 0))
-    launchers.run_group(warmup, command, timeout=timeout, cwd=tree.root, env=env)
+    processes.run_group(warmup, command, timeout=timeout, cwd=tree.root, env=env)
     runs, outcomes = [], {}
     for index in range(1, rounds + 1):
         for mode in (SurveyMode.OFF, SurveyMode.REPORT, SurveyMode.GATE):
             run, command, report = pytest(f"{mode.value}-{index}", arguments(mode, index))
             started, cpu_before = time.monotonic(), _children_cpu_s()
-            returncode = launchers.run_group(run, command, timeout=timeout, cwd=tree.root, env=env)
+            returncode = processes.run_group(run, command, timeout=timeout, cwd=tree.root, env=env)
             wall_s, cpu_s = time.monotonic() - started, _children_cpu_s() - cpu_before
             if not report.exists():
                 raise WorkspaceError(

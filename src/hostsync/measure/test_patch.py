@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from hostsync.launch.launchers import Run, run_group
+from hostsync.launch.processes import Run, run_group
 from hostsync.measure import cost, judge, linters, provenance
 from hostsync.upstream import harness, patchqueue, presence
 from hostsync.upstream.git import read_state

@@ -21,9 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hostsync.launch import launchers
-from hostsync.launch.launchers import ENGINE_SRC, LaunchPlan, Run, RunFailed, World, world_dir
+from hostsync.launch import launchers, processes
+from hostsync.launch.launchers import LaunchPlan, World, world_dir
 from hostsync.launch.nodes import SINGLE, NodeLayout, shares_of
+from hostsync.launch.processes import ENGINE_SRC, Run, RunFailed
 from hostsync.profiling import nsys
 from hostsync.profiling.nsys import NsysFailed
 from hostsync.profiling.traces import analyse_trace, combine_ranks, load_trace
@@ -136,7 +137,7 @@ def capture(
         if profiler == NSYS:
             nsys.end_agents(session)
     seconds = round(time.monotonic() - started, 1)
-    ranks = launchers.read_ranks(reports, ProfiledRank)
+    ranks = processes.read_ranks(reports, ProfiledRank)
     first = ranks[0]
     name = capture_name(tree.label, first.backend, first.world_size)
     made = Capture(

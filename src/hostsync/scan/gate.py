@@ -2,25 +2,46 @@
 with the script as its one test (sites matched on file, function and code, so a line that moves
 still matches), the sites a later run finds that it does not hold, and a budget of stalls per step.
 
-A new site fails only where known_sites.toml does not accept it; a compiled call is no site.
-Each failure is one line naming the site and its line.
+The script is keyed by its path in its repository, however it was typed. A new site fails only
+where known_sites.toml does not accept it; a compiled call is no site. Each failure is one line
+naming the site and its line. `sarif` writes every site as SARIF 2.1.0, which code scanning shows
+on the pull request's lines.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from hostsync.detector.baseline import Baseline
-from hostsync.detector.sites import SiteCount
-from hostsync.scan.report import compiled_only
+from hostsync.detector.codec import Json
+from hostsync.detector.sites import Site, SiteCount
+from hostsync.scan.report import compiled_only, scan_sites
+from hostsync.sites.dispositions import Disposed, Disposition
+from hostsync.sites.known import KnownSites
 from hostsync.workspace.records import HuntSite, ScanResult
 
 NEW = "new"
+NO_REMEDY = "no remedy known"
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+RULE = "host-sync"
+# Where code scanning finds a result's file: the repository's top.
+SRCROOT = "%SRCROOT%"
+
+
+def repository_of(path: Path) -> Path | None:
+    """The top of the git repository holding `path`, if any."""
+    return next((p for p in path.resolve().parents if (p / ".git").exists()), None)
 
 
 def test_name(result: ScanResult) -> str:
-    """What the baseline keys the script's sites by: its path as it was given."""
-    return Path(result.script).as_posix()
+    """What the baseline keys the script's sites by: its path in its repository (its name
+    outside one), however it was typed."""
+    script = Path(result.script).resolve()
+    top = repository_of(script)
+    return script.relative_to(top).as_posix() if top else script.name
 
 
 def _entry(hunted: HuntSite) -> SiteCount:
@@ -51,6 +72,25 @@ def new_sites(result: ScanResult, baseline: Baseline) -> list[str]:
     ]
 
 
+def unmatched(result: ScanResult, baseline: Baseline, path: Path) -> str | None:
+    """A warning when no entry of the baseline matches this run: its key, or every site of it."""
+    key = test_name(result)
+    entries = baseline.tests.get(key, ())
+    if not entries:
+        held = ", ".join(baseline.tests) or "none"
+        return (
+            f"no entry of the baseline {path} is for {key} (it holds: {held}): every site counts"
+            " as new; write it again (--baseline without --fail-on)"
+        )
+    found = [_entry(site) for site in judged_sites(result)]
+    if found and len(baseline.gone(key, found)) == len(entries):
+        return (
+            f"no entry of the baseline {path} for {key} matches a site of this run: every site"
+            " counts as new; write it again (--baseline without --fail-on)"
+        )
+    return None
+
+
 def rate_text(site: HuntSite) -> str:
     if site.when == "warm-up only":
         return f"{site.per_step} wait(s) in the warm-up"
@@ -79,3 +119,129 @@ def over_budget(result: ScanResult, max_waits: int) -> list[str]:
         f" {max_waits} stalls per step (--max-waits): most at {site.site} ({site.stalls} stalls):"
         f" `{site.site.code}`"
     ]
+
+
+# --- SARIF ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A site as the gate annotates it: its file in the repository (None: not in it), its rate
+    and disposition, whether the baseline lacks it, and what to change there."""
+
+    disposed: Disposed
+    uri: str | None
+    new: bool = False
+    remedy: str = NO_REMEDY
+
+    @property
+    def hunted(self) -> HuntSite:
+        return self.disposed.hunted
+
+    @property
+    def disposition(self) -> str:
+        return str(self.disposed)
+
+    @property
+    def level(self) -> str:
+        """error: new to the baseline; warning: a candidate; note: known."""
+        if self.new:
+            return "error"
+        return "warning" if self.disposed.disposition == Disposition.CANDIDATE else "note"
+
+
+def findings(
+    result: ScanResult, rules: KnownSites, baseline: Baseline | None = None
+) -> list[Finding]:
+    """Every judged site of the run as a finding, in the order the report lists them."""
+    script = Path(result.script).resolve()
+    new = set()
+    if baseline is not None:
+        known = baseline.new(test_name(result), [_entry(s) for s in judged_sites(result)])
+        new = {entry.site for entry in known}
+    return [
+        Finding(
+            site.disposed,
+            uri_of(site.hunted.site, script),
+            site.hunted.site in new and site.hunted.allowed is None,
+        )
+        for site in scan_sites(result, rules)
+    ]
+
+
+def uri_of(site: Site, script: Path) -> str | None:
+    """The site's file in the script's repository: found beside the script or on the user's
+    PYTHONPATH, where the runner's `sys.path` named it from."""
+    top = repository_of(script)
+    if top is None:
+        return None
+    roots = [
+        script.parent,
+        *map(Path, filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))),
+    ]
+    for root in roots:
+        found = (root / site.file).resolve()
+        if found.is_file() and found.is_relative_to(top):
+            return found.relative_to(top).as_posix()
+    return None
+
+
+def sarif(found: Sequence[Finding]) -> Json:
+    """SARIF 2.1.0: one result per finding, at its line, with its rate, disposition and remedy
+    in its message and its properties."""
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "hostsync",
+                        "rules": [
+                            {
+                                "id": RULE,
+                                "name": "HostSync",
+                                "shortDescription": {
+                                    "text": "A host sync in a training step: the host waits"
+                                    " for the device"
+                                },
+                            }
+                        ],
+                    }
+                },
+                "results": [_result(finding) for finding in found],
+            }
+        ],
+    }
+
+
+def _result(finding: Finding) -> Json:
+    site = finding.hunted.site
+    where: Json = {"uri": finding.uri, "uriBaseId": SRCROOT} if finding.uri else {"uri": site.file}
+    new = "new to the baseline; " if finding.new else ""
+    return {
+        "ruleId": RULE,
+        "level": finding.level,
+        "message": {
+            "text": f"`{site.code}`: {rate_text(finding.hunted)}; {new}{finding.disposition}."
+            f" What to do: {finding.remedy}"
+        },
+        "locations": [
+            {
+                "physicalLocation": {
+                    "artifactLocation": where,
+                    "region": {"startLine": site.line},
+                }
+            }
+        ],
+        "properties": {
+            "function": site.function,
+            "kinds": list(finding.hunted.kinds),
+            "waitsPerStep": finding.hunted.rate,
+            "stallsPerStep": finding.hunted.stall_rate,
+            "when": finding.hunted.when,
+            "disposition": finding.disposition,
+            "new": finding.new,
+            "remedy": finding.remedy,
+        },
+    }

@@ -5,8 +5,10 @@ not end cleanly: a rank raised, died or hung, the script never stepped, or Ctrl-
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -15,9 +17,10 @@ from pathlib import Path
 
 from hostsync.detector.codec import RecordError, read_file
 from hostsync.detector.sites import AllowRule
-from hostsync.launch import devices, launchers
-from hostsync.launch.launchers import LaunchPlan, RunFailed, RunHung, World, world_dir
+from hostsync.launch import devices, launchers, processes
+from hostsync.launch.launchers import LaunchPlan, World, world_dir
 from hostsync.launch.nodes import SINGLE, NodeLayout
+from hostsync.launch.processes import RunFailed, RunHung
 from hostsync.measure import provenance
 from hostsync.sites.summary import steady_cost, summarize
 from hostsync.workspace.errors import WorkspaceError
@@ -37,6 +40,10 @@ from hostsync.workspace.records import (
 
 RUNNER = Path(__file__).with_name("runner.py")
 WARMUP = "give 1 or more: the first step runs unwatched, with the script's setup before it"
+# What a step function calls, found on the script's syntax tree when no step ran.
+STEP_CALLS = ("backward", "step")
+MAIN = "__main__"
+THREADS = "OMP_NUM_THREADS"
 # The folder of profiles/ scans write into.
 SCAN = "scan"
 
@@ -57,13 +64,24 @@ class ScanPlan:
     steps: int | None = None
     step_fn: str | None = None
     device: Device = Device.CPU
-    timeout: float = launchers.DEFAULT_TIMEOUT_S
+    timeout: float = processes.DEFAULT_TIMEOUT_S
+    # OMP_NUM_THREADS for every rank; None: as the user set it, or unset.
+    threads: int | None = None
     # Off: the steps timed only (what the scan adds to them, `bench --scan`).
     detect: bool = True
 
     @property
     def world_size(self) -> int:
         return self.ranks * self.nodes.count
+
+    def environment(self) -> dict[str, str]:
+        """What the ranks are given besides the user's own variables: `--threads` only."""
+        return {} if self.threads is None else {THREADS: str(self.threads)}
+
+    @property
+    def threads_given(self) -> str | None:
+        """OMP_NUM_THREADS as the ranks get it: `--threads`, else the user's; None: unset."""
+        return self.environment().get(THREADS, os.environ.get(THREADS))
 
     def runner_args(self) -> tuple[str, ...]:
         """The runner's options, then the script and its arguments."""
@@ -96,6 +114,12 @@ def check_plan(plan: ScanPlan) -> None:
         raise WorkspaceError(
             f"no script at {plan.script}: give the path of a Python file, as to `python SCRIPT`"
         )
+    try:
+        ast.parse(plan.script.read_bytes(), str(plan.script))
+    except SyntaxError as error:
+        raise WorkspaceError(
+            f"{plan.script}:{error.lineno}: {error.msg}: fix the script (nothing was started)"
+        ) from None
     if launchers.LAUNCHERS[plan.launcher].one_process and plan.world_size > 1:
         raise WorkspaceError(
             f"the {plan.launcher} launcher runs one process, not {plan.world_size}: use"
@@ -117,13 +141,14 @@ def _is_target(text: str) -> bool:
 
 def run_scan(layout: Layout, plan: ScanPlan) -> Scanned:
     """Run the plan and read back what its ranks recorded; every process is gone on return."""
-    run = launchers.Run(layout.new_run_dir(SCAN), None, layout)
+    run = processes.Run(layout.new_run_dir(SCAN), None, layout)
     world = World(plan.world_size, plan.runner_args())
     what = LaunchPlan(
         RUNNER,
         (world,),
         plan.device,
         plan.timeout,
+        env=plan.environment(),
         nodes=plan.nodes,
         launcher_args=plan.launcher_args,
     )
@@ -142,21 +167,59 @@ def run_scan(layout: Layout, plan: ScanPlan) -> Scanned:
     if partial is None and not any(rank and rank.steps for rank in ranks):
         partial = (
             f"{plan.script.name} ran to its end without a step (no optimizer step, no call of"
-            " --step-fn): name its step function with --step-fn MODULE:FUNCTION"
+            f" --step-fn): name its step function with --step-fn MODULE:FUNCTION"
+            f"{candidates_text(plan.script)}"
         )
     return Scanned(ranks, partial, interrupted, run.run_dir, round(time.monotonic() - started, 1))
 
 
-def with_the_silent(error: RunFailed, run: launchers.Run, ranks: int) -> str:
-    """The failure, after the ranks that stopped without a result or an error first: the
-    others often fail only because those left (a collective's peer gone)."""
-    silent = launchers.unfinished(run.run_dir, ranks)
-    if not silent:
-        return str(error)
-    return (
-        f"rank {', '.join(map(str, silent))} of {ranks} stopped mid-run without an error"
-        f" (killed, or it exited: see {run.log_file}); then {error}"
-    )
+def step_candidates(script: Path) -> list[str]:
+    """The script's functions and methods that call `backward()` or `step()`, as `--step-fn`
+    names them (`__main__:train_step`)."""
+    found = []
+    tree = ast.parse(script.read_bytes(), str(script))
+    methods = [
+        (f"{node.name}.", item)
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+        for item in node.body
+    ]
+    for prefix, node in [("", node) for node in tree.body] + methods:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and any(
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr in STEP_CALLS
+            for call in ast.walk(node)
+        ):
+            found.append(f"{MAIN}:{prefix}{node.name}")
+    return found
+
+
+def candidates_text(script: Path) -> str:
+    """The candidates for `--step-fn`, or that the script defines none."""
+    found = step_candidates(script)
+    if not found:
+        return f" (no function of {script.name} calls backward() or step())"
+    return f"; candidates, which call backward() or step(): {', '.join(found)}"
+
+
+def with_the_silent(error: RunFailed, run: processes.Run, ranks: int) -> str:
+    """The failure, the first rank to stop first: a rank that stopped without a result, an
+    error or a stop note; then the ranks stopped by a signal because of it; then `error`."""
+    unfinished = processes.unfinished(run.run_dir, ranks)
+    notes = {rank: run.run_dir / f"rank-{rank}.stopped" for rank in unfinished}
+    stopped = [rank for rank in unfinished if notes[rank].exists()]
+    silent = [rank for rank in unfinished if rank not in stopped]
+    said = []
+    if silent:
+        said.append(
+            f"rank {', '.join(map(str, silent))} of {ranks} stopped mid-run without an error"
+            f" (killed, or it exited: see {run.log_file})"
+        )
+    for rank in stopped:
+        signal = notes[rank].read_text().strip()
+        said.append(f"rank {rank} of {ranks} was stopped by {signal}")
+    return "; then ".join([*said, str(error)])
 
 
 def read_rank(folder: Path, rank: int) -> ScanRank | None:
@@ -225,4 +288,5 @@ def scan_result(
         ranks=tuple(ranks),
         wall_s=scanned.seconds,
         partial=scanned.partial,
+        threads=plan.threads_given,
     )

@@ -10,6 +10,7 @@ carried, or a candidate. A torch.compile'd call is listed apart, compiled and no
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections import defaultdict
 from collections.abc import Sequence
@@ -134,8 +135,15 @@ def what_ran(result: ScanResult) -> str:
     return (
         f"`python {' '.join([result.script, *result.args])}` on {ranks}{options}, {steps} a"
         f" step under `hostsync.detector`; {measured_steps(result)} step(s) measured per rank"
-        f" after {result.warmup} warm-up step(s)"
+        f" after {result.warmup} warm-up step(s); {threads_text(result)}"
     )
+
+
+def threads_text(result: ScanResult) -> str:
+    """The threads the ranks were given: the scan adds none unless `--threads` asks."""
+    if result.threads is None:
+        return "OMP_NUM_THREADS unset (torch's or the launcher's default)"
+    return f"OMP_NUM_THREADS={result.threads}"
 
 
 def summary(result: ScanResult, rules: KnownSites) -> str:
@@ -355,10 +363,11 @@ def _steps_table(result: ScanResult) -> str:
 
 
 def heat_map(result: ScanResult, path: Path, rules: KnownSites) -> bool:
-    """Steps x the top sites, waits per rank at each step; False where there is nothing to draw."""
+    """Steps x the top sites, waits per rank at each step; False where there is nothing to draw,
+    or no matplotlib to draw it with (a user's own environment need not have it)."""
     sites = scan_sites(result, rules)[:TOP]
     numbers = sorted({s.hunt.step for rank in result.ranks for s in rank.steps})[:STEP_ROWS]
-    if not sites or not numbers:
+    if not sites or not numbers or importlib.util.find_spec("matplotlib") is None:
         return False
     reads: dict[tuple[int, tuple], int] = defaultdict(int)
     warmups = set()

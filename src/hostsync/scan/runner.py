@@ -21,7 +21,9 @@ Each rank writes into the run folder (`HOSTSYNC_RUN_DIR`, or `--out`): a line pe
 `rank-<R>.partial.jsonl` as it goes (what stays of a rank that dies or hangs), then
 `rank-<R>.json` when the script ends, raises, or has run the steps `--steps` asked for (it is
 then stopped, its record complete); on a raise, also `rank-<R>.error`, its first line naming the
-exception and the script's line.
+exception and the script's line. A rank stopped by SIGTERM (a launcher stops every rank when one
+fails) writes `rank-<R>.stopped` first, with the signal: so the rank that stopped first is told
+from those stopped because of it, however busy the machine.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import functools
 import importlib
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -301,6 +304,17 @@ def with_step_decorator(tree: ast.Module, qualname: str) -> ast.Module:
 # --- running the script ---------------------------------------------------------------------------
 
 
+def note_stops(out: Path, rank: int) -> None:
+    """On SIGTERM, write the rank's stop note, then end as the signal ends it."""
+
+    def stopped(signum: int, frame: object) -> None:
+        (out / f"rank-{rank}.stopped").write_text(signal.Signals(signum).name + "\n")
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, stopped)
+
+
 def as_python_would(script: Path, args: list[str]) -> None:
     """`sys.argv` as the script expects it, its folder first on sys.path (where the runner's
     own, or the current folder, was): what it imports beside itself is found."""
@@ -348,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     args += options.args
     recorder = Recorder(out, options.warmup, options.steps, not options.no_detector)
     recorder.open()
+    note_stops(out, recorder.rank)
     as_python_would(options.script, args)
     module_name, _, _ = (options.step_fn or "").partition(":")
     try:

@@ -8,12 +8,33 @@ are shared by every case.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tempfile
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
-ROOT = Path(os.environ.get("HOSTSYNC_ROOT") or Path(__file__).resolve().parents[3])
+
+def _root() -> Path:
+    """`HOSTSYNC_ROOT`, else the checkout this package runs from, else the one pip installed it
+    from (`pip install path/to/checkout` records it: PEP 610's direct_url.json)."""
+    if os.environ.get("HOSTSYNC_ROOT"):
+        return Path(os.environ["HOSTSYNC_ROOT"])
+    here = Path(__file__).resolve().parents[3]
+    if (here / "pin.toml").is_file():
+        return here
+    try:
+        recorded = metadata.distribution("hostsync").read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        recorded = None
+    url = urllib.parse.urlparse(json.loads(recorded or "{}").get("url", ""))
+    return Path(urllib.request.url2pathname(url.path)) if url.scheme == "file" else here
+
+
+ROOT = _root()
 
 
 @dataclass(frozen=True)

@@ -1157,6 +1157,8 @@ class ScanResult(Result):
     ranks: tuple[ScanRank, ...]
     wall_s: float
     partial: str | None = field(default=None, metadata=OPTIONAL)
+    # OMP_NUM_THREADS as the ranks were given it (the user's, or `--threads`); None: unset.
+    threads: str | None = field(default=None, metadata=OPTIONAL)
 
 
 # --- bench ---------------------------------------------------------------------------------------
