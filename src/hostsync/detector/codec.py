@@ -139,7 +139,7 @@ def _claimed(cls: type) -> set[str]:
     return found
 
 
-def _default(item: dataclasses.Field) -> Any:
+def _default(item: dataclasses.Field[Any]) -> Any:
     if item.default is not dataclasses.MISSING:
         return item.default
     if item.default_factory is not dataclasses.MISSING:
@@ -195,7 +195,7 @@ def load(kind: Any, data: Json, where: str) -> Any:
         return kind(data)
     if isinstance(kind, type) and issubclass(kind, Record):
         return kind.from_json(data, where)
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         return _plain_dataclass(kind, data, where)
     return _scalar(kind, data, where)
 
