@@ -244,9 +244,7 @@ def normalised(
     return ast.dump(copied)
 
 
-def _structural_lines(
-    pattern: ast.expr | ast.stmt | _OpenCall, parsed: _Parsed
-) -> Iterator[int]:
+def _structural_lines(pattern: ast.expr | ast.stmt | _OpenCall, parsed: _Parsed) -> Iterator[int]:
     """The lines of `parsed`'s functions where a node has the pattern's normalised tree; for a
     call left open, each call of its callee and, for a local name passed to it, the statement
     that last assigned that name before (where a value is read, then passed on)."""
