@@ -91,22 +91,22 @@ def watch_case(case: cases.Case, reader: Reader, settings: WatchSettings) -> Cas
                 settings.timeout,
             )
         sites.append(SiteWatch(target.project.name, newest.version, target.site, finding, run))
-    newest = reader.releases(case.project)[-1].version
+    latest = reader.releases(case.project)[-1].version
     with locks.case(layout):
-        state = series_state(case, newest)
+        state = series_state(case, latest)
         checks = []
         if settings.tests:
             workdir = layout.new_run_dir(f"watch-{layout.case}")
             checks = test_patch.other_release_checks(
-                layout, case, workdir, newest, settings.timeout
+                layout, case, workdir, latest, settings.timeout
             )
     return CaseWatch(
         case=case.name,
         project=case.project.name,
         pinned=case.pin.version,
-        newest=newest,
+        newest=latest,
         provenance=measured_against,
-        fixed=case.fixed and case.fixed.version,
+        fixed=case.fixed.version if case.fixed else None,
         sites=tuple(sites),
         series=state,
         tests=tuple(check.record() for check in checks),
@@ -162,10 +162,10 @@ def watch(layout: Layout, settings: WatchSettings) -> WatchResult:
     for project in PROJECTS.values():
         watched = watch_project(project, pins.get(project.name, ""), reader)
         home = next((case for case in known if case.project == project), None)
-        if settings.hunt and home is None:
-            watched = _hunted(watched, f"no case of {project.name}: its trees have no home")
-        elif settings.hunt:
+        if settings.hunt and home is not None:
             watched = _hunted(watched, *hunt_new_sites(home, watched, settings, carried))
+        elif settings.hunt:
+            watched = _hunted(watched, f"no case of {project.name}: its trees have no home")
         projects.append(watched)
     watched_cases = [watch_case(case, reader, settings) for case in known]
     return WatchResult(
