@@ -404,7 +404,7 @@ def _accelerate(run: Run, world: World, what: LaunchPlan) -> list[str]:
     accelerate_file.write_text(json.dumps(config, indent=2))
     backend = "nccl" if what.device == Device.CUDA else "gloo"
     return [
-        run.tree.python,
+        run.python,
         "-m",
         "accelerate.commands.launch",
         "--config_file",
@@ -487,7 +487,7 @@ def fork_each(
     (one import for many independent runs). `timeout` is per world; one machine only."""
     plan, folders = _fork_plan(run, what, keep_going)
     plan_file = _write_plan(run, plan)
-    command = what.wrapped(run, [run.tree.python, "-m", "hostsync.rank.prefork", str(plan_file)])
+    command = what.wrapped(run, [run.python, "-m", "hostsync.rank.prefork", str(plan_file)])
     timeout = what.timeout * len(what.worlds)
     try:
         returncode = run_group(run, command, timeout=timeout, env=what.environment())
@@ -514,7 +514,7 @@ def fork_trees(jobs: Sequence[tuple[Run, LaunchPlan]]) -> list[tuple[list[RankRe
     and each tree's plan runs in a fork of it that imports the rest (`prefork.run_trees`).
     Each tree's worlds' results and the seconds its fork took. Raises at the first tree that
     fails, as `_fork` does; every process is gone either way."""
-    if len({(run.tree.python, run.extensions_dir) for run, _ in jobs}) != 1:
+    if len({(run.python, run.extensions_dir) for run, _ in jobs}) != 1:
         raise WorkspaceError("trees of several environments cannot share one interpreter")
     first, what = jobs[0]
     shared = dataclasses.replace(
@@ -530,7 +530,7 @@ def fork_trees(jobs: Sequence[tuple[Run, LaunchPlan]]) -> list[tuple[list[RankRe
         folders.append(its_folders)
         run.run_dir.mkdir(parents=True, exist_ok=True)
     plan_file = _write_plan(shared, SharedForkPlan(tuple(trees)))
-    prefork = [first.tree.python, "-m", "hostsync.rank.prefork", str(plan_file)]
+    prefork = [first.python, "-m", "hostsync.rank.prefork", str(plan_file)]
     command = what.wrapped(shared, prefork)
     timeout = sum(start.timeout * len(start.worlds) for _, start in jobs)
     try:
@@ -573,7 +573,7 @@ def _fork_plan(run: Run, what: LaunchPlan, keep_going: bool) -> tuple[ForkPlan, 
             for folder, world in zip(folders, what.worlds, strict=True)
         ),
         keep_going,
-        what.snippet and _snippet_plan(what.snippet),
+        _snippet_plan(what.snippet) if what.snippet else None,
     )
     return plan, folders
 
@@ -779,7 +779,7 @@ def run_groups(
     way every process of every group is gone when this returns."""
     environments = [run.environment(env) for run, _, env in commands]
     extensions = {environment.get("TORCH_EXTENSIONS_DIR") for environment in environments}
-    processes: list[subprocess.Popen] = []
+    processes: list[subprocess.Popen[bytes]] = []
     with locks.extension_builders(sorted(Path(f) for f in extensions if f)) as builders:
         try:
             for (run, command, _), environment in zip(commands, environments, strict=True):
@@ -835,7 +835,7 @@ def side_by_side(calls: Sequence[Callable[[], T]], at_once: int) -> list[T]:
 
 
 def _wait_for_groups(
-    processes: Sequence[subprocess.Popen], timeout: float, runs: Sequence[Run]
+    processes: Sequence[subprocess.Popen[bytes]], timeout: float, runs: Sequence[Run]
 ) -> None:
     """Until every process has exited, or one has failed; RunHung past the timeout, RunStopped
     when the runs beside it are stopped."""
@@ -867,7 +867,7 @@ def _uninterrupted() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _exit_status(process: subprocess.Popen) -> int | None:
+def _exit_status(process: subprocess.Popen[bytes]) -> int | None:
     """The launcher's exit status once it has exited, without reaping it: while it is a zombie
     its pid, its group's id, cannot be given to another process, whose group `_kill_group` would
     otherwise stop (pids come round again within minutes on a busy machine)."""
@@ -877,7 +877,7 @@ def _exit_status(process: subprocess.Popen) -> int | None:
     return found.si_status if found.si_code == os.CLD_EXITED else -found.si_status
 
 
-def _kill_group(process: subprocess.Popen) -> None:
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM the group, then SIGKILL what is left: the launcher may already be gone (not
     reaped: see `_exit_status`), and is reaped last."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
