@@ -22,7 +22,7 @@ from hostsync.hunt.report import reading
 from hostsync.measure.cost import BOUND, assess, idle_per_step
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import CensusResult, HuntSite, HuntTree
+from hostsync.workspace.records import CensusResult, CensusTrees, HuntSite, HuntTree
 
 # The columns of the census: the releases as published, and with every carried fix.
 TODAY, FIXED = "today", "fixed"
@@ -383,7 +383,7 @@ def render(result: CensusResult, source: str, png: str | None, rules: AllowList 
     return "\n".join(out) + "\n"
 
 
-def _column_text(name: str, trees) -> str:
+def _column_text(name: str, trees: CensusTrees) -> str:
     every = [trees.tree, *trees.stacked]
     shown = ", ".join(f"{t.project} {t.version}" for t in every)
     carried = f" with the series of {', '.join(trees.cases)}" if trees.cases else " as published"
@@ -447,7 +447,7 @@ def write_reports(layout: Layout, json_path: Path) -> list[Path]:
     beside = json_path.with_suffix(".md")
     with beside.open("x") as out:
         out.write(render_file(layout, json_path))
-    newest = results.latest(layout.profiles, CensusResult)
+    newest = results.latest(layout.profiles, CensusResult) or json_path
     stable = layout.profiles / f"{CensusResult.KIND}.md"
     stable.write_text(render_file(layout, newest))
     return [beside, png, stable]

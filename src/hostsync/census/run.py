@@ -25,7 +25,7 @@ from hostsync.workspace.cases import Case
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.files import sha256
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.projects import trainer_project
+from hostsync.workspace.projects import DEFAULT_SETUP, trainer_project
 from hostsync.workspace.records import (
     CensusResult,
     CensusTrees,
@@ -45,7 +45,7 @@ TREE_UNDER_TEST = trainer_project()
 def census_cases(everyone: Sequence[Case]) -> list[Case]:
     """The cases pinning the newest release any case pins of their project, the tree under
     test's first: what the fixed column applies. An older pin (a bug fixed since) is left out."""
-    newest = {}
+    newest: dict[str, Version] = {}
     for case in everyone:
         version = Version(case.pin.version)
         newest[case.project.name] = max(newest.get(case.project.name, version), version)
@@ -142,7 +142,7 @@ def run_column(
             (setups.world(setup, matrix.steps, alone.run_dir, host_memory),),
             device,
             timeout,
-            deepspeed=setups.deepspeed(setup),
+            deepspeed=setups.deepspeed(setup) or DEFAULT_SETUP,  # read by DeepSpeed's launch
         )
         (outcomes[name],) = launchers.run_each_world(setups.launcher(setup), alone, what)
     return [

@@ -16,6 +16,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hostsync.detector.records import Cost, Idle
 from hostsync.detector.sites import DEVICE_COPY, AllowRule, Site
@@ -223,15 +224,15 @@ def profiler_only(ranks: Sequence[HuntRank], twin: int) -> list[ProfilerOnly]:
     Matched per (file, function): the profiler names a function by its first line, not the
     line of the call. A surplus made inside a kernel (`via`) is a read no dispatch mode sees.
     """
-    found: dict[tuple[str, str], dict] = {}
+    found: dict[tuple[str, str], dict[str, Any]] = {}
     for rank in ranks:
-        detected: Counter = Counter()
+        detected: Counter[tuple[str, str]] = Counter()
         for step in rank.hunt.steps:
             if step.step == twin:
-                for read in step.sites:
-                    if read.kind == "scalar_read":
-                        detected[(read.site.file, read.site.function)] += read.count
-        profiled: dict[tuple, Counter] = defaultdict(Counter)
+                for site in step.sites:
+                    if site.kind == "scalar_read":
+                        detected[(site.site.file, site.site.function)] += site.count
+        profiled: dict[tuple[str, str], Counter[str | None]] = defaultdict(Counter)
         for read in rank.hunt.profiled:
             profiled[(read.file, read.function)][read.via] += read.count
         for (file, function), by_via in profiled.items():

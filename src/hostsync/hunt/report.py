@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hostsync.detector.records import Cost
 from hostsync.measure.cost import BOUND, assess
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
@@ -159,7 +160,8 @@ def render(result: HuntResult, source: str) -> str:
 
 
 def _header(result: HuntResult, source: str) -> list[str]:
-    setup, plan = result.setup, result.measured[0].plan
+    setup = result.setup
+    plan = next(plan for plan in (tree.plan for tree in result.measured) if plan is not None)
     versions = ", ".join(f"{name} {version}" for name, version in setup.versions.items())
     return [
         "# Host syncs in a full DeepSpeed Ulysses SP training step (Trainer)",
@@ -340,16 +342,16 @@ def console_summary(trees: Sequence[HuntTree]) -> str:
 COST_COLUMNS = ("tree", "waits/step", "stalls/step", "idle us/step", "kernels/step", "verdict")
 
 
-def cost_rows(trees: Sequence[HuntTree]) -> list[tuple]:
+def cost_rows(trees: Sequence[HuntTree]) -> list[tuple[object, ...]]:
     """Each accounted tree's waits, stalls, idle time (host us, measured on CPU) and kernels per
     rank and step after the warm-up, and its verdict against the first tree of its setup."""
-    first: dict[str, HuntTree] = {}
-    rows = []
+    first: dict[str, tuple[HuntTree, Cost]] = {}
+    rows: list[tuple[object, ...]] = []
     for tree in trees:
         if tree.cost is None:
             continue
-        base = first.setdefault(tree.setup, tree)
-        judgement = assess(base.cost, tree.cost)
+        base, cost = first.setdefault(tree.setup, (tree, tree.cost))
+        judgement = assess(cost, tree.cost)
         verdict = "-" if base is tree else f"{judgement.verdict}: {judgement.reason}"
         rows.append(
             (

@@ -34,7 +34,7 @@ from hostsync.measure.cost import idle_per_step
 from hostsync.scan.measure import hunt_ranks
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import HuntSite, ScanRank, ScanResult
+from hostsync.workspace.records import HuntSite, ScanRank, ScanResult, ScanStep
 
 # How many sites the summary, the heat map and the report's table show; how many steps.
 SUMMARY_SITES = 10
@@ -71,7 +71,7 @@ def compiled_only(site: HuntSite) -> bool:
 
 def scan_sites(result: ScanResult, rules: AllowList) -> list[ScanSite]:
     """Every judged site of the result, as summed up over the ranks, most reads first."""
-    per_rank: dict[tuple, dict[int, float]] = defaultdict(dict)
+    per_rank: dict[tuple[object, ...], dict[int, float]] = defaultdict(dict)
     for rank in hunt_ranks(result.ranks):
         for site in summarize([rank], ()):
             per_rank[site.key][rank.rank] = site.rate
@@ -322,7 +322,7 @@ def render(result: ScanResult, source: str, png: str | None, rules: AllowList) -
     return "\n".join(out) + "\n"
 
 
-def _rank_row(rank: ScanRank) -> tuple:
+def _rank_row(rank: ScanRank) -> tuple[object, ...]:
     steady = [s for s in rank.steps if not s.hunt.warmup]
     count = len(steady) or 1
     return (
@@ -337,7 +337,7 @@ def _rank_row(rank: ScanRank) -> tuple:
 
 def _steps_table(result: ScanResult) -> str:
     """Each step, over the ranks: reads and waits summed, kernels, the slowest rank's time."""
-    by_step: dict[int, list] = defaultdict(list)
+    by_step: dict[int, list[ScanStep]] = defaultdict(list)
     for rank in result.ranks:
         for step in rank.steps:
             by_step[step.hunt.step].append(step)
@@ -365,7 +365,7 @@ def heat_map(result: ScanResult, path: Path, rules: AllowList) -> bool:
     numbers = sorted({s.hunt.step for rank in result.ranks for s in rank.steps})[:STEP_ROWS]
     if not sites or not numbers:
         return False
-    reads: dict[tuple[int, tuple], int] = defaultdict(int)
+    reads: dict[tuple[int, tuple[object, ...]], int] = defaultdict(int)
     warmups = set()
     for rank in result.ranks:
         for step in rank.steps:
@@ -390,7 +390,7 @@ def heat_map(result: ScanResult, path: Path, rules: AllowList) -> bool:
 def trace(rank: ScanRank, result: ScanResult) -> str:
     """A Chrome trace of one rank's host timeline, as JSON: each step a span, each read an
     instant at the moment it was made, named by its site, with the device work it waited for."""
-    events: list[dict] = [
+    events: list[dict[str, object]] = [
         {
             "name": "process_name",
             "ph": "M",
