@@ -51,7 +51,9 @@ def workspace_python(session: nox.Session) -> str:
     if prepared(session):
         return sys.executable
     env = workspace_env(session)
-    found = session.run(sys.executable, "-m", "hostsync", "env", env=env, silent=True, **INTERRUPT)
+    found = session.run(
+        sys.executable, "-m", "hostsync", "env", env=env, silent=True, external=True, **INTERRUPT
+    )
     return found.strip().splitlines()[-1]
 
 

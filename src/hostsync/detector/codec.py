@@ -40,7 +40,7 @@ class Record:
 
     def to_json(self) -> dict[str, Json]:
         out: dict[str, Json] = {}
-        for item in dataclasses.fields(self):  # type: ignore[arg-type]
+        for item in dataclasses.fields(self):  # type: ignore[arg-type]  # every Record is a dataclass
             value = getattr(self, item.name)
             if item.metadata.get("optional") and value == _default(item):
                 continue
@@ -96,7 +96,7 @@ def _made(kind: type[T], data: dict[str, Json], where: str) -> T:
     `__post_init__` refuses (a `RecordError` naming a field of its own) is named at `where`."""
     hints = typing.get_type_hints(kind)
     values = {}
-    for item in dataclasses.fields(kind):  # type: ignore[arg-type]
+    for item in dataclasses.fields(kind):  # type: ignore[arg-type]  # kind is a dataclass
         field_kind = hints[item.name]
         if item.metadata.get("flat"):
             # A flat record reads its own keys; a flat mapping the keys no field claims.
