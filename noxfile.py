@@ -43,16 +43,34 @@ def prepared(session: nox.Session) -> bool:
 INTERRUPT = {"interrupt_timeout": 15.0, "terminate_timeout": 10.0}
 
 
-def run_module(session: nox.Session, module: str, *args: str, path: str = "") -> None:
-    """`python -m module` in the workspace's environment (built on first use), or the prepared
-    one; `path` after the package on PYTHONPATH."""
+def workspace_env(session: nox.Session, path: str = "") -> dict[str, str]:
+    """The package, then `path`, on PYTHONPATH; whether the environment is prepared."""
     python_path = os.pathsep.join(filter(None, (SRC, path)))
-    env = {"PYTHONPATH": python_path, "HOSTSYNC_PREPARED": "1" if prepared(session) else "0"}
-    python = sys.executable
-    if not prepared(session):
-        found = session.run(python, "-m", "hostsync", "env", env=env, silent=True, **INTERRUPT)
-        python = found.strip().splitlines()[-1]
-    session.run(python, "-m", module, *args, env=env, **INTERRUPT)
+    return {"PYTHONPATH": python_path, "HOSTSYNC_PREPARED": "1" if prepared(session) else "0"}
+
+
+def workspace_python(session: nox.Session) -> str:
+    """The workspace environment's interpreter (built on first use), or the prepared one."""
+    if prepared(session):
+        return sys.executable
+    env = workspace_env(session)
+    found = session.run(
+        sys.executable, "-m", "hostsync", "env", env=env, silent=True, external=True, **INTERRUPT
+    )
+    return found.strip().splitlines()[-1]
+
+
+def run_module(session: nox.Session, module: str, *args: str, path: str = "") -> None:
+    """`python -m module` in the workspace's environment, or the prepared one; `path` after the
+    package on PYTHONPATH."""
+    session.run(
+        workspace_python(session),
+        "-m",
+        module,
+        *args,
+        env=workspace_env(session, path),
+        **INTERRUPT,
+    )
 
 
 def hostsync(session: nox.Session, command: str, *args: str) -> None:
@@ -193,6 +211,13 @@ def wheel(session: nox.Session) -> None:
         env={"OMP_NUM_THREADS": "1", "TMPDIR": str(dist)},
     )
     shutil.rmtree(dist)
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy, strict, over src/hostsync, against the workspace environment's torch."""
+    session.install("mypy==2.4.1")
+    session.run("mypy", "--python-executable", workspace_python(session), *session.posargs)
 
 
 @nox.session

@@ -10,6 +10,7 @@ import importlib
 import logging
 import signal
 import sys
+from collections.abc import Callable
 
 from hostsync.workspace.errors import WorkspaceError
 
@@ -91,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     target, _ = COMMANDS[argv[0]]
     module_name, function_name = target.split(":")
-    command = getattr(importlib.import_module(module_name), function_name)
+    module = importlib.import_module(module_name)
+    command: Callable[[list[str]], int] = getattr(module, function_name)
     logging.basicConfig(level=logging.INFO, format="hostsync: %(message)s")
     # A kill is a Ctrl-C: the runs stop their process groups on the way out either way. Ctrl-C
     # itself is taken even where it was ignored when the command started (a job a script runs in

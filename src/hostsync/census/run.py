@@ -26,7 +26,7 @@ from hostsync.workspace.cases import Case
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.files import sha256
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.projects import trainer_project
+from hostsync.workspace.projects import DEFAULT_SETUP, trainer_project
 from hostsync.workspace.records import (
     CensusResult,
     CensusTrees,
@@ -143,7 +143,7 @@ def run_column(
             (setups.world(setup, matrix.steps, alone.run_dir, host_memory),),
             device,
             timeout,
-            deepspeed=setups.deepspeed(setup),
+            deepspeed=setups.deepspeed(setup) or DEFAULT_SETUP,  # read by DeepSpeed's launch
         )
         (outcomes[name],) = launchers.run_each_world(setups.launcher(setup), alone, what)
     return [

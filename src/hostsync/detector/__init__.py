@@ -7,6 +7,17 @@ the codec and the site records below it load without torch.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names of _HOMES, as the type checker sees them
+    from hostsync.detector.records import Cost as Cost
+    from hostsync.detector.scope import CompiledInScope as CompiledInScope
+    from hostsync.detector.scope import SyncScope as SyncScope
+    from hostsync.detector.scope import SyncScopeError as SyncScopeError
+    from hostsync.detector.scope import package_path as package_path
+    from hostsync.detector.sites import AllowRule as AllowRule
+    from hostsync.detector.sites import Site as Site
+    from hostsync.detector.sites import SiteCount as SiteCount
 
 _HOMES = {
     "Cost": "records",

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -97,7 +97,7 @@ class Accounting(TorchDispatchMode):
     supports_higher_order_operators = True
 
     def __init__(self, host: HostMemory, locate: Callable[[], str]) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's, unannotated
         self.host = host
         self.total = DeviceWork()
         self.windows: list[Window] = []
@@ -137,7 +137,7 @@ class Accounting(TorchDispatchMode):
         opening = self._opening
         if opening is not None:
             if work.queued:
-                self._close(entered)
+                self._close(opening, entered)
             else:
                 counted = time.perf_counter_ns()
                 opening.own += int(self.modes * self._per_dispatch) + counted - returned
@@ -184,7 +184,7 @@ class Accounting(TorchDispatchMode):
     def close(self) -> None:
         """The measurement ends: a window still open ends now, and steps are no longer seen."""
         if self._opening is not None:
-            self._close(time.perf_counter_ns())
+            self._close(self._opening, time.perf_counter_ns())
         self._stepping.remove()
 
     def _span(self, opening: _Opening, now: int) -> None:
@@ -193,8 +193,8 @@ class Accounting(TorchDispatchMode):
         opening.spans[statement] = opening.spans.get(statement, 0) + now - opening.last
         opening.own += time.perf_counter_ns() - began
 
-    def _close(self, now: int) -> None:
-        opening, self._opening = self._opening, None
+    def _close(self, opening: _Opening, now: int) -> None:
+        self._opening = None
         host = max(0, now - opening.started - opening.own)
         self._span(opening, now)  # its own time lies past the window's end
         # Spans hold the mode's dispatch time too: scaled to the window's host time.
@@ -262,13 +262,19 @@ def _dispatch_ns() -> float:
         return time.perf_counter_ns() - began
 
     class _Bare(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        def __torch_dispatch__(
+            self,
+            func: torch._ops.OpOverload,
+            types: Sequence[type],
+            args: tuple[object, ...] = (),
+            kwargs: dict[str, object] | None = None,
+        ) -> object:
             return func(*args, **(kwargs or {}))
 
     calls = 400
     timed(calls)
     plain = min(timed(calls) for _ in range(3))
-    with _Bare():
+    with _Bare():  # type: ignore[no-untyped-call]  # torch's __init__, unannotated
         passed = min(timed(calls) for _ in range(3))
     return max(0.0, (passed - plain) / calls)
 
@@ -291,5 +297,5 @@ def _written(func: torch._ops.OpOverload, call: OpCall) -> Iterator[torch.Tensor
             yield from _tensors(call.argument(index, argument.name))
 
 
-def _bytes(tensors: Iterator[torch.Tensor] | Sequence[torch.Tensor]) -> int:
+def _bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in tensors)

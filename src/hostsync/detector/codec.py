@@ -40,7 +40,7 @@ class Record:
 
     def to_json(self) -> dict[str, Json]:
         out: dict[str, Json] = {}
-        for item in dataclasses.fields(self):  # type: ignore[arg-type]
+        for item in dataclasses.fields(self):  # type: ignore[arg-type]  # every Record is a dataclass
             value = getattr(self, item.name)
             if item.metadata.get("optional") and value == _default(item):
                 continue
@@ -96,7 +96,7 @@ def _made(kind: type[T], data: dict[str, Json], where: str) -> T:
     `__post_init__` refuses (a `RecordError` naming a field of its own) is named at `where`."""
     hints = typing.get_type_hints(kind)
     values = {}
-    for item in dataclasses.fields(kind):  # type: ignore[arg-type]
+    for item in dataclasses.fields(kind):  # type: ignore[arg-type]  # kind is a dataclass
         field_kind = hints[item.name]
         if item.metadata.get("flat"):
             # A flat record reads its own keys; a flat mapping the keys no field claims.
@@ -139,7 +139,7 @@ def _claimed(cls: type) -> set[str]:
     return found
 
 
-def _default(item: dataclasses.Field) -> Any:
+def _default(item: dataclasses.Field[Any]) -> Any:
     if item.default is not dataclasses.MISSING:
         return item.default
     if item.default_factory is not dataclasses.MISSING:
@@ -195,7 +195,7 @@ def load(kind: Any, data: Json, where: str) -> Any:
         return kind(data)
     if isinstance(kind, type) and issubclass(kind, Record):
         return kind.from_json(data, where)
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         return _plain_dataclass(kind, data, where)
     return _scalar(kind, data, where)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -40,10 +40,10 @@ class OpCall:
     """An intercepted torch call as torch passes it: positional and keyword arguments, each any
     value torch takes (tensors, shapes, devices, dtypes, Python numbers)."""
 
-    args: tuple[object, ...]
-    kwargs: dict[str, object]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
 
-    def argument(self, position: int, name: str, default: object = None) -> object:
+    def argument(self, position: int, name: str, default: object = None) -> Any:
         """A parameter given by position or by name, else `default`."""
         return self.args[position] if len(self.args) > position else self.kwargs.get(name, default)
 

@@ -110,16 +110,17 @@ class _Session:
         """Reports reach the controlling process also from pytest-xdist's workers."""
         if report.when == "call":
             for name, sites in report.user_properties:
-                if name == _SITES:
+                if name == _SITES and isinstance(sites, list):
                     self.surveyed[report.nodeid] = [SiteCount.from_json(site) for site in sites]
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.writes_baseline and not hasattr(session.config, "workerinput"):
+        path = self.baseline_path
+        if path and self.writes_baseline and not hasattr(session.config, "workerinput"):
             named = {self.named(test): sites for test, sites in self.surveyed.items()}
-            Baseline.of(named).write(self.baseline_path)
+            Baseline.of(named).write(path)
 
 
-_SESSION = pytest.StashKey[_Session]()
+_SESSION: pytest.StashKey[_Session] = pytest.StashKey()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -222,7 +222,10 @@ class SyncScope:
                 site,
                 len(events),
                 sum(event.stall for event in events),
-                sum((event.waited_for for event in events if event.stall), DeviceWork()),
+                sum(
+                    (e.waited_for for e in events if e.stall and e.waited_for is not None),
+                    DeviceWork(),
+                ),
                 Idle(
                     tuple(window.us for window in windows.get(site, ())),
                     top_lines(span for window in windows.get(site, ()) for span in window.spans),
@@ -250,8 +253,8 @@ class SyncScope:
 
     def allowed_counts(self) -> dict[tuple[Site, str], int]:
         """Allowed events per (site, reason), most frequent first."""
-        allowed = (event for event in self.events if event.allowed is not None)
-        return dict(Counter((event.site, event.allowed) for event in allowed).most_common())
+        allowed = Counter((e.site, e.allowed) for e in self.events if e.allowed is not None)
+        return dict(allowed.most_common())
 
     def sync_sites(self, by_caller: bool = False) -> list[SiteCount]:
         """The unexpected sites, each with its count and kinds, most frequent first; `by_caller`
@@ -347,7 +350,8 @@ def _source(frame: FrameType) -> str:
 
 def _caller_frame() -> FrameType | None:
     """The innermost frame outside torch and the detector (else the innermost outside it)."""
-    frame, fallback = sys._getframe(1), None
+    frame: FrameType | None = sys._getframe(1)
+    fallback = None
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename not in _DETECTOR_FILES:
@@ -565,7 +569,7 @@ class _Observer:
 
     def statement(self) -> Site:
         """The innermost statement outside the detector, inside torch or not."""
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None and frame.f_code.co_filename in _DETECTOR_FILES:
             frame = frame.f_back
         return _named_site(frame)
@@ -617,7 +621,7 @@ class _Observer:
         finally:
             if accounting is not None:
                 accounting.own_ends(own)
-        if waited is not None and waited.queued:
+        if accounting is not None and waited is not None and waited.queued:
             accounting.drained(site)
 
     def meet_compiled(self) -> None:
@@ -673,7 +677,7 @@ class _HostMemory:
         """`values` live in host memory, from now on and in every scope."""
         for value in _tensors_in(values):
             key = id(value)
-            _ON_HOST[key] = weakref.ref(value, lambda _, key=key: _ON_HOST.pop(key, None))
+            _ON_HOST[key] = weakref.ref(value, _forget(_ON_HOST, key))
 
     @staticmethod
     def moved(tensor: torch.Tensor) -> None:
@@ -692,7 +696,7 @@ class _HostMemory:
         self.made(values)
         for value in _tensors_in(values):
             key = id(value)
-            self._tensors[key] = weakref.ref(value, lambda _, key=key: self._tensors.pop(key, None))
+            self._tensors[key] = weakref.ref(value, _forget(self._tensors, key))
         if propagate and self._tensors:
             self._observer.propagate_host_memory()
 
@@ -702,6 +706,13 @@ class _HostMemory:
 
 # Tensors known to live in host memory, by id, process-wide (see _HostMemory).
 _ON_HOST: dict[int, weakref.ref[torch.Tensor]] = {}
+
+
+def _forget(table: dict[int, weakref.ref[torch.Tensor]], key: int) -> Callable[[object], object]:
+    """A weak reference's callback: its tensor died, `key` leaves `table`."""
+    return lambda _: table.pop(key, None)
+
+
 # The memory of each storage made from a file, by the id of the storage while it lives (no other
 # storage can be given its addresses before): first address and the one past its end.
 _FROM_FILES: dict[int, tuple[int, int]] = {}
@@ -723,7 +734,7 @@ def _reading_files(from_file: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(from_file)
     def from_a_file(*args: Any, **kwargs: Any) -> torch.UntypedStorage:
-        storage = from_file(*args, **kwargs)
+        storage: torch.UntypedStorage = from_file(*args, **kwargs)
         key, start = id(storage), storage.data_ptr()
         _FROM_FILES[key] = (start, start + storage.nbytes())
         weakref.finalize(storage, _FROM_FILES.pop, key, None)
@@ -796,7 +807,7 @@ class _HostPropagation(TorchDispatchMode):
     supports_higher_order_operators = True
 
     def __init__(self, host: _HostMemory) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's, unannotated
         self.host = host
 
     def __torch_dispatch__(
@@ -863,7 +874,9 @@ def _host_factories() -> Iterator[str]:
                     yield f"{owner}.{name}"
 
 
-def _judging_kernel(op: torch._ops.OpOverload, rules: Sequence[ops.OpSync]) -> Callable:
+def _judging_kernel(
+    op: torch._ops.OpOverload, rules: Sequence[ops.OpSync]
+) -> Callable[..., object]:
     handle = op._handle
     tensors = [
         position
@@ -871,7 +884,7 @@ def _judging_kernel(op: torch._ops.OpOverload, rules: Sequence[ops.OpSync]) -> C
         if not argument.kwarg_only and argument.type == torch._C.TensorType.get()
     ]
 
-    def judged(keyset: torch._C.DispatchKeySet, *args: object, **kwargs: object) -> object:
+    def judged(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> object:
         if tensors and any(type(args[i]) in _WRAPPED_DTYPES for i in tensors if i < len(args)):
             args = tuple(
                 torch.scalar_tensor(value, dtype=_WRAPPED_DTYPES[type(value)])
@@ -942,7 +955,7 @@ def _observing(
     replaces_kernels = any(rule.replaces_kernels for rule in rules)
 
     @functools.wraps(original)
-    def observed(*args: object, **kwargs: object) -> object:
+    def observed(*args: Any, **kwargs: Any) -> object:
         observer = _Observer.current()
         if observer is None or observer.quiet:
             return original(*args, **kwargs)
@@ -951,9 +964,9 @@ def _observing(
         counts = [(rule.kind, n) for rule in rules if (n := rule.syncs(call, observer.host))]
         with observer.quieted() if replaces_kernels else contextlib.nullcontext():
             ran = time.perf_counter_ns()
-            result = original(*args, **kwargs)
+            result: Any = original(*args, **kwargs)
             ran = time.perf_counter_ns() - ran
-        source = args[0] if args else None
+        source: Any = args[0] if args else None
         copied_to_host = any(kind == _TO_HOST for kind, _ in counts)
         if copied_to_host and result is source and result.layout == torch.strided:
             # The stand-in's `.cpu()` of a host tensor is the tensor itself; on a GPU box it is
@@ -1133,7 +1146,7 @@ def _writing(setitem: Callable[..., object]) -> Callable[..., object]:
     copy (`copy_to`: copy_, or fill_ for a 0-d CPU value); tensor indices reach index_put_."""
 
     @functools.wraps(setitem)
-    def setting(self: torch.Tensor, index: object, value: object) -> None:
+    def setting(self: torch.Tensor, index: object, value: Any) -> None:
         observer = _Observer.current()
         if observer is None or observer.quiet:
             setitem(self, index, value)
@@ -1155,7 +1168,7 @@ def _writing(setitem: Callable[..., object]) -> Callable[..., object]:
     return setting
 
 
-def _index_parts(index: object) -> tuple:
+def _index_parts(index: object) -> tuple[object, ...]:
     return index if isinstance(index, tuple) else (index,)
 
 
@@ -1179,10 +1192,11 @@ def _guarding_compiled_calls() -> Iterator[None]:
     2.6); inside a scope, where dynamo would silently run the eager code, the scopes refuse or
     record it."""
     from torch._dynamo import eval_frame
+    from torch._dynamo.types import DynamoCallback
 
     from_stance = eval_frame._callback_from_stance
 
-    def refusing_in_scope(callback: object) -> object:
+    def refusing_in_scope(callback: DynamoCallback) -> DynamoCallback:
         resolved = from_stance(callback)
         observer = _Observer.current()
         if resolved is not None and observer is not None:
@@ -1205,7 +1219,7 @@ def _counting_cuda_syncs() -> ExitStack:
     restore.callback(_remove_filter, our_filter)
     show_other = warnings.showwarning
 
-    def count_or_show(message: Warning | str, *args: object, **kwargs: object) -> None:
+    def count_or_show(message: Warning | str, *args: Any, **kwargs: Any) -> None:
         if str(message).startswith(_CUDA_SYNC_WARNING):
             observer = _Observer.current()
             if observer is not None:
@@ -1220,6 +1234,6 @@ def _counting_cuda_syncs() -> ExitStack:
     return restore
 
 
-def _remove_filter(entry: tuple) -> None:
+def _remove_filter(entry: tuple[object, ...]) -> None:
     with contextlib.suppress(ValueError):
-        warnings.filters.remove(entry)
+        warnings.filters.remove(entry)  # type: ignore[attr-defined]  # a list at run time

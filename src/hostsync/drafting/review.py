@@ -209,8 +209,8 @@ def without_stale_made_elsewhere(layout: Layout, sources: dict[str, Source]) -> 
     kept = dict(sources)
     for kind in MADE_ELSEWHERE:
         source = kept.get(kind.KIND)
-        reasons = source and provenance.stale_reasons(layout, source.result)
-        if reasons:
+        reasons = provenance.stale_reasons(layout, source.result) if source else []
+        if source and reasons:
             log.warning("not citing stale %s (%s)", source.path.name, ", ".join(reasons))
             del kept[kind.KIND]
     return kept
@@ -289,7 +289,7 @@ def _matches(item: Any, filters: dict[str, str]) -> bool:
     return isinstance(item, dict) and all(str(item.get(k)) == v for k, v in filters.items())
 
 
-def figure(match: re.Match, documents: dict[str, Any]) -> str:
+def figure(match: re.Match[str], documents: dict[str, Any]) -> str:
     """One placeholder's text; "not measured" when no result holds it."""
     source, reduce = match["source"], match["reduce"] or "first"
     if source not in documents or not (reduce in REDUCERS or reduce.isdecimal()):
@@ -428,7 +428,7 @@ def documents(layout: Layout, case: Case, sources: dict[str, Source]) -> dict[st
         if patch.name not in case.card.tests.workspace_only
         for path, text in patchqueue.added_files(patch).items()
     ]
-    absent = {kind.KIND: {} for kind in OPTIONAL_KINDS}
+    absent: dict[str, Any] = {kind.KIND: {} for kind in OPTIONAL_KINDS}
     return (
         absent
         | {kind: source.data for kind, source in sources.items()}
@@ -529,7 +529,7 @@ def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]
     ):
         found[DEFAULTS] = defaults(case, sources, source)
     repro = sources.get(ReproResult.KIND)
-    verdicts = repro.result.verdicts if repro else ()
+    verdicts = repro.result.verdicts if repro and isinstance(repro.result, ReproResult) else ()
     filled = {}
     for template in templates(layout):
         text = template.read_text()

@@ -53,6 +53,7 @@ from hostsync.workspace.records import (
     BisectResult,
     Boundary,
     Change,
+    CheckRecord,
     CommitEvidence,
     Decided,
     Finding,
@@ -297,7 +298,10 @@ def narrow_reads(
     that made it read: its value turned into a device tensor with the same text."""
     (boundary,) = [b for b in made.boundaries if b.side == "first"]
     ran = {run.version: run.verdict for run in boundary.judged}
-    if boundary.decided != Decided.JUDGED or ran.get(boundary.older) != ProbeVerdict.NO_READ:
+    older, remote = boundary.older, settings.remote
+    if boundary.decided != Decided.JUDGED or older is None or remote is None:
+        return made
+    if ran.get(older) != ProbeVerdict.NO_READ:
         return made
     newer = next(r for r in reader.releases(target.project) if r.version == boundary.newer)
     release = cases.Release(newer.version, tags.format(version=newer.version), newer.sdist)
@@ -307,7 +311,7 @@ def narrow_reads(
         return judge.revision(
             layout,
             target.project,
-            settings.remote,
+            remote,
             commit,
             python,
             finding,
@@ -316,10 +320,10 @@ def narrow_reads(
         )
 
     narrowed = narrow(
-        settings.remote,
+        remote,
         target.project,
         target.site,
-        tags.format(version=boundary.older),
+        tags.format(version=older),
         tags.format(version=boundary.newer),
         Change.READING,
         reader.reference(target.site),
@@ -378,11 +382,12 @@ def judged(
     case: cases.Case,
     made: SiteHistory,
     settings: BisectSettings,
-    checks: dict[str, tuple],
+    checks: dict[str, tuple[CheckRecord, ...]],
 ) -> SiteHistory:
     """`made` with the case's tests run on its boundary releases (`checks` keeps them per
     version, for the case's other sites)."""
-    boundaries = {made.before_first, made.first, made.last, made.after_last} - {None}
+    edges = (made.before_first, made.first, made.last, made.after_last)
+    boundaries = {version for version in edges if version is not None}
     for version in sorted(boundaries - set(checks), key=Version):
         workdir = layout.new_run_dir(f"bisect-{layout.case}")
         found = test_patch.other_release_checks(layout, case, workdir, version, settings.timeout)
@@ -496,7 +501,7 @@ def bisect_sites(
     measured_against = provenance.inputs(layout) if case else provenance.workspace_inputs(layout)
     home = case.project if case else targets[0].project
     tags = settings.tag_format or (tag_format(case.pin) if case else DEFAULT_TAG_FORMAT)
-    checks: dict[str, tuple] = {}
+    checks: dict[str, tuple[CheckRecord, ...]] = {}
     histories = []
     for target in targets:
         made = history(reader, target)

@@ -104,6 +104,8 @@ def repinned(case: Case, target: Published, today: datetime.date) -> Repin:
     )
     said += "\n"
     first_key = re.search(rf"^(?:{'|'.join(_KEYS)}) = ", body, re.MULTILINE)
+    if first_key is None:
+        raise WorkspaceError(f"{case.name}'s card has no {', '.join(_KEYS)}: restore its [pin]")
     body = body[: first_key.start()] + said + body[first_key.start() :]
     moved = text[: table.start("body")] + body + text[table.end("body") :]
     return Repin(case.name, case.pin.version, release, target.uploaded, moved)

@@ -193,9 +193,10 @@ T = TypeVar("T")
 def node_0_first(nodes: NodeLayout, what: str, timeout: float, work: Callable[[], T]) -> T:
     """`work` (preparing the trees, say) on node 0 first, then on the others: on a shared
     filesystem they find it done rather than doing it at the same time in the same folders."""
-    if not nodes.spans_nodes or nodes.on_this_machine:
+    shares = nodes.shares  # set wherever nodes span machines
+    if not nodes.spans_nodes or nodes.on_this_machine or shares is None:
         return work()
-    done = nodes.shares / nodes.run_id / f"{what}.done"
+    done = shares / nodes.run_id / f"{what}.done"
     if nodes.rank == 0:
         found = work()
         done.parent.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ run against `python SCRIPT` itself.
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import subprocess
@@ -35,6 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hostsync.detector.codec import read_file
 from hostsync.launch import devices
@@ -154,8 +156,8 @@ def recording_a_window(
     for _ in range(repeats):
         with SyncScope(account=True):
             host = torch.zeros(4)  # no device named: host memory
-            with_window.append(timed(lambda host=host: step(host, True), 50))
-            without.append(timed(lambda host=host: step(host, False), 50))
+            with_window.append(timed(functools.partial(step, host, True), 50))
+            without.append(timed(functools.partial(step, host, False), 50))
     return {"with_window": statistics.median(with_window), "without": statistics.median(without)}
 
 
@@ -299,7 +301,7 @@ ENV_CHECK, TREES_UP_TO_DATE, TOTAL = "environment check", "trees brought up to d
 # The ways `repro` has run a case's trees, oldest first (`repro.measure`'s options): each snippet
 # in an interpreter of its own; an interpreter per tree, the snippet forked from it; the trees of
 # one environment in one interpreter, each tree's project in a fork of its own (now).
-PATHS = {
+PATHS: dict[str, dict[str, Any]] = {
     "snippets apart": {"snippets_apart": True, "trees_at_once": 1, "share": False},
     "per tree": {"share": False},
     "now": {},
@@ -424,7 +426,7 @@ def bench_runs(
         for path in PATHS
     }
     wall = {detector: statistics.median(s) for detector, s in wall_s.items()}
-    call_ms = {d: 1000 * statistics.median(s) if s else None for d, s in call_s.items()}
+    call_ms = {d: 1000 * statistics.median(s) for d, s in call_s.items() if s}
     print(
         f"bench: {case.name}, {tree.label} ({tree.project.name} {tree.version}), {sp_size}"
         f" rank(s), {device}, {len(scenarios)} scenario(s) per run, {settings.warm_runs} warm"

@@ -103,7 +103,7 @@ def _pre_commit_versions(tree: Tree, lint: PreCommitLint) -> dict[str, tuple[str
     if not config.exists():
         return {}
     text = config.read_text()
-    found = {}
+    found: dict[str, tuple[str, Path | None]] = {}
     for formatter in lint.formatters:
         match = re.search(rf"{re.escape(formatter.repo)}\s+rev:\s*v?([\w.]+)", text)
         if match:

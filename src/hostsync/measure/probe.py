@@ -22,9 +22,16 @@ import sys
 import tarfile
 import traceback
 from pathlib import Path, PurePosixPath
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from hostsync.detector.sites import suffix_matches
 from hostsync.workspace.records import ProbeReport
+
+if TYPE_CHECKING:
+    from _typeshed import TraceFunction
+
+    from hostsync.detector import SyncScope
 
 _OUT = "probe.json"
 
@@ -47,11 +54,12 @@ def generated_call(module: str, function: str) -> str | None:
     return f"{function}({', '.join(values)})"
 
 
-def _scope_noting_lines(file: str):
+def _scope_noting_lines(file: str) -> tuple[SyncScope, list[int]]:
     """A sync scope that also notes, for each read, the line of `file` that was running when it
     was made: the innermost frame of the file on the stack (0 where none is), however deep below
     it the read is: a read inside helpers the file calls, through other packages too, is that
-    line's (accelerate's `.item()` under the Trainer's `_clip_grad_norm`)."""
+    line's (accelerate's `.item()` under the Trainer's `_clip_grad_norm`). The lines come with
+    it."""
     from hostsync.detector import SyncScope  # imports torch: only in the probe's process
 
     class NotingScope(SyncScope):
@@ -59,14 +67,15 @@ def _scope_noting_lines(file: str):
             super().__init__()
             self.at_line: list[int] = []
 
-        def _add(self, *args, **kwargs) -> None:
+        def _add(self, *args: Any, **kwargs: Any) -> None:
             super()._add(*args, **kwargs)
-            frame = sys._getframe(1)
+            frame: FrameType | None = sys._getframe(1)
             while frame is not None and not suffix_matches(frame.f_code.co_filename, file):
                 frame = frame.f_back
             self.at_line.append(frame.f_lineno if frame else 0)
 
-    return NotingScope()
+    scope = NotingScope()
+    return scope, scope.at_line
 
 
 # Where this machine keeps an installed package or a tree's sources, up to the package's folder.
@@ -84,7 +93,7 @@ def _run(args: argparse.Namespace) -> ProbeReport:
 
     reached: set[int] = set()
 
-    def trace(frame, event, arg):
+    def trace(frame: FrameType, event: str, arg: object) -> TraceFunction | None:
         if suffix_matches(frame.f_code.co_filename, args.file):
             if event == "line" and frame.f_lineno in args.lines:
                 reached.add(frame.f_lineno)
@@ -93,7 +102,7 @@ def _run(args: argparse.Namespace) -> ProbeReport:
 
     module = str(PurePosixPath(args.file).with_suffix("")).replace("/", ".")
     what = args.function or Path(args.snippet).name
-    scope = _scope_noting_lines(args.file)
+    scope, at_line = _scope_noting_lines(args.file)
     try:  # old releases fail anywhere here: at import, in the call
         call = generated_call(module, args.function) if args.function else None
         namespace = vars(importlib.import_module(module)) | {"torch": torch} if call else {}
@@ -112,7 +121,7 @@ def _run(args: argparse.Namespace) -> ProbeReport:
     # Each line once, in the order it first read: a loop's reads are one line's.
     reads = dict.fromkeys(
         f"{args.file}:{line}"
-        for event, line in zip(scope.events, scope.at_line, strict=True)
+        for event, line in zip(scope.events, at_line, strict=True)
         if event.allowed is None and line
     )
     return ProbeReport(tuple(sorted(reached)), tuple(reads), "")

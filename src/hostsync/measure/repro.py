@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hostsync.detector.codec import RecordError
+from hostsync.detector.codec import Json, RecordError
 from hostsync.detector.sites import SiteCount
 from hostsync.launch import devices, launchers, processes, trainer_step
 from hostsync.launch.launchers import LaunchPlan, Snippet, World
@@ -48,7 +48,6 @@ from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import (
     Comparison,
     Device,
-    Json,
     MergedSite,
     NodeShare,
     RankRow,
@@ -120,7 +119,7 @@ def launch_trees(
             launched = launchers.fork_trees(jobs)
         else:
             launched = [
-                _timed(lambda run=run, what=what: launchers.run_worlds(spec.launcher, run, what))
+                _timed(functools.partial(launchers.run_worlds, spec.launcher, run, what))
                 for run, what in jobs
             ]
         for index, ((run, _), (found, took)) in enumerate(zip(jobs, launched, strict=True)):
@@ -428,7 +427,7 @@ class IssueSnippet:
     def run_apart(self) -> SnippetExit:
         """As a user runs it: a fresh interpreter, which imports torch and the tree itself."""
         started = time.perf_counter()
-        command = [self.run.tree.python, str(self.snippet.script)]
+        command = [self.run.python, str(self.snippet.script)]
         status = run_group(self.run, command, timeout=SNIPPET_TIMEOUT_S, env=self.snippet.env)
         return SnippetExit(status, time.perf_counter() - started)
 
@@ -439,11 +438,12 @@ class IssueSnippet:
         found = re.findall(case.card.repro.snippet_output, log.read_text(), re.MULTILINE)
         if ended.exit_status != 0 or not found:
             raise WorkspaceError(
-                f"{self.snippet.script.name} failed on {self.run.tree.label} (exit status"
+                f"{self.snippet.script.name} failed on {self.run.label} (exit status"
                 f" {ended.exit_status}): see {log}"
             )
         shutil.rmtree(self.run.run_dir)
-        return found[-1]
+        line: str = found[-1]
+        return line
 
 
 # How long the snippet, one call of one function, may take in an interpreter of its own.

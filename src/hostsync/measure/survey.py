@@ -31,6 +31,7 @@ from pathlib import Path
 
 from hostsync import detector
 from hostsync.detector.baseline import Baseline
+from hostsync.detector.codec import Strict
 from hostsync.detector.sites import COMPILED, Site
 from hostsync.launch import devices, processes
 from hostsync.measure.test_patch import read_junit
@@ -45,7 +46,6 @@ from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import (
     Provenance,
     Stamp,
-    Strict,
     SurveyMode,
     SurveyPass,
     SurveyResult,

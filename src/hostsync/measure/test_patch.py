@@ -115,7 +115,7 @@ class Check:
         return CheckRecord(
             check=self.name,
             label=self.label,
-            tree=tree and TreeRef(tree.version, tree.commit, tree.origin),
+            tree=TreeRef(tree.version, tree.commit, tree.origin) if tree else None,
             expected=self.expected,
             verdict=self.verdict,
             reason=self.reason,

@@ -30,7 +30,7 @@ from hostsync.profiling.nsys import NsysFailed
 from hostsync.profiling.traces import analyse_trace, combine_ranks, load_trace
 from hostsync.rank.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV
 from hostsync.upstream.trees import Tree
-from hostsync.workspace.cases import Case
+from hostsync.workspace.cases import Case, Profile
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import Capture, Device, Launcher, ProfiledRank
@@ -57,8 +57,15 @@ class ProfileSettings:
     nodes: NodeLayout = SINGLE
 
     @property
+    def profile(self) -> Profile:
+        """The card's [profile]: settings are made for a case that has one."""
+        if self.case.profile is None:
+            raise WorkspaceError(f"case {self.case.name} has no [profile] in its card")
+        return self.case.profile
+
+    @property
     def ranks(self) -> int:
-        return self.case.profile.ranks
+        return self.profile.ranks
 
 
 def capture_name(tree: str, backend: str, world_size: int) -> str:
@@ -78,7 +85,7 @@ def shown(
     def relative(text: str) -> str:
         return text.replace(str(ENGINE_SRC), "src").replace(root, "")
 
-    pythons = {sys.executable, run and run.tree.python}
+    pythons = {sys.executable, run and run.python}
     words = ["python" if word in pythons else relative(word) for word in command]
     if run is None:
         return shlex.join(words)
@@ -103,7 +110,7 @@ def capture(
 ) -> Capture:
     """One launch of the profile script on `tree`; its per-step figures and where its files
     went (moved into `artifacts`)."""
-    spec = settings.case.profile
+    spec = settings.profile
     args = (
         "--device",
         str(settings.device),
@@ -158,6 +165,8 @@ def capture(
         return _nsys_capture(layout, made, folder, artifacts, name)
     per_rank, kept = [], []
     for result in ranks:
+        if result.trace is None:
+            raise WorkspaceError(f"rank {result.rank} wrote no trace: see {folder}")
         trace = folder / result.trace
         per_rank.append(analyse_trace(load_trace(trace)))
         target = f"{name}-rank{result.rank}.trace.json.gz"
@@ -171,7 +180,7 @@ def rerun_command(layout: Layout, run: Run, what: LaunchPlan, launcher: Launcher
     fork launcher has none, nor a world across nodes: then the profile command itself)."""
     command = launchers.LAUNCHERS[launcher].command
     if command is None or what.nodes.spans_nodes:
-        return f"python -m hostsync profile --case {layout.case} --trees {run.tree.label}"
+        return f"python -m hostsync profile --case {layout.case} --trees {run.label}"
     world = what.worlds[0]
     inner = replace(run, run_dir=world_dir(run.run_dir, 0, world))
     inner.run_dir.mkdir(parents=True, exist_ok=True)

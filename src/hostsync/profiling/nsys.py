@@ -268,9 +268,9 @@ def figures(prefixes: Sequence[Path], names: Tables) -> NsysFigures:
         raise NsysFailed(f"the report holds no {MEASURED_RANGE!r} range: did the steps run?")
     step = combine_ranks(per_rank)
     return NsysFigures(
-        cuda_calls=step.cuda_calls,
-        dtoh_copies=step.dtoh_copies,
-        dtoh_bytes=step.dtoh_bytes,
+        cuda_calls=step.cuda_calls or {},
+        dtoh_copies=step.dtoh_copies or 0,
+        dtoh_bytes=step.dtoh_bytes or 0,
         range_ms=step.range_ms,
         ranges=sum(len(steps) for steps in per_rank),
         steps=max(len(steps) for steps in per_rank),

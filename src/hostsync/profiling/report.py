@@ -6,14 +6,25 @@ of events, since a tiny model's CPU milliseconds say nothing about the stall on 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hostsync.profiling.traces import CUDA_CALLS, tidy
 from hostsync.rank.protocol import SYNC_OP
 from hostsync.workspace import results, table
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import Capture, ProfileResult, RegionLabels
+from hostsync.workspace.records import (
+    Capture,
+    NsysFigures,
+    ProfileResult,
+    RegionLabels,
+    StepFigures,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
 def cuda_columns(result: ProfileResult) -> bool:
@@ -48,10 +59,11 @@ def summary_table(result: ProfileResult) -> tuple[list[str], list[list[object]]]
 
 def summary_row(c: Capture, cuda: bool, times: bool) -> list[object]:
     unknown = "-"
-    if c.per_step is None:  # nsys: the figures of its reports, no host reads (they are no CUDA)
-        nsys = c.nsys
+    step = c.figures
+    if isinstance(step, NsysFigures):  # its reports' figures, no host reads (they are no CUDA)
+        nsys = step
         range_ms = nsys.range_ms if times else unknown
-        calls = [nsys.cuda_calls[call] for call in CUDA_CALLS]
+        counted = [nsys.cuda_calls[call] for call in CUDA_CALLS]
         return [
             c.tree,
             c.version,
@@ -60,10 +72,9 @@ def summary_row(c: Capture, cuda: bool, times: bool) -> list[object]:
             range_ms,
             nsys.dtoh_copies,
             nsys.dtoh_bytes,
-            *calls,
+            *counted,
             unknown,
         ]
-    step = c.per_step
     ops, in_forward = step.ops, step.ops_in_forward[SYNC_OP]
     row = [
         c.tree,
@@ -150,22 +161,22 @@ def plot_timelines(result: ProfileResult, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    captures = [c for c in result.captures if c.per_step is not None]
+    captures = [(c, step) for c in result.captures if (step := c.per_step) is not None]
     figure, axes = plt.subplots(
         len(captures), 1, figsize=(10, 0.8 + 1.6 * len(captures)), sharex=True, squeeze=False
     )
     gpu = result.on_gpu
     labels = result.labels
-    for axis, c in zip(axes[:, 0], captures, strict=True):
-        draw_step(axis, c, labels, scale=None if gpu else c.per_step.timeline.range_ms)
+    for axis, (c, step) in zip(axes[:, 0], captures, strict=True):
+        draw_step(axis, c, step, labels, scale=None if gpu else step.timeline.range_ms)
     where = (
         f"ms from the start of the {labels.measured}, measured on a GPU"
         if gpu
         else f"share of the {labels.measured} elapsed, measured on a CPU (no times shown)"
     )
     axes[-1, 0].set_xlabel(
-        f"{where}; rank 0, its median step, {captures[0].backend},"
-        f" {captures[0].world_size} ranks\n"
+        f"{where}; rank 0, its median step, {captures[0][0].backend},"
+        f" {captures[0][0].world_size} ranks\n"
         f"red: host reads of a device value in the {labels.measured};"
         f" grey: in the {labels.excluded}"
     )
@@ -174,10 +185,12 @@ def plot_timelines(result: ProfileResult, path: Path) -> None:
     plt.close(figure)
 
 
-def draw_step(axis, capture: Capture, labels: RegionLabels, scale: float | None) -> None:
-    """One lane each for the range, the excluded part, the host reads and, on CUDA, the GPU.
-    With `scale`, times are divided by it (the step's length: a share of the step)."""
-    step = capture.per_step
+def draw_step(
+    axis: Axes, capture: Capture, step: StepFigures, labels: RegionLabels, scale: float | None
+) -> None:
+    """One lane each for the range, the excluded part, the host reads and, on CUDA, the GPU,
+    of the capture's `step`. With `scale`, times are divided by it (the step's length: a share
+    of the step)."""
     line = step.timeline
     gpu = line.gpu_busy_ms is not None
     measured, excluded = labels.measured, labels.excluded
@@ -185,14 +198,14 @@ def draw_step(axis, capture: Capture, labels: RegionLabels, scale: float | None)
     y = {lane: i for i, lane in enumerate(lanes)}
     unit = scale or 1.0
 
-    def bars(lane: str, spans, color: str) -> None:
-        spans = [(a / unit, (b - a) / unit) for a, b in spans]
-        axis.broken_barh(spans, (y[lane] - 0.3, 0.6), color=color)
+    def bars(lane: str, spans: Iterable[Sequence[float]], color: str) -> None:
+        scaled = [(a / unit, (b - a) / unit) for a, b in spans]
+        axis.broken_barh(scaled, (y[lane] - 0.3, 0.6), color=color)
 
-    def marks(lane: str, xs, color: str) -> None:
+    def marks(lane: str, xs: Sequence[float], color: str) -> None:
         axis.plot([x / unit for x in xs], [y[lane]] * len(xs), "v", color=color, markersize=8)
 
-    bars(measured, [(0, line.range_ms)], "#4c72b0")
+    bars(measured, [(0, step.range_ms)], "#4c72b0")
     bars(excluded, line.forward_ms, "#8da0cb")
     in_forward = [x for x in line.sync_ms if any(a <= x <= b for a, b in line.forward_ms)]
     aggregation = [x for x in line.sync_ms if x not in in_forward]
@@ -209,8 +222,8 @@ def draw_step(axis, capture: Capture, labels: RegionLabels, scale: float | None)
             color="#c44e52",
         )
     if gpu:
-        bars("GPU", line.gpu_busy_ms, "#55a868")
-        marks("GPU", line.dtoh_ms, "#c44e52")
+        bars("GPU", line.gpu_busy_ms or (), "#55a868")
+        marks("GPU", line.dtoh_ms or (), "#c44e52")
     axis.set_yticks(list(y.values()), list(y))
     axis.set_ylim(-0.6, len(lanes) - 0.4)
     reads, in_model = step.ops[SYNC_OP], step.ops_in_forward[SYNC_OP]

@@ -51,7 +51,7 @@ def profile_case(settings: ProfileSettings) -> None:
         environment=devices.describe(trees[0].python),
         trees=infos(layout, trees),
         setting=ProfiledScenario(settings.scenario, settings.ranks),
-        labels=RegionLabels(case.profile.measured, case.profile.excluded),
+        labels=RegionLabels(settings.profile.measured, settings.profile.excluded),
         warmup_steps=settings.warmup,
         steps=settings.steps,
         notes=tuple(notes),

@@ -184,7 +184,7 @@ def _within(inner: Window, outer: Window) -> bool:
     )
 
 
-def _count(events: list[TraceEvent], names: Sequence[str]) -> dict[str, int]:
+def _count(events: list[TraceEvent], names: Sequence[str]) -> dict[str, float]:
     counts = Counter(e.name for e in events if e.name in names)
     return {name: counts[name] for name in names}
 
@@ -195,34 +195,33 @@ def _count(events: list[TraceEvent], names: Sequence[str]) -> dict[str, int]:
 def combine_ranks(per_rank_steps: list[list[StepFigures]]) -> StepFigures:
     """Per-step figures of one capture: counts as the largest over ranks of each rank's mean per
     step (a step waits for its slowest rank), times as the median over every rank's steps; the
-    timeline is rank 0's median step."""
+    timeline is rank 0's median step. The GPU's figures are every step's or none."""
 
-    def largest(value: Callable[[StepFigures], float | None]) -> float | None:
-        if value(per_rank_steps[0][0]) is None:
-            return None
+    def largest(value: Callable[[StepFigures], float]) -> float:
         return tidy(max(statistics.fmean(map(value, steps)) for steps in per_rank_steps))
 
-    def median(value: Callable[[StepFigures], float | None]) -> float | None:
-        values = [value(step) for steps in per_rank_steps for step in steps]
-        return None if None in values else round(statistics.median(values), 3)
+    def median(value: Callable[[StepFigures], float]) -> float:
+        return round(statistics.median(value(s) for steps in per_rank_steps for s in steps), 3)
+
+    def entry(of: Callable[[StepFigures], dict[str, float]], name: str) -> float:
+        return largest(lambda step: of(step)[name])
 
     def counts(
-        of: Callable[[StepFigures], dict[str, float] | None], names: Sequence[str]
-    ) -> dict[str, float] | None:
-        if of(per_rank_steps[0][0]) is None:
-            return None
-        return {name: largest(lambda step, name=name: of(step)[name]) for name in names}
+        of: Callable[[StepFigures], dict[str, float]], names: Sequence[str]
+    ) -> dict[str, float]:
+        return {name: entry(of, name) for name in names}
 
     rank0 = sorted(per_rank_steps[0], key=lambda step: step.range_ms)
     typical = rank0[len(rank0) // 2]
+    gpu = typical.gpu_idle_ms is not None
     return StepFigures(
         range_ms=median(lambda step: step.range_ms),
         ops=counts(lambda step: step.ops, SYNC_OPS),
         ops_in_forward=counts(lambda step: step.ops_in_forward, SYNC_OPS),
-        cuda_calls=counts(lambda step: step.cuda_calls, CUDA_CALLS),
-        dtoh_copies=largest(lambda step: step.dtoh_copies),
-        dtoh_bytes=largest(lambda step: step.dtoh_bytes),
-        gpu_idle_ms=median(lambda step: step.gpu_idle_ms),
+        cuda_calls=counts(lambda step: step.cuda_calls or {}, CUDA_CALLS) if gpu else None,
+        dtoh_copies=largest(lambda step: step.dtoh_copies or 0) if gpu else None,
+        dtoh_bytes=largest(lambda step: step.dtoh_bytes or 0) if gpu else None,
+        gpu_idle_ms=median(lambda step: step.gpu_idle_ms or 0) if gpu else None,
         timeline=typical.timeline,
     )
 

@@ -59,6 +59,8 @@ def import_script(path: Path) -> ModuleType:
     `python path` would have it, but without running its `__main__` block."""
     sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not a Python script: the fork launcher imports a .py file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -144,7 +146,7 @@ def shared_imports(script: Path, package: str) -> list[str]:
             continue  # the docstring
         if isinstance(statement, ast.Import):
             names = [alias.name for alias in statement.names]
-        elif isinstance(statement, ast.ImportFrom) and not statement.level:
+        elif isinstance(statement, ast.ImportFrom) and statement.module and not statement.level:
             names = [statement.module]
         else:
             break
@@ -181,7 +183,11 @@ def run_trees(plan: SharedForkPlan) -> int:
         if pid == 0:
             sys.path[engine:engine] = tree.path
             os.environ.update(tree.env)
-            _run_rank(lambda tree=tree: sys.exit(run_plan(tree.plan)))
+
+            def rank(own: ForkPlan = tree.plan) -> None:
+                sys.exit(run_plan(own))
+
+            _run_rank(rank)
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
         write_file(SnippetExit(code, time.monotonic() - started), Path(tree.exit))

@@ -97,7 +97,8 @@ def free_port() -> int:
     """A port nobody listens on now, for a rendezvous: launchers pick theirs this way."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def rank_entry(main: Callable[[], Record]) -> Callable[[], None]:
@@ -136,7 +137,7 @@ def check_tree_origin() -> None:
     """Refuse to measure an installed package when a tree was asked for."""
     package = importlib.import_module(os.environ[TREE_PACKAGE_ENV])
     expected = Path(os.environ[TREE_SRC_ENV]).resolve()
-    actual = Path(package.__file__).resolve()
+    actual = Path(package.__file__ or expected).resolve()
     if expected not in actual.parents:
         raise RuntimeError(
             f"{package.__name__} was imported from {actual.parent}, not from the tree under test"

@@ -21,12 +21,29 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hostsync.detector.codec import dump
+from hostsync.detector.sites import Site
 from hostsync.rank.protocol import EXCLUDED_RANGE, MEASURED_RANGE, PROFILED_RANGE, RUN_DIR_ENV
 from hostsync.workspace.records import HuntStep, ProfiledRank, StepSite
+
+if TYPE_CHECKING:
+    import datasets
+    from accelerate import Accelerator
+    from transformers import (
+        PreTrainedModel,
+        PreTrainedTokenizerFast,
+        Trainer,
+        TrainerCallback,
+        TrainerControl,
+        TrainerState,
+        TrainingArguments,
+    )
+
+    from hostsync.detector import SyncScope
 
 VOCAB, LAYERS, HEADS = 128, 2, 4  # four heads: Ulysses splits them over 2 or 4 ranks
 SEQ_LEN = 16
@@ -42,8 +59,8 @@ MODEL_SUMMARY = (
 
 
 def tiny_llama(
-    hidden: int = HIDDEN, intermediate: int = 2 * HIDDEN, head: str = "CausalLM", **config: object
-):
+    hidden: int = HIDDEN, intermediate: int = 2 * HIDDEN, head: str = "CausalLM", **config: Any
+) -> PreTrainedModel:
     """A tiny `LlamaFor<head>` (CausalLM, or SequenceClassification for a reward model) built
     from a config (nothing to download), the same weights on every rank (seeded); `config` sets
     further LlamaConfig fields."""
@@ -57,13 +74,14 @@ def tiny_llama(
         num_hidden_layers=LAYERS,
         num_attention_heads=HEADS,
         num_key_value_heads=HEADS,
-        attn_implementation="sdpa",
+        attn_implementation="sdpa",  # type: ignore[call-arg]  # PreTrainedConfig's, by **kwargs
         **config,
     )
-    return getattr(transformers, f"LlamaFor{head}")(settings)
+    model: PreTrainedModel = getattr(transformers, f"LlamaFor{head}")(settings)
+    return model
 
 
-def trainer_llama(head: str = "CausalLM"):
+def trainer_llama(head: str = "CausalLM") -> PreTrainedModel:
     """The Trainer runs' tiny Llama: positions for its samples' length and a little more; a
     reward model (`head="SequenceClassification"`) scores with one label."""
     reward = {"num_labels": 1, "pad_token_id": 0} if head == "SequenceClassification" else {}
@@ -83,13 +101,13 @@ def samples(count: int) -> list[dict[str, torch.Tensor]]:
     return data
 
 
-def sft_samples(count: int, seed: int = 0):
+def sft_samples(count: int, seed: int = 0) -> datasets.Dataset | None:
     """Pre-tokenized prompt-completion rows for TRL's SFTTrainer, of varying lengths (so that
     padding, packing and padding-free batches differ), each with its completion mask."""
     import datasets
 
     generator = torch.Generator().manual_seed(4321 + seed)
-    rows: dict[str, list] = {"input_ids": [], "completion_mask": []}
+    rows: dict[str, list[list[int]]] = {"input_ids": [], "completion_mask": []}
     for index in range(count):
         length = SEQ_LEN // 2 + index % (SEQ_LEN // 2 + 1)
         prompt = PROMPT_LENGTHS[index % len(PROMPT_LENGTHS)] % length
@@ -102,7 +120,7 @@ def sft_samples(count: int, seed: int = 0):
 _SPECIAL_TOKENS = 2  # <pad> and <eos>, the first ids of the tiny tokenizer's vocabulary
 
 
-def preference_samples(count: int, seed: int = 0):
+def preference_samples(count: int, seed: int = 0) -> datasets.Dataset | None:
     """Prompt, chosen and rejected texts in the tiny tokenizer's words, for TRL's DPOTrainer and
     RewardTrainer (which tokenize them): prompts end in a space, since RewardTrainer joins the
     prompt and completion as strings, and completions end in the eos token, so none is added."""
@@ -114,7 +132,7 @@ def preference_samples(count: int, seed: int = 0):
         ids = torch.randint(_SPECIAL_TOKENS, VOCAB, (length,), generator=generator).tolist()
         return " ".join(f"t{i}" for i in ids)
 
-    rows: dict[str, list] = {"prompt": [], "chosen": [], "rejected": []}
+    rows: dict[str, list[str]] = {"prompt": [], "chosen": [], "rejected": []}
     for index in range(count):
         rows["prompt"].append(words(PROMPT_LENGTHS[index % len(PROMPT_LENGTHS)]) + " ")
         for column in ("chosen", "rejected"):
@@ -122,7 +140,7 @@ def preference_samples(count: int, seed: int = 0):
     return datasets.Dataset.from_dict(rows) if count else None
 
 
-def tiny_tokenizer():
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """A word-level tokenizer over the tiny model's vocabulary, built in memory (nothing to
     download): what SFTTrainer needs for its pad and eos tokens."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -148,8 +166,12 @@ def add_launch_arguments(
 
 
 def training_arguments(
-    output_dir: str | Path, *, precision: str = "fp32", kind: type | None = None, **settings: object
-):
+    output_dir: str | Path,
+    *,
+    precision: str = "fp32",
+    kind: type[TrainingArguments] | None = None,
+    **settings: Any,
+) -> TrainingArguments:
     """`TrainingArguments` (or `kind`, e.g. TRL's SFTConfig) for a short deterministic run: one
     sample per device and step, a constant learning rate, sequential sampling, nothing saved or
     reported; `settings` add to or override them.
@@ -168,7 +190,7 @@ def training_arguments(
 
     bf16 = precision == "bf16"
     kind = kind or TrainingArguments
-    short_run = {
+    short_run: dict[str, Any] = {
         **({"use_cpu": True} if cpu_group() else {}),
         "per_device_train_batch_size": 1,
         "learning_rate": 1e-3,
@@ -196,7 +218,7 @@ def cpu_group() -> bool:
     return launched and not deepspeed and not torch.cuda.is_available()
 
 
-def check_one_group(accelerator: object) -> None:
+def check_one_group(accelerator: Accelerator) -> None:
     """Refuses a launched run whose ranks each train alone: its figures would be one rank's,
     without the collectives a distributed step runs."""
     if accelerator.num_processes > 1 and accelerator.distributed_type == "NO":
@@ -305,7 +327,7 @@ def profiled_rank(
         warmup_steps=args.warmup,
         steps=args.steps,
         range_seconds=tuple(seconds),
-        trace=trace and trace.name,
+        trace=trace.name if trace else None,
         more=dump(more),
     )
 
@@ -324,22 +346,29 @@ class TrainerSteps:
         self.seconds: list[float] = []
         self.started = 0.0
 
-    def on_step_begin(self, args, state, control, **_) -> None:
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: object
+    ) -> None:
         if state.global_step == self.warmup:
             self.recorded.enter_context(recording(self.profiler, self.cuda, self.trace))
         self.step = contextlib.ExitStack()
         self.step.enter_context(named_range(MEASURED_RANGE, self.nvtx))
         self.started = time.perf_counter()
 
-    def on_step_end(self, args, state, control, **_) -> None:
-        self.step.close()
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: object
+    ) -> None:
+        if self.step is not None:
+            self.step.close()
         if state.global_step > self.warmup:
             self.seconds.append(time.perf_counter() - self.started)
 
-    def on_train_end(self, args, state, control, **_) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: object
+    ) -> None:
         self.recorded.close()
 
-    def callback(self):
+    def callback(self) -> TrainerCallback:
         """These methods as a `TrainerCallback`."""
         from transformers import TrainerCallback
 
@@ -352,19 +381,20 @@ class TrainerSteps:
 
         return StepRanges()
 
-    def excluding(self, trainer_class: type) -> type:
+    def excluding(self, trainer_class: type[Trainer]) -> type[Trainer]:
         """`trainer_class` with its forward and backward (`training_step`) in the excluded range."""
         nvtx = self.nvtx
 
-        class ExcludingForwardAndBackward(trainer_class):
-            def training_step(self, *inputs, **kwargs):
+        # A subclass of the class given: the type checker takes no variable as a base.
+        class ExcludingForwardAndBackward(trainer_class):  # type: ignore[misc, valid-type]
+            def training_step(self, *inputs: Any, **kwargs: Any) -> Any:
                 with named_range(EXCLUDED_RANGE, nvtx):
                     return super().training_step(*inputs, **kwargs)
 
         return ExcludingForwardAndBackward
 
 
-def hunt_step(step: int, warmup: bool, logging: bool, scope) -> HuntStep:
+def hunt_step(step: int, warmup: bool, logging: bool, scope: SyncScope) -> HuntStep:
     """The record of one step watched by a closed `SyncScope(account=True)`: its sites, by
     caller too (a read inside a shared helper is paid for by whoever called it), how often each
     read and stalled, the step's cost and its reads of host memory."""
@@ -379,6 +409,6 @@ def hunt_step(step: int, warmup: bool, logging: bool, scope) -> HuntStep:
     return HuntStep(step, warmup, logging, sites, scope.cost(), scope.host_reads)
 
 
-def _site_order(item) -> tuple:
+def _site_order(item: tuple[tuple[str, Site, str], int]) -> tuple[str, int, str, str]:
     (kind, site, caller), _ = item
     return (site.file, site.line, caller, kind)

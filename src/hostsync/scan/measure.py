@@ -253,7 +253,9 @@ def read_rank(folder: Path, rank: int) -> ScanRank | None:
 def hunt_ranks(ranks: Sequence[ScanRank]) -> list[HuntRank]:
     """The ranks as the hunt's summing up reads them: their steps (nothing else is read)."""
     return [
-        HuntRank(rank.rank, "", "", "", HuntRecording(tuple(step.hunt for step in rank.steps), ()))
+        HuntRank(
+            rank.rank, Device.CPU, "", "", HuntRecording(tuple(s.hunt for s in rank.steps), ())
+        )
         for rank in ranks
     ]
 

@@ -325,7 +325,7 @@ def render(result: ScanResult, source: str, png: str | None, rules: KnownSites) 
     return "\n".join(out) + "\n"
 
 
-def _rank_row(rank: ScanRank) -> tuple:
+def _rank_row(rank: ScanRank) -> tuple[object, ...]:
     steady = [s for s in rank.steps if not s.hunt.warmup]
     count = len(steady) or 1
     return (
@@ -369,7 +369,7 @@ def heat_map(result: ScanResult, path: Path, rules: KnownSites) -> bool:
     numbers = sorted({s.hunt.step for rank in result.ranks for s in rank.steps})[:STEP_ROWS]
     if not sites or not numbers or importlib.util.find_spec("matplotlib") is None:
         return False
-    reads: dict[tuple[int, tuple], int] = defaultdict(int)
+    reads: dict[tuple[int, tuple[object, ...]], int] = defaultdict(int)
     warmups = set()
     for rank in result.ranks:
         for step in rank.steps:
@@ -394,7 +394,7 @@ def heat_map(result: ScanResult, path: Path, rules: KnownSites) -> bool:
 def trace(rank: ScanRank, result: ScanResult) -> str:
     """A Chrome trace of one rank's host timeline, as JSON: each step a span, each read an
     instant at the moment it was made, named by its site, with the device work it waited for."""
-    events: list[dict] = [
+    events: list[dict[str, object]] = [
         {
             "name": "process_name",
             "ph": "M",

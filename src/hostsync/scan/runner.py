@@ -43,6 +43,7 @@ import traceback
 import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
@@ -52,6 +53,7 @@ from torch.optim.optimizer import (
 from hostsync.detector import SyncScope
 from hostsync.detector.codec import dump, write_file
 from hostsync.detector.records import Cost, DeviceWork
+from hostsync.detector.scope import SyncEvent
 from hostsync.detector.sites import COMPILED
 from hostsync.rank.protocol import RUN_DIR_ENV
 from hostsync.rank.rankkit import hunt_step
@@ -81,7 +83,7 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _Stamped(list):
+class _Stamped(list[SyncEvent]):
     """A scope's event list that keeps when each event came: the scope appends them as they
     happen."""
 
@@ -89,7 +91,7 @@ class _Stamped(list):
         super().__init__()
         self.times: list[float] = []
 
-    def append(self, event: object) -> None:
+    def append(self, event: SyncEvent) -> None:
         self.times.append(time.perf_counter())
         super().append(event)
 
@@ -152,9 +154,10 @@ class Recorder:
         ended = time.perf_counter()
         scope, self.step_scope = self.step_scope, None
         warmup = number <= self.warmup
+        waits: tuple[ScanWait, ...] = ()
         if scope is None:
             nothing = Cost(1, 0, 0, DeviceWork())
-            hunted, waits = HuntStep(number, warmup, False, (), nothing, 0), ()
+            hunted = HuntStep(number, warmup, False, (), nothing, 0)
         else:
             scope.__exit__(None, None, None)
             hunted = top_level(judged(hunt_step(number, warmup, False, scope), scope))
@@ -165,7 +168,7 @@ class Recorder:
                     event.site,
                     event.waited_for or DeviceWork(),
                 )
-                for event, at in zip(scope.events, scope.events.times, strict=True)
+                for event, at in zip(scope.events, cast(_Stamped, scope.events).times, strict=True)
             )
         began = round(self.step_started - self.started, 6)
         return ScanStep(hunted, began, round(ended - self.step_started, 6), waits)
@@ -245,7 +248,7 @@ def watch_optimizer_steps(recorder: Recorder) -> None:
     register_optimizer_step_post_hook(after)
 
 
-def counting(function: Callable, recorder: Recorder) -> Callable:
+def counting(function: Callable[..., object], recorder: Recorder) -> Callable[..., object]:
     """`function`, each outermost call of it a step, which ends as it returns."""
     depth = 0
 

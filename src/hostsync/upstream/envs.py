@@ -70,8 +70,8 @@ def declared(
     from the sdist has both), else from the verified sdist. Extras are left out."""
     if root is not None and (root / "PKG-INFO").exists():
         metadata_text = (root / "PKG-INFO").read_text()
-        found = [*root.glob("*.egg-info/requires.txt"), *root.glob("*/*.egg-info/requires.txt")]
-        requires_txt = min(found, default=None)
+        eggs = [*root.glob("*.egg-info/requires.txt"), *root.glob("*/*.egg-info/requires.txt")]
+        requires_txt = min(eggs, default=None)
         legacy = requires_txt.read_text() if requires_txt else ""
     else:
         archive = fetch_sdist(layout, release.sdist)

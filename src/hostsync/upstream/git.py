@@ -6,6 +6,7 @@ import dataclasses
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from hostsync.detector.codec import RecordError, read_file, write_file
 from hostsync.workspace.errors import WorkspaceError, last_line
@@ -74,7 +75,7 @@ def read_state(repo: Path) -> GitState:
         ) from None
 
 
-def write_state(repo: Path, **updates: object) -> None:
+def write_state(repo: Path, **updates: Any) -> None:
     """Change the fields of the repository's `GitState` that `updates` names."""
     write_file(dataclasses.replace(read_state(repo), **updates), _state_file(repo))
 

@@ -78,7 +78,10 @@ def added_files(patch: Path) -> dict[str, str]:
     for diff in re.split(r"^diff --git ", patch.read_text(), flags=re.MULTILINE)[1:]:
         if "\nnew file mode" not in diff.split("@@", 1)[0]:
             continue
-        path = re.search(r"^\+\+\+ b/(\S+)$", diff, re.MULTILINE)[1]
+        named = re.search(r"^\+\+\+ b/(\S+)$", diff, re.MULTILINE)
+        if named is None:
+            raise WorkspaceError(f"{patch}: a new file without a `+++ b/` line: export it again")
+        path = named[1]
         body = diff.split("\n@@", 1)[1].split("\n", 1)[1]
         lines = [line[1:] for line in body.splitlines() if line.startswith("+")]
         found[path] = "\n".join(lines) + "\n"

@@ -38,6 +38,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TypeGuard
 
 from hostsync.detector.sites import AllowRule, Site, suffix_matches
 from hostsync.upstream.git import git
@@ -63,8 +64,9 @@ def read_package(tar: tarfile.TarFile, project: Project) -> Sources:
     found = {}
     for member in tar:
         path = member.name.partition("/")[2]
-        if member.isfile() and path.startswith(prefix) and path.endswith(".py"):
-            found[path] = tar.extractfile(member).read().decode(errors="replace")
+        python = member.isfile() and path.startswith(prefix) and path.endswith(".py")
+        if python and (data := tar.extractfile(member)):
+            found[path] = data.read().decode(errors="replace")
     return found
 
 
@@ -156,7 +158,7 @@ def _parse(path: str, text: str, project: Project) -> _Parsed:
             if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 inner = f"{outer}.{child.name}" if outer else child.name
                 if not isinstance(child, ast.ClassDef):
-                    scopes.append(_Scope(child.name, inner, child.lineno, child.end_lineno, child))
+                    scopes.append(_Scope(child.name, inner, child.lineno, _end(child), child))
             elif isinstance(child, ast.Call):
                 func = child.func
                 name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
@@ -188,7 +190,7 @@ class _OpenCall:
     func: ast.AST
 
 
-def _pattern(code: str | None) -> ast.AST | _OpenCall | None:
+def _pattern(code: str | None) -> ast.expr | ast.stmt | _OpenCall | None:
     """The rule's code as a syntax tree (an expression left open after a call's parenthesis as
     that callee), or None where it is a fragment that does not parse (it is then matched as
     text)."""
@@ -201,14 +203,15 @@ def _pattern(code: str | None) -> ast.AST | _OpenCall | None:
             call = None
         if isinstance(call, ast.Call):
             return _OpenCall(call.func)
-    for mode in ("eval", "exec"):
-        try:
-            tree = ast.parse(code.strip(), mode=mode)
-        except SyntaxError:
-            continue
-        body = tree.body
-        return body if mode == "eval" else (body[0] if len(body) == 1 else None)
-    return None
+    try:
+        return ast.parse(code.strip(), mode="eval").body
+    except SyntaxError:
+        pass
+    try:
+        body = ast.parse(code.strip()).body
+    except SyntaxError:
+        return None
+    return body[0] if len(body) == 1 else None
 
 
 def _local_names(function: ast.AST) -> set[str]:
@@ -241,7 +244,7 @@ def normalised(
     return ast.dump(copied)
 
 
-def _structural_lines(pattern: ast.AST | _OpenCall, parsed: _Parsed) -> Iterator[int]:
+def _structural_lines(pattern: ast.expr | ast.stmt | _OpenCall, parsed: _Parsed) -> Iterator[int]:
     """The lines of `parsed`'s functions where a node has the pattern's normalised tree; for a
     call left open, each call of its callee and, for a local name passed to it, the statement
     that last assigned that name before (where a value is read, then passed on)."""
@@ -300,7 +303,7 @@ def _sites(rule: AllowRule, files: list[_Parsed], anywhere: bool) -> list[tuple[
         own = dataclasses.replace(rule, caller=None, line=None, code=None)
         literal = False
         if anywhere:
-            literal = bool(rule.code) and any(rule.code in line for line in parsed.lines)
+            literal = bool(rule.code and any(rule.code in line for line in parsed.lines))
             function = None if literal else rule.function
             own = dataclasses.replace(own, file=parsed.file, function=function)
         found += [
@@ -446,7 +449,12 @@ def _reads(function: ast.AST) -> Iterator[tuple[ast.stmt, str]]:
             yield node, normalised(node, local)
 
 
-def _guards_one(node: ast.AST | None) -> bool:
+def _end(node: ast.stmt) -> int:
+    """The statement's last line (parsed statements all have one)."""
+    return node.end_lineno or node.lineno
+
+
+def _guards_one(node: ast.AST | None) -> TypeGuard[ast.If]:
     """An `if` whose whole body is one statement: a read it guards is found as the `if`."""
     return isinstance(node, ast.If) and len(node.body) == 1 and not node.orelse
 
@@ -463,11 +471,11 @@ def lines_run(text: str, line: int) -> list[int]:
     starting = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno == line]
     if not starting:
         return [line]
-    node = max(starting, key=lambda n: n.end_lineno)
+    node = max(starting, key=_end)
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-        return list(range(node.body[0].lineno, node.end_lineno + 1))
-    body = getattr(node, "body", None)
-    end = node.body[0].lineno - 1 if body and not _guards_one(node) else node.end_lineno
+        return list(range(node.body[0].lineno, _end(node) + 1))
+    body: list[ast.stmt] | None = getattr(node, "body", None)
+    end = body[0].lineno - 1 if body and not _guards_one(node) else _end(node)
     return list(range(line, max(line, end) + 1))
 
 
@@ -481,7 +489,7 @@ def _body(scope: _Scope, at: set[int] | None = None) -> Body:
     reads = frozenset(
         dump
         for statement, dump in _reads(node)
-        if at is None or any(statement.lineno <= line <= statement.end_lineno for line in at)
+        if at is None or any(statement.lineno <= line <= _end(statement) for line in at)
     )
     return Body(_tokens(dump), reads, max(names or [scope.name], key=len), scope.end - scope.start)
 

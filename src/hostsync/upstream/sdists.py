@@ -23,6 +23,7 @@ from pathlib import Path
 
 from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
 
+from hostsync.detector.codec import Json
 from hostsync.workspace.cases import Sdist
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.files import sha256
@@ -123,7 +124,7 @@ def pypi_sdist(project: Project, version: str) -> Sdist:
     raise WorkspaceError(f"{index_url()} has no sdist {wanted}: check the version number")
 
 
-def _sdist(entry: dict) -> Sdist:
+def _sdist(entry: Json) -> Sdist:
     return Sdist(entry["url"], entry["size"], entry["hashes"]["sha256"])
 
 
@@ -164,7 +165,7 @@ def index_url() -> str:
     return os.environ.get(INDEX_ENV, PYPI).rstrip("/")
 
 
-def pypi_files(project: Project) -> list[dict]:
+def pypi_files(project: Project) -> list[Json]:
     """Every file the package index lists for the project (PEP 691, JSON)."""
     request = urllib.request.Request(
         f"{index_url()}/{project.name}/",
@@ -172,7 +173,8 @@ def pypi_files(project: Project) -> list[dict]:
     )
     try:
         with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
-            return json.load(response)["files"]
+            files: list[Json] = json.load(response)["files"]
+            return files
     except OSError as error:
         raise WorkspaceError(
             f"cannot read the package index for {project.name} at {index_url()} ({error}): check"

@@ -241,8 +241,9 @@ def _worktree(
     where: str,
     tests_from: UpstreamTests | None = None,
 ) -> Path:
-    wanted = {
-        "base": rev(repo, base),
+    commit = rev(repo, base)
+    wanted: dict[str, object] = {
+        "base": commit,
         "patches": {p.name: sha256(p) for p in patches},
         "upstream_tests": tests_from.commit if tests_from else "",
     }
@@ -255,11 +256,11 @@ def _worktree(
         refuse_to_lose_work(path, where=shown(layout, path))
         if {k: getattr(read_state(path), k) for k in wanted} == wanted:
             return path
-        git(path, "checkout", "--quiet", "--detach", wanted["base"])
+        git(path, "checkout", "--quiet", "--detach", commit)
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         git(repo, "worktree", "prune")
-        git(repo, "worktree", "add", "--quiet", "--detach", str(path), wanted["base"])
+        git(repo, "worktree", "add", "--quiet", "--detach", str(path), commit)
     if tests_from is not None:
         harness.copy_into(tests_from, path)
     left_out = apply_patches(path, patches, rev(path, "HEAD"), where)

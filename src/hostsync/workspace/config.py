@@ -31,6 +31,7 @@ def load_toml(path: Path, kind: type[T], *, shown: str = "", what: str = "file")
     except tomllib.TOMLDecodeError as error:
         raise WorkspaceError(f"{shown} is not valid TOML ({error}): fix that line") from None
     try:
-        return load(kind, document, "")
+        loaded: T = load(kind, document, "")
+        return loaded
     except RecordError as error:
         raise WorkspaceError(f"{shown}: {error}: fix the {what}") from None

@@ -244,7 +244,7 @@ class DeepSpeedSetup:
             raise WorkspaceError(f"setup {text!r}: use PRECISION-zeroSTAGE, e.g. bf16-zero2")
         return cls(zero_stage=int(stage), precision=Precision(precision))
 
-    def config(self) -> dict:
+    def config(self) -> dict[str, object]:
         """The DeepSpeed config, every size left to the Trainer ("auto") so that runs with and
         without SP share one config. The precision is spelled out: accelerate fills an "auto"
         one from its own mixed precision, which it ignores beside a DeepSpeed config file, and
@@ -263,10 +263,10 @@ class DeepSpeedSetup:
 DEFAULT_SETUP = DeepSpeedSetup()
 
 
-def accelerate_config(num_processes: int, deepspeed_file: Path) -> dict:
+def accelerate_config(num_processes: int, deepspeed_file: Path) -> dict[str, object]:
     """What `accelerate config` would write for DeepSpeed, plus Ulysses SP over every rank when
     there are several."""
-    config = {
+    config: dict[str, object] = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": "DEEPSPEED",
         "deepspeed_config": {"deepspeed_config_file": str(deepspeed_file)},

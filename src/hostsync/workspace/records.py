@@ -738,6 +738,14 @@ class Capture(Record):
     nsys_version: str | None = field(default=None, metadata=OPTIONAL)
     nodes: tuple[NodeShare, ...] = field(default=(), metadata=OPTIONAL)
 
+    @property
+    def figures(self) -> StepFigures | NsysFigures:
+        """The figures it holds: the PyTorch profiler's, else nsys's."""
+        figures = self.per_step or self.nsys
+        if figures is None:
+            raise RecordError("per_step", "a capture holds the profiler's figures or nsys's")
+        return figures
+
 
 @dataclass(frozen=True)
 class ProfiledScenario(Record):

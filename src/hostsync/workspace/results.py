@@ -113,7 +113,7 @@ def write_markdown(json_path: Path, kind: type[R], render: Callable[[R, Path], s
     beside = json_path.with_suffix(".md")
     with beside.open("x") as out:
         out.write(render(read(json_path, kind), json_path))
-    newest = latest(json_path.parent, kind)
+    newest = latest(json_path.parent, kind) or json_path
     stable = json_path.parent / f"{kind.KIND}.md"
     stable.write_text(render(read(newest, kind), newest))
     return [beside, stable]

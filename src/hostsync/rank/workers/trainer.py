@@ -26,6 +26,7 @@ import re
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -56,6 +57,14 @@ from hostsync.rank.rankkit import (
     training_arguments,
 )
 from hostsync.workspace.projects import PROJECTS
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from peft import LoraConfig
+    from torch.autograd.profiler_util import FunctionEvent
+    from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainerState
+
+    from hostsync.detector import SyncScope
 
 # Every project's package, imported here, once, when the fork launcher imports this script: each
 # forked rank then starts with them loaded. An import error of the tree under test is raised
@@ -127,7 +136,14 @@ class LoggedValues:
     def __init__(self) -> None:
         self.by_step: dict[int, LoggedStep] = {}
 
-    def on_log(self, args, state, control, logs=None, **kwargs) -> None:
+    def on_log(
+        self,
+        args: object,
+        state: TrainerState,
+        control: object,
+        logs: dict[str, float] | None = None,
+        **kwargs: object,
+    ) -> None:
         if logs and "loss" in logs:
             norm = logs.get("grad_norm")
             self.by_step[state.global_step] = LoggedStep(
@@ -178,17 +194,19 @@ class SyncHunt:
     def end_step(self) -> None:
         self._open.close()
 
-    def on_epoch_begin(self, args, state, control, **kwargs) -> None:
+    def on_epoch_begin(
+        self, args: object, state: TrainerState, control: object, **kwargs: object
+    ) -> None:
         # Before the epoch's iterator is made: step 1 covers its creation.
         self.begin_step(state.global_step + 1)
 
-    def on_log(self, args, state, control, logs=None, **kwargs) -> None:
+    def on_log(self, *args: object, **kwargs: object) -> None:
         self._logged = True
 
-    def on_epoch_end(self, args, state, control, **kwargs) -> None:
+    def on_epoch_end(self, *args: object, **kwargs: object) -> None:
         self.end_step()
 
-    def _keep_step(self, step: int, scope) -> None:
+    def _keep_step(self, step: int, scope: SyncScope) -> None:
         self.steps.append(hunt_step(step, step == 1, self._logged, scope))
 
     def _keep_profile(self, profile: torch.profiler.profile) -> None:
@@ -199,7 +217,7 @@ class SyncHunt:
         ]
 
 
-def _attribute(event) -> tuple[str, str, str | None]:
+def _attribute(event: FunctionEvent) -> tuple[str, str, str | None]:
     """(file, function, via) of a profiled read: the innermost Python function outside torch
     that led to it, as the detector attributes reads, and the outermost kernel it was made in
     when that is not a plain `.item()`/`bool()` (a read no dispatch mode can see).
@@ -222,18 +240,19 @@ def _attribute(event) -> tuple[str, str, str | None]:
     return "<no Python frame>", "", via
 
 
-def hunting_trainer(hunt: SyncHunt, base: type) -> type:
+def hunting_trainer(hunt: SyncHunt, base: type[Trainer]) -> type[Trainer]:
     """`base` (a Trainer) telling `hunt` when each optimizer step starts fetching its batch."""
 
-    class HuntingTrainer(base):
-        def get_batch_samples(self, *args, **kwargs):
+    # A subclass of the class given: the type checker takes no variable as a base.
+    class HuntingTrainer(base):  # type: ignore[misc, valid-type]
+        def get_batch_samples(self, *args: Any, **kwargs: Any) -> Any:
             hunt.begin_step(self.state.global_step + 1)
             return super().get_batch_samples(*args, **kwargs)
 
     return HuntingTrainer
 
 
-def lora_config():
+def lora_config() -> LoraConfig:
     """Rank 4 adapters on the attention's query and value projections, PEFT's usual targets."""
     from peft import LoraConfig
 
@@ -249,13 +268,15 @@ def even_words(completions: list[str], **_: object) -> list[float]:
     return [float(sum(word[-1:] in "02468" for word in c.split())) for c in completions]
 
 
-def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | None):
+def build_trainer(
+    args: argparse.Namespace, callbacks: list[TrainerCallback], hunt: SyncHunt | None
+) -> Trainer:
     """The Trainer or TRL trainer of the setup, with enough samples for one epoch."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     per_step = args.batch_size * args.gradient_accumulation_steps * world_size
     count = per_step * args.steps
     eval_count = 2 * args.batch_size * world_size if args.eval_steps else 0
-    settings = {
+    settings: dict[str, Any] = {
         "precision": args.precision,
         "max_steps": args.steps,
         "max_grad_norm": args.max_grad_norm,
@@ -272,8 +293,12 @@ def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | No
         "ddp_backend": args.backend,
     }
     reward = args.trainer == "RewardTrainer"
-    model = trainer_llama("SequenceClassification" if reward else "CausalLM")
+    model: torch.nn.Module = trainer_llama("SequenceClassification" if reward else "CausalLM")
     peft_config = lora_config() if args.lora else None
+    extra: dict[str, Any] = {}
+    # A list of samples, or a datasets.Dataset
+    train: Any
+    evaluation: Any
     if args.trainer == "Trainer":
         from transformers import Trainer
 
@@ -281,7 +306,7 @@ def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | No
             from peft import get_peft_model
 
             model = get_peft_model(model, peft_config)
-        base, extra = Trainer, {}
+        base = Trainer
         training_args = training_arguments(args.output_dir, **settings)
         train, evaluation = samples(count), samples(eval_count) or None
     else:
@@ -289,8 +314,11 @@ def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | No
 
         base = getattr(trl, args.trainer)
         config = getattr(trl, args.trainer.replace("Trainer", "Config"))
-        extra = {"processing_class": tiny_tokenizer(), "peft_config": peft_config}
+        extra |= {"processing_class": tiny_tokenizer(), "peft_config": peft_config}
         if args.trainer == "SFTTrainer":
+            # Padding-free batches without packing leave truncation to the data (SFTConfig).
+            if args.padding_free and not args.packing:
+                settings["max_length"] = None
             training_args = training_arguments(
                 args.output_dir,
                 kind=config,
@@ -298,8 +326,6 @@ def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | No
                 padding_free=args.padding_free,
                 dataset_num_proc=None,
                 **settings,
-                # Padding-free batches without packing leave truncation to the data (SFTConfig).
-                **({"max_length": None} if args.padding_free and not args.packing else {}),
             )
             train, evaluation = sft_samples(count), sft_samples(eval_count, seed=1) or None
         elif args.trainer == "GRPOTrainer":
@@ -311,7 +337,8 @@ def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | No
                 max_completion_length=SEQ_LEN // 2,
                 **settings,
             )
-            train = preference_samples(count).select_columns(["prompt"])
+            prompts = preference_samples(count)
+            train = prompts.select_columns(["prompt"]) if prompts else None
             evaluation = None
             extra["reward_funcs"] = even_words
         else:
@@ -332,7 +359,7 @@ def build_trainer(args: argparse.Namespace, callbacks: list, hunt: SyncHunt | No
     )
 
 
-def shard_fsdp2(model) -> None:
+def shard_fsdp2(model: PreTrainedModel) -> None:
     """`model` sharded with torch's `fully_shard` as accelerate's FSDP2 does on a GPU: each
     decoder layer, then the root. accelerate sets FSDP up only on accelerators (its state runs a
     CPU world as MULTI_CPU), so on CPU the loop shards the model itself."""
@@ -345,7 +372,7 @@ def shard_fsdp2(model) -> None:
 
 def accelerate_loop(
     args: argparse.Namespace, hunt: SyncHunt | None
-) -> tuple[object, dict[int, LoggedStep]]:
+) -> tuple[Accelerator, dict[int, LoggedStep]]:
     """A user's own loop over accelerate, as its docs write one: prepare, backward,
     clip_grad_norm_ (whose norm is logged), step; DeepSpeed from the launch's variables, FSDP2
     with `--fsdp`. Each step is watched from fetching its first batch to its logging."""
@@ -364,7 +391,10 @@ def accelerate_loop(
         shard_fsdp2(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     per_step = args.batch_size * args.gradient_accumulation_steps * accelerator.num_processes
-    loader = torch.utils.data.DataLoader(samples(per_step * args.steps), batch_size=args.batch_size)
+    loader: torch.utils.data.DataLoader[dict[str, torch.Tensor]] = torch.utils.data.DataLoader(
+        samples(per_step * args.steps),  # type: ignore[arg-type]  # a list is a map-style dataset
+        batch_size=args.batch_size,
+    )
     if args.fsdp:  # sharded already: accelerate would wrap it in DDP on top
         optimizer, loader = accelerator.prepare(optimizer, loader)
     else:
@@ -414,7 +444,8 @@ def main() -> TrainerRank:
             trainer.train()
         except CompiledInScope as error:
             # Compiled graphs run fused kernels no scope can judge: said so, not measured.
-            hunt.end_step()
+            if hunt:
+                hunt.end_step()
             not_judged = f"compiled, not judged: {error}"
         accelerator, logged, device = trainer.accelerator, values.by_step, trainer.args.device
     pc = getattr(accelerator, "parallelism_config", None)
