@@ -20,6 +20,7 @@ from hostsync.hunt.allowlist import carried_rules, load_allowlist
 from hostsync.launch import devices, launchers
 from hostsync.scan import gate, report
 from hostsync.scan.measure import SCAN, ScanPlan, check_plan, run_scan, scan_result
+from hostsync.sites.remedies import load_remedies
 from hostsync.workspace import cases, results
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
@@ -125,13 +126,13 @@ def main(argv: list[str]) -> int:
     except BaselineError as error:
         raise WorkspaceError(str(error)) from None
     layout = Layout(case=SCAN)
-    rules = load_allowlist(layout.allowlist)
+    rules, remedies = load_allowlist(layout.allowlist), load_remedies(layout)
     carried = carried_rules(cases.every(layout.root))
     plan = plan_of(args, layout)
     scanned = run_scan(layout, plan)
     result = scan_result(layout, plan, scanned, rules.allow, carried)
     json_path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
-    print(report.summary(result, rules))
+    print(report.summary(result, rules, remedies))
     for path in [json_path, *report.write_reports(layout, json_path)]:
         print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
     where = json_path.relative_to(layout.root)

@@ -10,6 +10,7 @@ candidate. A torch.compile'd call is listed apart, compiled and not judged.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import defaultdict
 from collections.abc import Sequence
@@ -32,9 +33,10 @@ from hostsync.hunt.allowlist import AllowList
 from hostsync.hunt.measure import copies_rate, summarize
 from hostsync.measure.cost import idle_per_step
 from hostsync.scan.measure import hunt_ranks
+from hostsync.sites.remedies import NONE, Remedies, Remedy, load_remedies
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import HuntSite, ScanRank, ScanResult
+from hostsync.workspace.records import HuntSite, ScanRank, ScanResult, StepSite
 
 # How many sites the summary, the heat map and the report's table show; how many steps.
 SUMMARY_SITES = 10
@@ -147,52 +149,178 @@ def what_ran(result: ScanResult) -> str:
     )
 
 
-def summary(result: ScanResult, rules: AllowList) -> str:
-    """One screen: what ran, the figures per step, the top sites with their dispositions."""
+def summary(result: ScanResult, rules: AllowList, remedies: Remedies) -> str:
+    """One screen: what ran, the figures per step, the top sites with their dispositions and
+    what to do, those made every step apart from the others."""
     figures = per_step(result)
     lines = [f"scan: {what_ran(result)}"]
     if result.partial:
         lines.append(f"PARTIAL: {result.partial}")
     if figures:
         lines.append(
-            f"per rank per step: {_figure(figures['reads'])} reads (of which"
-            f" {_figure(figures['copies'])} copies to the device), {_figure(figures['waits'])}"
-            f" waits, {figures['idle_us']:g} us idle after them (host time, measured on CPU),"
-            f" {figures['kernels']:.0f} kernels of device work, {figures['seconds']:.3f} s on"
-            " the host (with the detector)"
+            f"per rank per step (mean of {measured_steps(result)} after the warm-up):"
+            f" {_figure(figures['reads'])} reads (of which {_figure(figures['copies'])} copies"
+            f" to the device), {_figure(figures['waits'])} waits, {figures['idle_us']:g} us idle"
+            f" after them (host time, measured on CPU), {figures['kernels']:.0f} kernels of"
+            f" device work, {figures['seconds']:.3f} s on the host (the slowest rank's mean,"
+            " with the detector)"
         )
-    sites = scan_sites(result, rules)
-    rows = [
-        (
-            rate_text(s.hunted.rate),
-            rate_text(s.hunted.stall_rate),
-            rate_text(s.hunted.idle_rate),
-            _short(f"{s.hunted.site.file}:{s.hunted.site.line}  {s.hunted.site.code}", 70),
-            _short(verdict(s), 45),
-        )
-        for s in sites[:SUMMARY_SITES]
-    ]
-    if rows:
-        headers = ("reads/step", "waits/step", "idle us/step", "site", "disposition")
+    every, apart = steps_apart(result, scan_sites(result, rules))
+    after = after_training(result)
+    used: dict[str, Remedy | None] = {}
+
+    def to_do(kinds: tuple[str, ...], site: Site) -> str:
+        remedy = remedies.remedy_for(kinds, site)
+        name = remedy.name if remedy else "none"
+        used[name] = remedy
+        return name
+
+    def where(site: Site) -> str:
+        return _short(f"{site.file}:{site.line}  {site.code}", 60)
+
+    if every:
+        lines.append("every step (mean per rank per step after the warm-up):")
+        rows = [
+            (
+                rate_text(s.hunted.rate),
+                rate_text(s.hunted.stall_rate),
+                rate_text(s.hunted.idle_rate),
+                where(s.hunted.site),
+                _short(verdict(s), 40),
+                to_do(s.hunted.kinds, s.hunted.site),
+            )
+            for s in every[:SUMMARY_SITES]
+        ]
+        headers = ("reads", "waits", "idle us", "site", "disposition", "what to do")
         lines.append(table.text(headers, rows))
-        if len(sites) > SUMMARY_SITES:
-            lines.append(f"... and {len(sites) - SUMMARY_SITES} more site(s) in the report")
-    else:
+        if len(every) > SUMMARY_SITES:
+            lines.append(f"... and {len(every) - SUMMARY_SITES} more site(s) in the report")
+    if apart or after:
+        lines.append(f"{APART} (mean per rank per step over all the measured steps):")
+        steady = steady_steps(result)
+        rows = [
+            (
+                when_text(s.hunted, steady),
+                rate_text(s.hunted.rate),
+                rate_text(s.hunted.stall_rate),
+                where(s.hunted.site),
+                _short(verdict(s), 40),
+                to_do(s.hunted.kinds, s.hunted.site),
+            )
+            for s in apart[:SUMMARY_SITES]
+        ]
+        rows += [
+            (
+                f"{AFTER_TRAINING} ({a.reads} reads)",
+                "-",
+                "-",
+                where(a.site),
+                "",
+                to_do(a.kinds, a.site),
+            )
+            for a in after[:SUMMARY_SITES]
+        ]
+        headers = ("when", "reads", "waits", "site", "disposition", "what to do")
+        lines.append(table.text(headers, rows))
+        more = max(len(apart) - SUMMARY_SITES, 0) + max(len(after) - SUMMARY_SITES, 0)
+        if more:
+            lines.append(f"... and {more} more site(s) in the report")
+    if not (every or apart or after):
         lines.append("no host read in the measured steps")
+    lines += [
+        f"what to do: {name}: {remedy.change if remedy else NONE}" for name, remedy in used.items()
+    ]
     compiled = [s for s in result.sites if compiled_only(s)]
     lines += [f"{COMPILED_VERDICT}: {where_text(s)}" for s in compiled]
     return "\n".join(lines)
+
+
+# How the summary and the report name the sites not made every step.
+APART = "not every step: logging, evaluation, after training"
+EVERY_STEP = "every step"
+AFTER_TRAINING = "after training"
+
+
+def steady_steps(result: ScanResult) -> list[int]:
+    """The step numbers measured after the warm-up, on any rank."""
+    return sorted({s.hunt.step for rank in result.ranks for s in rank.steps if not s.hunt.warmup})
+
+
+def when_text(hunted: HuntSite, steady: Sequence[int]) -> str:
+    """Which measured steps a site was made on, in words: every step, every Nth, which ones."""
+    seen = [step for step in hunted.steps if step in set(steady)]
+    if not seen:
+        return "warm-up only"
+    if len(seen) == len(steady):
+        return EVERY_STEP
+    gaps = {later - earlier for earlier, later in itertools.pairwise(seen)}
+    if len(seen) > 2 and len(gaps) == 1:
+        return f"every {_ordinal(gaps.pop())} step ({len(seen)} of {len(steady)})"
+    if len(seen) <= 3:
+        return f"step{'s' * (len(seen) > 1)} {', '.join(map(str, seen))} of {len(steady)}"
+    return f"{len(seen)} of {len(steady)} steps"
+
+
+def _ordinal(number: int) -> str:
+    teens = 10 <= number % 100 <= 20
+    suffix = "th" if teens else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
+def steps_apart(result: ScanResult, sites: list[ScanSite]) -> tuple[list[ScanSite], list[ScanSite]]:
+    """The sites made on every measured step, then the others (logging, evaluation, a site of
+    the warm-up only): those cost a step now and then, not every step."""
+    steady = steady_steps(result)
+    every = [s for s in sites if when_text(s.hunted, steady) == EVERY_STEP]
+    return every, [s for s in sites if s not in every]
+
+
+@dataclass(frozen=True)
+class AfterSite:
+    """A site made only after the last step (a last evaluation, saving): its reads and waits
+    over the ranks, and the event kinds recorded there."""
+
+    site: Site
+    caller: str
+    kinds: tuple[str, ...]
+    reads: int
+    waits: int
+
+
+def after_training(result: ScanResult) -> list[AfterSite]:
+    """The sites of the ranks' reads after their last step that no step made, most reads first."""
+    stepped = {site.key for site in result.sites}
+    found: dict[tuple, list[StepSite]] = defaultdict(list)
+    for rank in result.ranks:
+        for site in rank.after_last_step.hunt.sites if rank.after_last_step else ():
+            key = (*site.site.identity, site.caller)
+            if key not in stepped:
+                found[key].append(site)
+    return sorted(
+        (
+            AfterSite(
+                sites[0].site,
+                sites[0].caller,
+                tuple(sorted({s.kind for s in sites})),
+                sum(s.count for s in sites),
+                sum(s.stalls for s in sites),
+            )
+            for sites in found.values()
+        ),
+        key=lambda a: (-a.reads, a.site.file, a.site.line),
+    )
 
 
 def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def render(result: ScanResult, source: str, png: str | None, rules: AllowList) -> str:
+def render(
+    result: ScanResult, source: str, png: str | None, rules: AllowList, remedies: Remedies
+) -> str:
     sites = scan_sites(result, rules)
     figures = per_step(result)
     versions = ", ".join(f"{k} {v}" for k, v in result.environment.versions.items())
-    ranks = [rank.rank for rank in result.ranks]
     out = [
         f"# Host syncs of `{result.script}`: the scan",
         "",
@@ -215,7 +343,7 @@ def render(result: ScanResult, source: str, png: str | None, rules: AllowList) -
             "",
             table.markdown(
                 (
-                    "per rank per step",
+                    "mean per rank per step",
                     "reads",
                     "copies",
                     "waits",
@@ -253,53 +381,56 @@ def render(result: ScanResult, source: str, png: str | None, rules: AllowList) -
         "",
         "## Sites",
         "",
-        "*reads/step*, *waits/step*: per rank per step after the warm-up; *waits*: reads that"
+        "*mean reads/step*, *mean waits/step*: per rank per step after the warm-up (means, as"
+        " every figure here but the steps'); *waits*: reads that"
         " found device work queued since the host last waited (a GPU stalls there), the other"
         " reads are free; *work waited for*: the kernels those waits waited for, per rank per"
         " step. *disposition*: carried by a case (its fix removes the site), accepted by"
         " hunt_allowlist.toml (with its reason), read and not carried (with why), or a candidate."
-        f" {MEASURED}",
+        " *when*: the steps it was made on. *what to do*: the first remedy of remedies.toml"
+        " matching what the detector recorded there (its kinds, the statement), with its reason"
+        f" and cost under *What to change*. {MEASURED}",
         "",
     ]
-    if sites:
-        rank_columns = [f"rank {r}" for r in ranks] if len(ranks) > 1 else []
-        out.append(
-            table.markdown(
-                (
-                    "#",
-                    "site",
-                    "reads/step",
-                    "waits/step",
-                    *rank_columns,
-                    "work waited for/step",
-                    "idle us/step",
-                    "host ran in the windows",
-                    "when",
-                    "disposition",
-                    "code",
-                ),
-                [
-                    (
-                        number,
-                        where_text(s.hunted),
-                        rate_text(s.hunted.rate),
-                        rate_text(s.hunted.stall_rate),
-                        *([rate_text(s.per_rank.get(r)) for r in ranks] if rank_columns else []),
-                        f"{s.work.kernels} kernels" if s.work.kernels else "-",
-                        rate_text(s.hunted.idle_rate),
-                        spans_text(s.hunted.idle) or "-",
-                        s.hunted.when,
-                        verdict(s),
-                        f"`{s.hunted.site.code}`",
-                    )
-                    for number, s in enumerate(sites[:TOP], start=1)
-                ],
-            )
-        )
-        if len(sites) > TOP:
-            out.append(f"\n... and {len(sites) - TOP} more site(s): see the JSON result.")
+    numbered = list(enumerate(sites[:TOP], start=1))
+    every, apart = steps_apart(result, sites[:TOP])
+    after_sites = after_training(result)
+    if every:
+        out.append(_sites_table(result, [(n, s) for n, s in numbered if s in every], remedies))
     else:
-        out.append("No host read in the measured steps.")
+        out.append("No host read on every measured step.")
+    if len(sites) > TOP:
+        out.append(f"\n... and {len(sites) - TOP} more site(s): see the JSON result.")
+    if apart or after_sites:
+        out += [
+            "",
+            f"## {APART.capitalize()}",
+            "",
+            "Made on some steps only, or after the last one: a cost paid now and then, not"
+            " every step. Their figures are means over every measured step, as above.",
+            "",
+        ]
+        if apart:
+            out.append(_sites_table(result, [(n, s) for n, s in numbered if s in apart], remedies))
+        if after_sites:
+            out += ["", f"*{AFTER_TRAINING}*: made after the last step (every rank's reads).", ""]
+            out.append(
+                table.markdown(
+                    ("site", "reads", "waits", "kinds", "what to do", "code"),
+                    [
+                        (
+                            f"{a.site.file}:{a.site.line} `{a.site.function}`",
+                            a.reads,
+                            a.waits,
+                            ", ".join(a.kinds),
+                            _remedy_text(remedies.remedy_for(a.kinds, a.site)),
+                            f"`{a.site.code}`",
+                        )
+                        for a in after_sites
+                    ],
+                )
+            )
+    out += _what_to_change(numbered, after_sites, remedies)
     compiled = [s for s in result.sites if compiled_only(s)]
     if compiled:
         out += ["", f"## {COMPILED_VERDICT.capitalize()}", ""]
@@ -320,6 +451,85 @@ def render(result: ScanResult, source: str, png: str | None, rules: AllowList) -
             where = where or "none"
             out.append(f"- rank {rank}: {len(step.waits)} read(s) ({where})")
     return "\n".join(out) + "\n"
+
+
+def _sites_table(
+    result: ScanResult, numbered: list[tuple[int, ScanSite]], remedies: Remedies
+) -> str:
+    """The sites as numbered in the report (the heat map's numbers), with what to do."""
+    ranks = [rank.rank for rank in result.ranks]
+    rank_columns = [f"rank {r}" for r in ranks] if len(ranks) > 1 else []
+    steady = steady_steps(result)
+    return table.markdown(
+        (
+            "#",
+            "site",
+            "mean reads/step",
+            "mean waits/step",
+            *rank_columns,
+            "work waited for/step",
+            "mean idle us/step",
+            "host ran in the windows",
+            "when",
+            "disposition",
+            "what to do",
+            "code",
+        ),
+        [
+            (
+                number,
+                where_text(s.hunted),
+                rate_text(s.hunted.rate),
+                rate_text(s.hunted.stall_rate),
+                *([rate_text(s.per_rank.get(r)) for r in ranks] if rank_columns else []),
+                f"{s.work.kernels} kernels" if s.work.kernels else "-",
+                rate_text(s.hunted.idle_rate),
+                spans_text(s.hunted.idle) or "-",
+                when_text(s.hunted, steady),
+                verdict(s),
+                _remedy_text(remedies.remedy_for(s.hunted.kinds, s.hunted.site)),
+                f"`{s.hunted.site.code}`",
+            )
+            for number, s in numbered
+        ],
+    )
+
+
+def _remedy_text(remedy: Remedy | None) -> str:
+    return f"**{remedy.name}**: {remedy.change}" if remedy else NONE
+
+
+def _what_to_change(
+    numbered: list[tuple[int, ScanSite]], after: list[AfterSite], remedies: Remedies
+) -> list[str]:
+    """Each remedy the sites call for, once, with its reason and cost; then the sites none
+    matches."""
+    by_remedy: dict[str, list[str]] = defaultdict(list)
+    found: dict[str, Remedy] = {}
+    unmatched: list[str] = []
+    named = [(f"#{n}", s.hunted.kinds, s.hunted.site) for n, s in numbered]
+    named += [(f"{a.site.file}:{a.site.line}", a.kinds, a.site) for a in after]
+    for name, kinds, site in named:
+        remedy = remedies.remedy_for(kinds, site)
+        if remedy is None:
+            unmatched.append(f"{name} ({', '.join(kinds)})")
+            continue
+        found[remedy.name] = remedy
+        by_remedy[remedy.name].append(name)
+    if not named:
+        return []
+    out = ["", "## What to change", ""]
+    out += [
+        f"- **{name}** ({', '.join(by_remedy[name])}): {remedy.change}. *Why:* {remedy.reason}."
+        f" *Cost:* {remedy.cost}."
+        for name, remedy in found.items()
+    ]
+    if unmatched:
+        out.append(
+            f"- {NONE}: {', '.join(unmatched)}. Matched by the kinds the detector recorded and"
+            " the statement's code; a `[[remedy]]` table there names a new one."
+        )
+    return out
 
 
 def _rank_row(rank: ScanRank) -> tuple:
@@ -443,7 +653,7 @@ def trace(rank: ScanRank, result: ScanResult) -> str:
 def write_reports(layout: Layout, json_path: Path) -> list[Path]:
     """Beside the result: its heat map, its Markdown (and scan.md from the newest), a trace per
     rank in its attachments folder."""
-    rules = dispositions(layout)
+    rules, remedies = dispositions(layout), load_remedies(layout)
     result = results.read(json_path, ScanResult)
     png = json_path.with_suffix(".png")
     drawn = [png] if heat_map(result, png, rules) else []
@@ -451,7 +661,7 @@ def write_reports(layout: Layout, json_path: Path) -> list[Path]:
     def rendered(one: ScanResult, path: Path) -> str:
         beside = path.with_suffix(".png")
         shown = beside.name if beside.exists() else None
-        return render(one, str(path.relative_to(layout.root)), shown, rules)
+        return render(one, str(path.relative_to(layout.root)), shown, rules, remedies)
 
     written = [*drawn, *results.write_markdown(json_path, ScanResult, rendered)]
     folder = results.attachments(json_path)
