@@ -23,6 +23,7 @@ COMMITTED = (
     "repro",
     "pin.toml",
     "hunt_allowlist.toml",
+    "remedies.toml",
     "census.toml",
     "surveys.toml",
 )

@@ -211,7 +211,7 @@ def summary(result: ScanResult, rules: AllowList, remedies: Remedies) -> str:
         ]
         rows += [
             (
-                f"{AFTER_TRAINING} ({a.reads} reads)",
+                f"{AFTER_TRAINING} ({a.reads} read{'s' * (a.reads > 1)})",
                 "-",
                 "-",
                 where(a.site),
