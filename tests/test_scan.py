@@ -5,6 +5,7 @@ leaves no process behind and keeps what was measured, marked partial."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -87,7 +88,9 @@ def test_a_planted_read_is_found_at_its_line_with_its_wait_and_reported(
     report = path.with_suffix(".md").read_text()
     assert "| candidate |" in report and "Blocking copies of host memory to the device" in report
     assert path.with_suffix(".png").exists()
-    trace = json.loads((results.attachments(path) / "rank-0.trace.json").read_text())
+    trace = json.loads(
+        gzip.decompress((results.attachments(path) / "rank-0.trace.json.gz").read_bytes())
+    )
     waits = [e for e in trace["traceEvents"] if e.get("cat") == "wait"]
     spans = [e["name"] for e in trace["traceEvents"] if e["ph"] == "X"]
     # One read a step, the last one's after the last step (its optimizer step ends a step).
@@ -383,7 +386,7 @@ def test_two_ranks_on_torchrun_are_scanned_each_and_together(
     assert site.rate == 0.5  # one read per step on rank 0, none on rank 1: per rank
     assert [len(rank.steps) for rank in result.ranks] == [5, 5]
     traces = sorted(p.name for p in results.attachments(path).iterdir())
-    assert traces == ["rank-0.trace.json", "rank-1.trace.json"]
+    assert traces == ["rank-0.trace.json.gz", "rank-1.trace.json.gz"]
 
 
 @pytest.mark.distributed
@@ -463,7 +466,9 @@ def test_deepspeeds_launcher_starts_a_script_that_expects_it(
     assert clip and clip[0].site.function == "is_invalid_grad_norm"
 
 
-def test_bench_prints_what_scan_adds_per_step(workspace: Layout, tmp_path: Path) -> None:
+def test_bench_prints_what_scan_adds_to_a_whole_run_and_where_it_goes(
+    workspace: Layout, tmp_path: Path
+) -> None:
     loop = script(tmp_path, "loop.py", LOOP, READ)
 
     done = hostsync(
@@ -473,9 +478,14 @@ def test_bench_prints_what_scan_adds_per_step(workspace: Layout, tmp_path: Path)
     )
 
     assert done.returncode == 0, done.stderr
-    assert f"scan overhead on {loop} (5 steps after the warm-up, 1 run(s) each way" in done.stdout
-    per_step = next(line for line in done.stdout.splitlines() if line.startswith("per step"))
-    assert float(per_step.split()[-1]) > 0
+    assert "1 run(s) each way, interleaved" in done.stdout
+    row = next(line for line in done.stdout.splitlines() if line.startswith("loop.py"))
+    _, steps, python, scanned, ratio, *_, writing, share, timed, _, detected = row.split()
+    assert steps == "5" and float(scanned) / float(python) == pytest.approx(float(ratio[1:]), 0.01)
+    assert 0 < float(writing) < float(scanned) and share.endswith("%)")
+    assert 0 < float(timed) < float(detected)
+    # The bench's scans are written in a workspace of their own: no one's results.
+    assert not (workspace.root / "profiles" / "scan").exists()
 
 
 # A loop whose reads come every step, every third (the log), every fourth (an evaluation under

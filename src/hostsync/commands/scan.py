@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from hostsync.commands.options import (
@@ -131,10 +132,16 @@ def main(argv: list[str]) -> int:
     plan = plan_of(args, layout)
     scanned = run_scan(layout, plan)
     result = scan_result(layout, plan, scanned, rules.allow, carried)
+    writing = time.monotonic()
     json_path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
     print(report.summary(result, rules, remedies))
     for path in [json_path, *report.write_reports(layout, json_path)]:
         print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
+    print(
+        f"wrote the result and its reports in {time.monotonic() - writing:.2f} s (the run:"
+        f" {scanned.seconds:.1f} s)",
+        file=sys.stderr,
+    )
     where = json_path.relative_to(layout.root)
     if scanned.interrupted:
         print(

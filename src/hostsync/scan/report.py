@@ -1,5 +1,6 @@
 """What a scan shows: a one-screen summary, the Markdown report beside the result, a heat map of
-steps x sites (drawn as the census draws its own) and a Chrome trace per rank (Perfetto opens it).
+steps x sites (drawn as the census draws its own) and a Chrome trace per rank (gzipped JSON,
+which Perfetto opens).
 
 Figures are per rank per step after the warm-up: a site's reads and waits (the reads that found
 device work queued since the host last waited: a GPU stalls there) and the device work those
@@ -10,10 +11,11 @@ candidate. A torch.compile'd call is listed apart, compiled and not judged.
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -597,57 +599,56 @@ def heat_map(result: ScanResult, path: Path, rules: AllowList) -> bool:
     return True
 
 
-def trace(rank: ScanRank, result: ScanResult) -> str:
-    """A Chrome trace of one rank's host timeline, as JSON: each step a span, each read an
-    instant at the moment it was made, named by its site, with the device work it waited for."""
-    events: list[dict] = [
-        {
-            "name": "process_name",
-            "ph": "M",
-            "pid": rank.rank,
-            "args": {"name": f"rank {rank.rank}"},
-        },
-        {"name": "thread_name", "ph": "M", "pid": rank.rank, "tid": 0, "args": {"name": "host"}},
-    ]
+def write_trace(rank: ScanRank, path: Path) -> None:
+    """A Chrome trace of one rank's host timeline, gzipped JSON (Perfetto opens it), written
+    event by event as it is made: a long run's trace is never held whole."""
+    with gzip.open(path, "wt", compresslevel=6) as out:
+        out.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
+        for number, event in enumerate(trace_events(rank)):
+            out.write(("," if number else "") + json.dumps(event) + "\n")
+        out.write("]}\n")
+
+
+def trace_events(rank: ScanRank) -> Iterator[dict]:
+    """Each step a span, each read an instant at the moment it was made, named by its site,
+    with the device work it waited for."""
+    yield {
+        "name": "process_name",
+        "ph": "M",
+        "pid": rank.rank,
+        "args": {"name": f"rank {rank.rank}"},
+    }
+    yield {"name": "thread_name", "ph": "M", "pid": rank.rank, "tid": 0, "args": {"name": "host"}}
     steps = [*rank.steps, *([rank.after_last_step] if rank.after_last_step else [])]
     for step in steps:
         after = step is rank.after_last_step
-        events.append(
-            {
-                "name": "after the last step" if after else f"step {step.hunt.step}",
-                "cat": "warm-up" if step.hunt.warmup else "step",
-                "ph": "X",
-                "pid": rank.rank,
-                "tid": 0,
-                "ts": round(step.started_s * 1e6, 1),
-                "dur": round(step.seconds * 1e6, 1),
-                "args": {"reads": step.hunt.cost.reads, "waits": step.hunt.cost.stalls},
-            }
-        )
+        yield {
+            "name": "after the last step" if after else f"step {step.hunt.step}",
+            "cat": "warm-up" if step.hunt.warmup else "step",
+            "ph": "X",
+            "pid": rank.rank,
+            "tid": 0,
+            "ts": round(step.started_s * 1e6, 1),
+            "dur": round(step.seconds * 1e6, 1),
+            "args": {"reads": step.hunt.cost.reads, "waits": step.hunt.cost.stalls},
+        }
         for wait in step.waits:
             stalled = wait.waited_for.queued
-            events.append(
-                {
-                    "name": f"{Path(wait.site.file).name}:{wait.site.line}",
-                    "cat": COMPILED
-                    if wait.kind == COMPILED
-                    else "wait"
-                    if stalled
-                    else "free read",
-                    "ph": "i",
-                    "s": "t",
-                    "pid": rank.rank,
-                    "tid": 0,
-                    "ts": round(wait.at_s * 1e6, 1),
-                    "args": {
-                        "site": str(wait.site),
-                        "code": wait.site.code,
-                        "kind": wait.kind,
-                        "waited for": wait.waited_for.to_json(),
-                    },
-                }
-            )
-    return json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}) + "\n"
+            yield {
+                "name": f"{Path(wait.site.file).name}:{wait.site.line}",
+                "cat": COMPILED if wait.kind == COMPILED else "wait" if stalled else "free read",
+                "ph": "i",
+                "s": "t",
+                "pid": rank.rank,
+                "tid": 0,
+                "ts": round(wait.at_s * 1e6, 1),
+                "args": {
+                    "site": str(wait.site),
+                    "code": wait.site.code,
+                    "kind": wait.kind,
+                    "waited for": wait.waited_for.to_json(),
+                },
+            }
 
 
 def write_reports(layout: Layout, json_path: Path) -> list[Path]:
@@ -667,7 +668,7 @@ def write_reports(layout: Layout, json_path: Path) -> list[Path]:
     folder = results.attachments(json_path)
     folder.mkdir(exist_ok=True)
     for rank in result.ranks:
-        path = folder / f"rank-{rank.rank}.trace.json"
-        path.write_text(trace(rank, result))
+        path = folder / f"rank-{rank.rank}.trace.json.gz"
+        write_trace(rank, path)
         written.append(path)
     return written
