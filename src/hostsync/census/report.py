@@ -31,11 +31,11 @@ TOP = 25
 TOP_IN_TABLE = 10
 TOP_WINDOWS = 10
 # A site's kind of verdict, and its label's colour in the heat map.
-KIND_COLOURS = {
-    "carried": "tab:green",
-    "accepted": "tab:gray",
-    "not carried": "tab:blue",
-    "candidate": "tab:red",
+KIND_COLOURS = {  # matplotlib's tab:green, tab:gray, tab:blue, tab:red, as SVG reads them too
+    "carried": "#2ca02c",
+    "accepted": "#7f7f7f",
+    "not carried": "#1f77b4",
+    "candidate": "#d62728",
 }
 # What the colours of the heat map's site labels mean.
 LABEL_COLOURS = (

@@ -1,6 +1,6 @@
-"""What a scan shows: a one-screen summary, the Markdown report beside the result, a heat map of
-steps x sites (drawn as the census draws its own) and a Chrome trace per rank (gzipped JSON,
-which Perfetto opens).
+"""What a scan shows: a one-screen summary, the Markdown report beside the result, an SVG heat map
+of steps x sites (on the census's scale and colours) and a Chrome trace per rank (gzipped JSON,
+which Perfetto opens), each written in a small share of the scan's time.
 
 Figures are per rank per step after the warm-up: a site's reads and waits (the reads that found
 device work queued since the host last waited: a GPU stalls there) and the device work those
@@ -12,19 +12,21 @@ candidate. A torch.compile'd call is listed apart, compiled and not judged.
 from __future__ import annotations
 
 import gzip
+import html
 import itertools
 import json
+import textwrap
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from hostsync.census.report import (
+    KIND_COLOURS,
     LABEL_COLOURS,
     CensusSite,
     disposed,
     dispositions,
-    draw_heat_map,
     rate_text,
     spans_text,
     where_text,
@@ -318,7 +320,7 @@ def _short(text: str, width: int) -> str:
 
 
 def render(
-    result: ScanResult, source: str, png: str | None, rules: AllowList, remedies: Remedies
+    result: ScanResult, source: str, picture: str | None, rules: AllowList, remedies: Remedies
 ) -> str:
     sites = scan_sites(result, rules)
     figures = per_step(result)
@@ -442,8 +444,8 @@ def render(
             " free)"
             for s in compiled
         ]
-    if png:
-        out += ["", f"![steps x sites, reads per rank]({png})"]
+    if picture:
+        out += ["", f"![steps x sites, reads per rank]({picture})"]
     out += ["", "## Steps", "", _steps_table(result)]
     after = [(rank.rank, rank.after_last_step) for rank in result.ranks if rank.after_last_step]
     if after:
@@ -589,14 +591,65 @@ def heat_map(result: ScanResult, path: Path, rules: AllowList) -> bool:
     world = max(len(result.ranks), 1)
     values = [[reads[n, s.hunted.key] / world for s in sites] for n in numbers]
     rows = [f"step {n}" + (" (warm-up)" if n in warmups else "") for n in numbers]
-    draw_heat_map(
-        path,
-        rows,
-        [s.disposed for s in sites],
-        values,
-        f"Host reads per rank at each step of {Path(result.script).name}; {LABEL_COLOURS}",
-    )
+    title = f"Host reads per rank at each step of {Path(result.script).name}; {LABEL_COLOURS}"
+    path.write_text(svg_heat_map(rows, [s.disposed for s in sites], values, title))
     return True
+
+
+# The heat map's cells and margins, in pixels; its scale, white to dark red (matplotlib's Reds).
+_CELL, _ROW, _LEFT, _TOP = 64, 16, 120, 150
+_REDS = ((255, 245, 240), (251, 106, 74), (103, 0, 13))
+
+
+def svg_heat_map(
+    rows: Sequence[str], sites: Sequence[CensusSite], values: Sequence[Sequence[float]], title: str
+) -> str:
+    """`rows` x `sites` as an SVG (GitHub and browsers show it), each cell written in, on a
+    square-root scale as the census draws its own; site labels coloured by verdict. Written as
+    text: no plotting library to import, which would take longer than writing the rest."""
+    peak = max((value for line in values for value in line), default=0) or 1
+    width = _LEFT + _CELL * len(sites) + 90  # the last site's label leans out to the right
+    lines = textwrap.wrap(title, width // 6)
+    top = _TOP + 14 * len(lines)
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}"'
+        f' height="{top + _ROW * len(rows) + 10}" font-family="sans-serif" font-size="10">',
+        '<rect width="100%" height="100%" fill="white"/>',
+        *(
+            f'<text x="4" y="{14 * (n + 1)}">{html.escape(line)}</text>'
+            for n, line in enumerate(lines)
+        ),
+    ]
+    for column, site in enumerate(sites):
+        label = f"#{column + 1} {Path(site.hunted.site.file).name}:{site.hunted.site.line}"
+        out.append(
+            f'<text transform="translate({_LEFT + _CELL * column + _CELL // 2},{top - 6})'
+            f' rotate(-60)" fill="{KIND_COLOURS[site.kind]}">{html.escape(label)}</text>'
+        )
+    for row, (label, line) in enumerate(zip(rows, values, strict=True)):
+        y = top + _ROW * row
+        out.append(
+            f'<text x="{_LEFT - 6}" y="{y + 12}" text-anchor="end">{html.escape(label)}</text>'
+        )
+        for column, value in enumerate(line):
+            x, share = _LEFT + _CELL * column, (value / peak) ** 0.5
+            out.append(
+                f'<rect x="{x}" y="{y}" width="{_CELL}" height="{_ROW}" fill="{_red(share)}"'
+                ' stroke="white"/>'
+            )
+            if value:
+                out.append(
+                    f'<text x="{x + _CELL // 2}" y="{y + 12}" text-anchor="middle"'
+                    f' fill="{"white" if share > 0.6 else "black"}">{rate_text(value)}</text>'
+                )
+    return "\n".join([*out, "</svg>"]) + "\n"
+
+
+def _red(share: float) -> str:
+    """The colour of `share` (0 to 1) on the scale, between its stops."""
+    low, high = (_REDS[0], _REDS[1]) if share <= 0.5 else (_REDS[1], _REDS[2])
+    part = share * 2 if share <= 0.5 else share * 2 - 1
+    return "#" + "".join(f"{round(a + (b - a) * part):02x}" for a, b in zip(low, high, strict=True))
 
 
 def write_trace(rank: ScanRank, path: Path) -> None:
@@ -656,11 +709,11 @@ def write_reports(layout: Layout, json_path: Path) -> list[Path]:
     rank in its attachments folder."""
     rules, remedies = dispositions(layout), load_remedies(layout)
     result = results.read(json_path, ScanResult)
-    png = json_path.with_suffix(".png")
-    drawn = [png] if heat_map(result, png, rules) else []
+    svg = json_path.with_suffix(".svg")
+    drawn = [svg] if heat_map(result, svg, rules) else []
 
     def rendered(one: ScanResult, path: Path) -> str:
-        beside = path.with_suffix(".png")
+        beside = path.with_suffix(".svg")
         shown = beside.name if beside.exists() else None
         return render(one, str(path.relative_to(layout.root)), shown, rules, remedies)
 
