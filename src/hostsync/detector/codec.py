@@ -95,13 +95,14 @@ def _inner(where: str, path: str) -> str:
 def _made(kind: type[T], data: dict[str, Json], where: str) -> T:
     """A dataclass from the keys of `data` its fields read, each checked; what its own
     `__post_init__` refuses (a `RecordError` naming a field of its own) is named at `where`."""
-    hints = _hints(kind)
+    record: type = kind
+    hints = _hints(record)
     values = {}
     for item in dataclasses.fields(kind):  # type: ignore[arg-type]
         field_kind = hints[item.name]
         if item.metadata.get("flat"):
             # A flat record reads its own keys; a flat mapping the keys no field claims.
-            unclaimed = {k: v for k, v in data.items() if k not in _claimed(kind)}
+            unclaimed = {k: v for k, v in data.items() if k not in _claimed(record)}
             values[item.name] = load(
                 field_kind, data if _is_record(field_kind) else unclaimed, where
             )

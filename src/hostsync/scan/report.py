@@ -294,7 +294,7 @@ class AfterSite:
 def after_training(result: ScanResult) -> list[AfterSite]:
     """The sites of the ranks' reads after their last step that no step made, most reads first."""
     stepped = {site.key for site in result.sites}
-    found: dict[tuple, list[StepSite]] = defaultdict(list)
+    found: dict[tuple[str, ...], list[StepSite]] = defaultdict(list)
     for rank in result.ranks:
         for site in rank.after_last_step.hunt.sites if rank.after_last_step else ():
             key = (*site.site.identity, site.caller)
@@ -662,7 +662,7 @@ def write_trace(rank: ScanRank, path: Path) -> None:
         out.write("]}\n")
 
 
-def trace_events(rank: ScanRank) -> Iterator[dict]:
+def trace_events(rank: ScanRank) -> Iterator[dict[str, object]]:
     """Each step a span, each read an instant at the moment it was made, named by its site,
     with the device work it waited for."""
     yield {
