@@ -252,7 +252,8 @@ def steady_steps(result: ScanResult) -> list[int]:
 
 def when_text(hunted: HuntSite, steady: Sequence[int]) -> str:
     """Which measured steps a site was made on, in words: every step, every Nth, which ones."""
-    seen = [step for step in hunted.steps if step in set(steady)]
+    measured = set(steady)
+    seen = [step for step in hunted.steps if step in measured]
     if not seen:
         return "warm-up only"
     if len(seen) == len(steady):
