@@ -293,11 +293,13 @@ class AfterSite:
 
 
 def after_training(result: ScanResult) -> list[AfterSite]:
-    """The sites of the ranks' reads after their last step that no step made, most reads first."""
+    """The sites of the ranks' reads after their last step that no step made, most reads first
+    (a rank that never stepped has no training to be after: its reads are the whole run's)."""
     stepped = {site.key for site in result.sites}
     found: dict[tuple[str, ...], list[StepSite]] = defaultdict(list)
     for rank in result.ranks:
-        for site in rank.after_last_step.hunt.sites if rank.after_last_step else ():
+        after = rank.after_last_step if rank.steps else None
+        for site in after.hunt.sites if after else ():
             key = (*site.site.identity, site.caller)
             if key not in stepped:
                 found[key].append(site)
