@@ -23,6 +23,7 @@ COMMITTED = (
     "repro",
     "pin.toml",
     "known_sites.toml",
+    "remedies.toml",
     "census.toml",
     "surveys.toml",
 )

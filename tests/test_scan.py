@@ -5,6 +5,7 @@ leaves no process behind and keeps what was measured, marked partial."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -88,8 +89,10 @@ def test_a_planted_read_is_found_at_its_line_with_its_wait_and_reported(
     assert f"loop.py:{site.site.line}" in done.stdout and "candidate" in done.stdout
     report = path.with_suffix(".md").read_text()
     assert "| candidate |" in report and "Blocking copies of host memory to the device" in report
-    assert path.with_suffix(".png").exists()
-    trace = json.loads((results.attachments(path) / "rank-0.trace.json").read_text())
+    assert "<svg" in path.with_suffix(".svg").read_text()
+    trace = json.loads(
+        gzip.decompress((results.attachments(path) / "rank-0.trace.json.gz").read_bytes())
+    )
     waits = [e for e in trace["traceEvents"] if e.get("cat") == "stall"]
     spans = [e["name"] for e in trace["traceEvents"] if e["ph"] == "X"]
     # One read a step, the last one's after the last step (its optimizer step ends a step).
@@ -472,7 +475,7 @@ def test_two_ranks_on_torchrun_are_scanned_each_and_together(
     assert site.rate == 0.5  # one read per step on rank 0, none on rank 1: per rank
     assert [len(rank.steps) for rank in result.ranks] == [5, 5]
     traces = sorted(p.name for p in results.attachments(path).iterdir())
-    assert traces == ["rank-0.trace.json", "rank-1.trace.json"]
+    assert traces == ["rank-0.trace.json.gz", "rank-1.trace.json.gz"]
 
 
 @pytest.mark.distributed
@@ -566,7 +569,9 @@ def test_deepspeeds_launcher_starts_a_script_that_expects_it(
     assert clip and clip[0].site.function == "is_invalid_grad_norm"
 
 
-def test_bench_prints_what_scan_adds_per_step(workspace: Layout, tmp_path: Path) -> None:
+def test_bench_prints_what_scan_adds_to_a_whole_run_and_where_it_goes(
+    workspace: Layout, tmp_path: Path
+) -> None:
     loop = script(tmp_path, "loop.py", LOOP, READ)
 
     done = hostsync(
@@ -576,6 +581,85 @@ def test_bench_prints_what_scan_adds_per_step(workspace: Layout, tmp_path: Path)
     )
 
     assert done.returncode == 0, done.stderr
-    assert f"scan overhead on {loop} (5 steps after the warm-up, 1 run(s) each way" in done.stdout
-    per_step = next(line for line in done.stdout.splitlines() if line.startswith("per step"))
-    assert float(per_step.split()[-1]) > 0
+    assert "1 run(s) each way, interleaved" in done.stdout
+    row = next(line for line in done.stdout.splitlines() if line.startswith("loop.py"))
+    _, steps, python, scanned, ratio, *_, writing, share, timed, _, detected = row.split()
+    assert steps == "5" and float(scanned) / float(python) == pytest.approx(float(ratio[1:]), 0.01)
+    assert 0 < float(writing) < float(scanned) and share.endswith("%)")
+    assert 0 < float(timed) < float(detected)
+    # The bench's scans are written in a workspace of their own: no one's results.
+    assert not (workspace.root / "profiles" / "scan").exists()
+
+
+# A loop whose reads come every step, every third (the log), every fourth (an evaluation under
+# no_grad, whose nonzero no remedy covers) and once after training.
+EVALUATED = """
+    import sys
+
+    import torch
+
+    torch.manual_seed(0)
+    DEVICE = torch.device("cpu")
+    model = torch.nn.Linear(8, 2).to(DEVICE)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+    def evaluate():
+        with torch.no_grad():
+            return model(torch.randn(4, 8, device=DEVICE)).argmax(1).nonzero().numel()
+
+
+    for step in range(int(sys.argv[1])):
+        loss = model(torch.randn(4, 8, device=DEVICE)).pow(2).mean()
+        loss.backward()
+        if loss > 100:
+            print("diverged")
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % 3 == 0:
+            print(f"loss {loss.item():.3f}")
+        if step % 4 == 3:
+            evaluate()
+    print(f"final loss {loss.item():.3f}")
+"""
+
+
+def test_the_summary_says_when_each_site_is_made_and_what_to_change(
+    workspace: Layout, tmp_path: Path
+) -> None:
+    loop = script(tmp_path, "evaluated.py", EVALUATED)
+
+    done = scan(workspace, loop, "13")
+
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+
+    def row(code: str) -> str:
+        (found,) = [line for line in lines if code in line]
+        return found
+
+    (every,) = [n for n, line in enumerate(lines) if line.startswith("every step (mean")]
+    (apart,) = [n for n, line in enumerate(lines) if line.startswith("not every step:")]
+    assert "12 step(s) measured per rank" in done.stdout and "(the mean)" in done.stdout
+    assert every < lines.index(row("if loss > 100:")) < apart
+    assert row("if loss > 100:").split()[:2] == ["1", "1"]
+    assert row("if loss > 100:").endswith("if-tensor")
+    assert row('print(f"loss').startswith("every 3rd step (4 of 12)")
+    assert row('print(f"loss').endswith("device-accumulator")
+    assert row("return model(").startswith("every 4th step (3 of 12)")
+    assert row("return model(").endswith("none")
+    assert row('print(f"final').startswith("after training (1 wait)")
+    assert row('print(f"final').endswith("device-accumulator")
+    assert lines.index(row("if loss > 100:")) < apart < lines.index(row("return model("))
+    assert "what to do: if-tensor: compute both outcomes on the device" in done.stdout
+    assert "what to do: none: no remedy in remedies.toml" in done.stdout
+    path, _ = written(workspace)
+    report = path.with_suffix(".md").read_text()
+    sections = report.split("\n## ")
+    (sites,) = [s for s in sections if s.startswith("Sites")]
+    (apart_section,) = [s for s in sections if s.startswith("Not every step")]
+    (to_change,) = [s for s in sections if s.startswith("What to change")]
+    assert "`if loss > 100:`" in sites and ".nonzero()" not in sites
+    assert "every 4th step (3 of 12)" in apart_section and "final loss" in apart_section
+    assert "**if-tensor** (#1): compute both outcomes" in to_change and "*Cost:*" in to_change
+    assert "no remedy in remedies.toml: #" in to_change and "(nonzero)" in to_change

@@ -21,6 +21,7 @@ from hostsync.hunt.measure import hunt_plan
 from hostsync.measure import report as repro_report
 from hostsync.scan import report as scan_report
 from hostsync.sites.dispositions import known_now
+from hostsync.sites.remedies import load_remedies
 from hostsync.sites.render import figure_text
 from hostsync.workspace import cases, results, vocabulary
 from hostsync.workspace.layout import ROOT, Layout
@@ -128,13 +129,13 @@ def test_a_scan_says_stalls_where_it_counts_them_in_the_vocabulary(
     scanned: tuple[Layout, ScanResult],
 ) -> None:
     layout, result = scanned
-    rules = known_now(layout)
-    summary = scan_report.summary(result, rules)
+    rules, remedies = known_now(layout), load_remedies(layout)
+    summary = scan_report.summary(result, rules, remedies)
     assert result.cost is not None
     stalls = figure_text(result.cost.stalls / result.cost.steps)
     assert f" {stalls} stalls," in summary
     assert outside(summary) == []
-    text = scan_report.render(result, "scan.json", None, rules)
+    text = scan_report.render(result, "scan.json", None, rules, remedies)
     assert outside(text, {f"rank {rank.rank}" for rank in result.ranks}) == []
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from hostsync.commands.options import add_case, add_device, add_timeout, chosen_cases
 from hostsync.measure import provenance
 from hostsync.measure.bench import (
+    SCAN_EXAMPLES,
     BenchSettings,
     bench_runs,
     detector_truth,
@@ -56,24 +57,29 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--scan",
         type=Path,
+        nargs="*",
         metavar="SCRIPT",
-        help="only what `scan` adds to SCRIPT's time per step (--warm-runs runs each way)",
+        help="only what `scan` adds to each SCRIPT's whole run (--warm-runs runs each way;"
+        f" default: {', '.join(SCAN_EXAMPLES)})",
     )
     parser.add_argument(
-        "--scan-args", default="", metavar="ARGS", help="SCRIPT's arguments, as one string"
+        "--scan-args", default="", metavar="ARGS", help="each SCRIPT's arguments, as one string"
     )
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    if args.scan:
-        if not args.scan.is_file():
-            raise WorkspaceError(f"--scan {args.scan}: no such script, give a Python file")
+    if args.scan is not None:
+        layout = Layout()
+        scripts = args.scan or [layout.root / name for name in SCAN_EXAMPLES]
+        missing = [str(script) for script in scripts if not script.is_file()]
+        if missing:
+            raise WorkspaceError(f"--scan {' '.join(missing)}: no such script, give Python files")
         figures = scan_overhead(
-            Layout(), args.scan, shlex.split(args.scan_args), args.warm_runs, args.timeout
+            layout, scripts, shlex.split(args.scan_args), args.warm_runs, args.timeout
         )
-        print_scan_overhead(args.scan, figures, args.warm_runs)
+        print_scan_overhead(figures, args.warm_runs)
         return 0
     settings = BenchSettings(
         args.tree, args.warm_runs, args.repeat, args.device, args.timeout, args.write

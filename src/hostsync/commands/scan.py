@@ -7,6 +7,7 @@ import argparse
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from hostsync.commands.options import (
@@ -21,6 +22,7 @@ from hostsync.launch import devices, launchers
 from hostsync.scan import gate, report
 from hostsync.scan.measure import SCAN, ScanPlan, check_plan, run_scan, scan_result
 from hostsync.sites.known import carried_rules, load_known_sites
+from hostsync.sites.remedies import load_remedies
 from hostsync.workspace import cases, results
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
@@ -144,15 +146,21 @@ def main(argv: list[str]) -> int:
     except BaselineError as error:
         raise WorkspaceError(str(error)) from None
     layout = Layout(case=SCAN)
-    rules = load_known_sites(layout.known_sites)
+    rules, remedies = load_known_sites(layout.known_sites), load_remedies(layout)
     carried = carried_rules(cases.every(layout.root))
     plan = plan_of(args, layout)
     scanned = run_scan(layout, plan)
     result = scan_result(layout, plan, scanned, rules.allow, carried)
+    writing = time.monotonic()
     json_path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
-    print(report.summary(result, rules))
+    print(report.summary(result, rules, remedies))
     for path in [json_path, *report.write_reports(layout, json_path)]:
         print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
+    print(
+        f"wrote the result and its reports in {time.monotonic() - writing:.2f} s (the run:"
+        f" {scanned.seconds:.1f} s)",
+        file=sys.stderr,
+    )
     where = json_path.relative_to(layout.root)
     if scanned.interrupted:
         print(
@@ -163,8 +171,7 @@ def main(argv: list[str]) -> int:
     if result.partial:
         raise WorkspaceError(f"{result.partial}; the partial result is {where}")
     if args.sarif is not None:
-        # The remedy of each finding is `gate.NO_REMEDY` until a table of remedies names one.
-        found = gate.findings(result, rules, baseline)
+        found = gate.findings(result, rules, remedies, baseline)
         args.sarif.write_text(json.dumps(gate.sarif(found), indent=1) + "\n")
         print(f"wrote {args.sarif}", file=sys.stderr)
     failures = gate.over_budget(result, args.max_waits) if args.max_waits is not None else []

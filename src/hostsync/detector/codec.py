@@ -10,6 +10,7 @@ engine's imports.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -94,13 +95,14 @@ def _inner(where: str, path: str) -> str:
 def _made(kind: type[T], data: dict[str, Json], where: str) -> T:
     """A dataclass from the keys of `data` its fields read, each checked; what its own
     `__post_init__` refuses (a `RecordError` naming a field of its own) is named at `where`."""
-    hints = typing.get_type_hints(kind)
+    record: type = kind
+    hints = _hints(record)
     values = {}
     for item in dataclasses.fields(kind):  # type: ignore[arg-type]  # kind is a dataclass
         field_kind = hints[item.name]
         if item.metadata.get("flat"):
             # A flat record reads its own keys; a flat mapping the keys no field claims.
-            unclaimed = {k: v for k, v in data.items() if k not in _claimed(kind)}
+            unclaimed = {k: v for k, v in data.items() if k not in _claimed(record)}
             values[item.name] = load(
                 field_kind, data if _is_record(field_kind) else unclaimed, where
             )
@@ -126,17 +128,24 @@ def _is_record(kind: Any) -> bool:
     return isinstance(kind, type) and issubclass(kind, Record)
 
 
-def _claimed(cls: type) -> set[str]:
+@functools.cache
+def _hints(kind: type) -> dict[str, Any]:
+    """A dataclass's field types, resolved once per class (resolving them is most of reading)."""
+    return typing.get_type_hints(kind)
+
+
+@functools.cache
+def _claimed(cls: type) -> frozenset[str]:
     """The keys of a document that `cls`'s fields read: its own names, and those of the records
     flattened into it."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     found = set()
     for item in dataclasses.fields(cls):
         if not item.metadata.get("flat"):
             found.add(item.name)
         elif _is_record(hints[item.name]):
             found |= _claimed(hints[item.name])
-    return found
+    return frozenset(found)
 
 
 def _default(item: dataclasses.Field[Any]) -> Any:

@@ -18,23 +18,25 @@ The detector's precision and recall come from its labelled suite (`hostsync.dete
 per family too, with its cost per operation; `--detector-only` prints those alone, without any
 run.
 
-`--scan SCRIPT` prints instead what `scan` adds to that script's time per step: its steps after
-the warm-up under the scan's runner with the detector, against the same steps with the runner
-finding them and timing them only (`--no-detector`), interleaved runs, medians; and the whole
-run against `python SCRIPT` itself.
+`--scan [SCRIPT ...]` prints instead what `scan` adds to each script's whole run (three example
+loops of different sizes where none is named): `python -m hostsync scan SCRIPT`, its result and
+reports written, against `python SCRIPT`, and where the difference goes: the runner finding and
+timing the steps (`--no-detector`), the detector, the command's own start and summing up, and
+the writing, which the command times itself. Interleaved runs, medians; each step's time too.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,7 @@ from hostsync.workspace.records import (
     Provenance,
     RankReport,
     ScanRank,
+    ScanResult,
 )
 
 
@@ -237,63 +240,147 @@ def print_detector(truth: DetectorTruth, op_us: dict[str, dict[str, float]]) -> 
         )
 
 
-# The scan's rank side, started by module name as `scan` starts it (no import: it sits above).
+# The scan's rank side and command, started by module name as `scan` starts them (no import: they
+# sit above).
 SCAN_RUNNER = "hostsync.scan.runner"
+SCAN_COMMAND = ("hostsync", "scan")
+# What `bench --scan` runs when it is given no script: three training loops of different sizes,
+# each seconds long on a CPU.
+SCAN_EXAMPLES = (
+    "examples/tiny_training.py",
+    "examples/small_cnn.py",
+    "examples/tiny_transformer.py",
+)
+# How the scan command says how long it took to write its result and reports.
+WRITTEN = re.compile(r"wrote the result and its reports in ([0-9.]+) s")
+# Each way a script is run: as `python SCRIPT`, under the runner timing its steps only, under scan.
+PYTHON, STEPS_ONLY, SCAN = "python", "steps only", "scan"
+
+
+@dataclass
+class ScanTimes:
+    """One script's runs, seconds: each way's whole runs; inside the scan, its run (from the
+    launch to the ranks' end) and its writing; the steps after the warm-up each way."""
+
+    whole: dict[str, list[float]] = field(
+        default_factory=lambda: {PYTHON: [], STEPS_ONLY: [], SCAN: []}
+    )
+    run: list[float] = field(default_factory=list)
+    writing: list[float] = field(default_factory=list)
+    steps: dict[str, list[float]] = field(default_factory=lambda: {STEPS_ONLY: [], SCAN: []})
+
+
+def shadow_root(layout: Layout, folder: Path) -> Path:
+    """A workspace at `folder` reading `layout`'s inputs (linked), with a profiles/ of its own:
+    the scans a bench makes are no one's results."""
+    for entry in layout.root.iterdir():
+        if entry.name != "profiles":
+            (folder / entry.name).symlink_to(entry)
+    return folder
 
 
 def scan_overhead(
-    layout: Layout, script: Path, args: list[str], runs: int, timeout: float
-) -> dict[str, list[float]]:
-    """Seconds per step after the warm-up under the scan's runner with the detector
-    (`scan`) and with the runner timing the steps only (`steps only`), and seconds of the
-    whole run, also as `python SCRIPT` (`python`): `runs` of each, interleaved."""
-    found: dict[str, list[float]] = {"scan": [], "steps only": [], "python": []}
-    walls: dict[str, list[float]] = {name: [] for name in found}
-    for _ in range(runs):
-        for name, runner in (
-            ("scan", [SCAN_RUNNER]),
-            ("steps only", [SCAN_RUNNER, "--no-detector"]),
-            ("python", []),
-        ):
-            run = Run(layout.new_run_dir("bench-scan"), None, layout)
-            command = [sys.executable, *(["-m", *runner] if runner else []), str(script), *args]
-            started = time.perf_counter()
-            if run_group(run, command, timeout=timeout) != 0:
-                raise WorkspaceError(f"{script} failed under `{name}`: see {run.log_file}")
-            walls[name].append(time.perf_counter() - started)
-            if runner:
-                rank = read_file(RankReport, run.run_dir / "rank-0.json").read(ScanRank)
-                found[name] += [s.seconds for s in rank.steps if not s.hunt.warmup]
-    return found | {f"{name} run": seconds for name, seconds in walls.items()}
+    layout: Layout, scripts: list[Path], args: list[str], runs: int, timeout: float
+) -> dict[Path, ScanTimes]:
+    """Each script `runs` times each way (`PYTHON`, `STEPS_ONLY`, `SCAN`: the whole command,
+    its result and reports written), interleaved over the scripts and the ways."""
+    found = {script: ScanTimes() for script in scripts}
+    with tempfile.TemporaryDirectory(dir=layout.work) as folder:
+        shadow = shadow_root(layout, Path(folder))
+        for _ in range(runs):
+            for script, times in found.items():
+                for way, command in (
+                    (PYTHON, [str(script)]),
+                    (STEPS_ONLY, ["-m", SCAN_RUNNER, "--no-detector", str(script)]),
+                    (SCAN, ["-m", *SCAN_COMMAND, str(script)]),
+                ):
+                    run = Run(layout.new_run_dir("bench-scan"), None, layout)
+                    env = {"HOSTSYNC_ROOT": str(shadow)}
+                    started = time.perf_counter()
+                    status = run_group(
+                        run, [sys.executable, *command, *args], timeout=timeout, env=env
+                    )
+                    if status != 0:
+                        raise WorkspaceError(f"{script} failed under `{way}`: see {run.log_file}")
+                    times.whole[way].append(time.perf_counter() - started)
+                    if way == STEPS_ONLY:
+                        rank = read_file(RankReport, run.run_dir / "rank-0.json").read(ScanRank)
+                        times.steps[way] += [s.seconds for s in rank.steps if not s.hunt.warmup]
+                    if way == SCAN:
+                        scanned = _scanned(shadow, run.log_file)
+                        times.run.append(scanned.wall_s)
+                        times.writing.append(_writing(run.log_file))
+                        times.steps[way] += [
+                            s.seconds for r in scanned.ranks for s in r.steps if not s.hunt.warmup
+                        ]
+    return found
 
 
-def print_scan_overhead(script: Path, figures: dict[str, list[float]], runs: int) -> None:
-    if not figures["scan"]:
-        raise WorkspaceError(f"{script} made no step after the warm-up: give it more steps")
-    step = {name: 1000 * statistics.median(figures[name]) for name in ("scan", "steps only")}
-    run = {name: statistics.median(figures[f"{name} run"]) for name in ("scan", "python")}
+def _scanned(root: Path, log: Path) -> ScanResult:
+    newest = results.latest(root / "profiles" / "scan", ScanResult)
+    if newest is None:
+        raise WorkspaceError(f"the scan wrote no result: see {log}")
+    return results.read(newest, ScanResult)
+
+
+def _writing(log: Path) -> float:
+    said = WRITTEN.search(log.read_text())
+    if said is None:
+        raise WorkspaceError(f"the scan did not say how long it wrote: see {log}")
+    return float(said[1])
+
+
+def print_scan_overhead(found: dict[Path, ScanTimes], runs: int) -> None:
+    """Per script: the whole run under scan against `python SCRIPT`, and where the difference
+    goes: the runner finding and timing the steps, the detector, the command's own start,
+    summing up and writing (of which writing, also as a share of the scan)."""
+    median = statistics.median
+    rows = []
+    for script, times in found.items():
+        if not times.steps[SCAN]:
+            raise WorkspaceError(f"{script} made no step after the warm-up: give it more steps")
+        whole = {way: median(seconds) for way, seconds in times.whole.items()}
+        run, writing = median(times.run), median(times.writing)
+        step_ms = {way: 1000 * median(seconds) for way, seconds in times.steps.items()}
+        rows.append(
+            [
+                script.name,
+                len(times.steps[SCAN]) // runs,
+                f"{whole[PYTHON]:.2f}",
+                f"{whole[SCAN]:.2f}",
+                f"x{whole[SCAN] / whole[PYTHON]:.2f}",
+                f"{whole[STEPS_ONLY] - whole[PYTHON]:+.2f}",
+                f"{run - whole[STEPS_ONLY]:+.2f}",
+                f"{whole[SCAN] - run - writing:+.2f}",
+                f"{writing:.2f} ({writing / whole[SCAN]:.0%})",
+                f"{step_ms[STEPS_ONLY]:.1f} / {step_ms[SCAN]:.1f}",
+            ]
+        )
     print(
-        f"scan overhead on {script} ({len(figures['scan']) // runs} steps after the warm-up,"
-        f" {runs} run(s) each way, interleaved; medians)"
+        f"scan against `python SCRIPT`, whole runs: {runs} run(s) each way, interleaved over the"
+        " scripts and the ways, on a machine shared with other work (medians)"
     )
     print(
         table.text(
-            ["", "with the detector", "without", "ratio"],
             [
-                [
-                    "per step (ms; without: the runner times the steps only)",
-                    f"{step['scan']:.2f}",
-                    f"{step['steps only']:.2f}",
-                    f"{step['scan'] / step['steps only']:.2f}",
-                ],
-                [
-                    "whole run (s; without: `python SCRIPT`)",
-                    f"{run['scan']:.2f}",
-                    f"{run['python']:.2f}",
-                    f"{run['scan'] / run['python']:.2f}",
-                ],
+                "script",
+                "steps",
+                "python s",
+                "scan s",
+                "ratio",
+                "runner s",
+                "detector s",
+                "command s",
+                "writing s",
+                "step ms: timed only / detector",
             ],
+            rows,
         )
+    )
+    print(
+        "  runner: the runner finding and timing the steps, over python; detector: the scan's"
+        " run over that; command: the scan command's own start and summing up; writing: its"
+        " result, summary and reports (share of the whole scan)"
     )
 
 

@@ -12,6 +12,6 @@
 - `gate`: a baseline of what a run saw, and the checks a CI run fails on.
 
 Writes profiles/scan/scan-<stamp>.json (`records.ScanResult`, never overwritten; marked partial
-when the run did not end cleanly) with scan-<stamp>.md, scan-<stamp>.png and a folder of traces
+when the run did not end cleanly) with scan-<stamp>.md, scan-<stamp>.svg and a folder of traces
 beside it, and regenerates profiles/scan/scan.md from the newest.
 """

@@ -5,7 +5,7 @@ still matches), the sites a later run finds that it does not hold, and a budget 
 The script is keyed by its path in its repository, however it was typed. A new site fails only
 where known_sites.toml does not accept it; a compiled call is no site. Each failure is one line
 naming the site and its line. `sarif` writes every site as SARIF 2.1.0, which code scanning shows
-on the pull request's lines.
+on the pull request's lines, each with its remedy from remedies.toml.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from hostsync.detector.sites import Site, SiteCount
 from hostsync.scan.report import compiled_only, scan_sites
 from hostsync.sites.dispositions import Disposed, Disposition
 from hostsync.sites.known import KnownSites
+from hostsync.sites.remedies import NONE, Remedies, remedy_text
 from hostsync.workspace.records import HuntSite, ScanResult
 
 NEW = "new"
-NO_REMEDY = "no remedy known"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 RULE = "host-sync"
 # Where code scanning finds a result's file: the repository's top.
@@ -132,7 +132,7 @@ class Finding:
     disposed: Disposed
     uri: str | None
     new: bool = False
-    remedy: str = NO_REMEDY
+    remedy: str = NONE
 
     @property
     def hunted(self) -> HuntSite:
@@ -151,9 +151,10 @@ class Finding:
 
 
 def findings(
-    result: ScanResult, rules: KnownSites, baseline: Baseline | None = None
+    result: ScanResult, rules: KnownSites, remedies: Remedies, baseline: Baseline | None = None
 ) -> list[Finding]:
-    """Every judged site of the run as a finding, in the order the report lists them."""
+    """Every judged site of the run as a finding, in the order the report lists them, with the
+    first remedy of remedies.toml that matches it."""
     script = Path(result.script).resolve()
     new = set()
     if baseline is not None:
@@ -164,6 +165,7 @@ def findings(
             site.disposed,
             uri_of(site.hunted.site, script),
             site.hunted.site in new and site.hunted.allowed is None,
+            remedy_text(remedies.remedy_for(site.hunted.kinds, site.hunted.site)),
         )
         for site in scan_sites(result, rules)
     ]

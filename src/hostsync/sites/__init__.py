@@ -8,4 +8,5 @@ them imports another.
 - `summary`: ranks' records summed into sites. Steady cost, copies per step, windows.
 - `dispositions`: what a site is to us. Carried, accepted, not carried, or a candidate.
 - `render`: a site in words, why its line waits, and the heat map of sites.
+- `remedies`: what to change at a site, from remedies.toml. Every report reads one table.
 """

@@ -1,8 +1,10 @@
 """A site in words and in pictures. Where it is, its figures as a person writes them, and why
-its line waits. The heat map the census and the scan draw of their sites."""
+its line waits. The heat maps of sites: the census draws a PNG, the scan writes an SVG as text
+(no plotting library to import, which took longer than writing the rest)."""
 
 from __future__ import annotations
 
+import html
 import re
 import textwrap
 from collections.abc import Sequence
@@ -13,11 +15,11 @@ from hostsync.sites.dispositions import Disposed, Disposition
 from hostsync.workspace.records import HuntSite
 
 # A disposition's colour in a heat map's site labels, and what the colours mean.
-COLOURS = {
-    Disposition.CARRIED: "tab:green",
-    Disposition.ACCEPTED: "tab:gray",
-    Disposition.NOT_CARRIED: "tab:blue",
-    Disposition.CANDIDATE: "tab:red",
+COLOURS = {  # matplotlib's tab:green, tab:gray, tab:blue, tab:red, as SVG reads them too
+    Disposition.CARRIED: "#2ca02c",
+    Disposition.ACCEPTED: "#7f7f7f",
+    Disposition.NOT_CARRIED: "#1f77b4",
+    Disposition.CANDIDATE: "#d62728",
 }
 LABEL_COLOURS = (
     "site labels: green carried, grey accepted, blue not carried, red without a disposition"
@@ -127,3 +129,58 @@ def draw_heat_map(
     figure.tight_layout()
     figure.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(figure)
+
+
+# The SVG heat map's cells and margins, in pixels; its scale, white to dark red (matplotlib's Reds).
+_CELL, _ROW, _LEFT, _TOP = 64, 16, 120, 150
+_REDS = ((255, 245, 240), (251, 106, 74), (103, 0, 13))
+
+
+def svg_heat_map(
+    rows: Sequence[str], sites: Sequence[Disposed], values: Sequence[Sequence[float]], title: str
+) -> str:
+    """`rows` x `sites` as an SVG (GitHub and browsers show it), each cell written in, on the
+    PNG's square-root scale. The site labels are coloured by disposition."""
+    peak = max((value for line in values for value in line), default=0) or 1
+    width = _LEFT + _CELL * len(sites) + 90  # the last site's label leans out to the right
+    lines = textwrap.wrap(title, width // 6)
+    top = _TOP + 14 * len(lines)
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}"'
+        f' height="{top + _ROW * len(rows) + 10}" font-family="sans-serif" font-size="10">',
+        '<rect width="100%" height="100%" fill="white"/>',
+        *(
+            f'<text x="4" y="{14 * (n + 1)}">{html.escape(line)}</text>'
+            for n, line in enumerate(lines)
+        ),
+    ]
+    for column, site in enumerate(sites):
+        label = f"#{column + 1} {Path(site.hunted.site.file).name}:{site.hunted.site.line}"
+        out.append(
+            f'<text transform="translate({_LEFT + _CELL * column + _CELL // 2},{top - 6})'
+            f' rotate(-60)" fill="{COLOURS[site.disposition]}">{html.escape(label)}</text>'
+        )
+    for row, (label, line) in enumerate(zip(rows, values, strict=True)):
+        y = top + _ROW * row
+        out.append(
+            f'<text x="{_LEFT - 6}" y="{y + 12}" text-anchor="end">{html.escape(label)}</text>'
+        )
+        for column, value in enumerate(line):
+            x, share = _LEFT + _CELL * column, (value / peak) ** 0.5
+            out.append(
+                f'<rect x="{x}" y="{y}" width="{_CELL}" height="{_ROW}" fill="{_red(share)}"'
+                ' stroke="white"/>'
+            )
+            if value:
+                out.append(
+                    f'<text x="{x + _CELL // 2}" y="{y + 12}" text-anchor="middle"'
+                    f' fill="{"white" if share > 0.6 else "black"}">{rate_text(value)}</text>'
+                )
+    return "\n".join([*out, "</svg>"]) + "\n"
+
+
+def _red(share: float) -> str:
+    """The colour of `share` (0 to 1) on the scale, between its stops."""
+    low, high = (_REDS[0], _REDS[1]) if share <= 0.5 else (_REDS[1], _REDS[2])
+    part = share * 2 if share <= 0.5 else share * 2 - 1
+    return "#" + "".join(f"{round(a + (b - a) * part):02x}" for a, b in zip(low, high, strict=True))

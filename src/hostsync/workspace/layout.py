@@ -89,6 +89,11 @@ class Layout:
         return self.root / "known_sites.toml"
 
     @property
+    def remedies(self) -> Path:
+        """What to change at each kind of host sync, for every report that names a remedy."""
+        return self.root / "remedies.toml"
+
+    @property
     def work(self) -> Path:
         """Ignored: everything fetched or built at run time lives here."""
         return self.root / "work"

@@ -1144,7 +1144,7 @@ class ScanRank(Record):
 class ScanResult(Result):
     """A user's training script run unchanged under the detector, how it was started, each
     rank's steps, the sites over the ranks and the steps after the warm-up (each with its
-    disposition: carried by a case, accepted by hunt_allowlist.toml, or a candidate) and the
+    disposition: carried by a case, accepted by known_sites.toml, or a candidate) and the
     cost per step; `partial` says why a run that did not end cleanly is incomplete."""
 
     KIND: ClassVar[str] = "scan"

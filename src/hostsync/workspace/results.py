@@ -111,11 +111,12 @@ def write_markdown(json_path: Path, kind: type[R], render: Callable[[R, Path], s
     """A result's Markdown beside it (never overwritten), and `<kind>.md` in its folder from
     the newest result of its kind, the report a reader opens first."""
     beside = json_path.with_suffix(".md")
+    text = render(read(json_path, kind), json_path)
     with beside.open("x") as out:
-        out.write(render(read(json_path, kind), json_path))
+        out.write(text)
     newest = latest(json_path.parent, kind) or json_path
     stable = json_path.parent / f"{kind.KIND}.md"
-    stable.write_text(render(read(newest, kind), newest))
+    stable.write_text(text if newest == json_path else render(read(newest, kind), newest))
     return [beside, stable]
 
 
