@@ -11,9 +11,9 @@ import importlib
 _HOMES = {
     "Cost": "records",
     "SyncScope": "scope",
-    "SyncScopeError": "scope",
-    "CompiledInScope": "scope",
-    "package_path": "scope",
+    "SyncScopeError": "events",
+    "CompiledInScope": "events",
+    "package_path": "frames",
     "AllowRule": "sites",
     "Site": "sites",
     "SiteCount": "sites",
