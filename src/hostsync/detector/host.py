@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hostsync.detector import frames
+from hostsync.detector.accounting import DetectorMode
 
 # Tensors known to live in host memory, by id, process-wide (see HostMemory).
 ON_HOST: dict[int, weakref.ref[torch.Tensor]] = {}
@@ -128,7 +128,7 @@ def tensors_in(values: object) -> Iterator[torch.Tensor]:
         yield from tensors_in(list(values.values()))
 
 
-class HostPropagation(TorchDispatchMode):
+class HostPropagation(DetectorMode):
     """Results of aten calls whose tensor inputs all live in host memory live there too.
 
     A higher-order operator is judged by the same rule on its inputs and results, its body
@@ -140,14 +140,9 @@ class HostPropagation(TorchDispatchMode):
         super().__init__()
         self.host = host
 
-    def __torch_dispatch__(
-        self,
-        func: torch._ops.OpOverload,
-        types: Sequence[type],
-        args: tuple[object, ...] = (),
-        kwargs: dict[str, object] | None = None,
+    def dispatch(
+        self, func: torch._ops.OpOverload, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> object:
-        kwargs = kwargs or {}
         result = func(*args, **kwargs)
         inputs = [*tensors_in(args), *tensors_in(list(kwargs.values()))]
         if inputs and all(self.host.holds(tensor) for tensor in inputs):
