@@ -11,6 +11,7 @@ import importlib
 _HOMES = {
     "Cost": "records",
     "SyncScope": "scope",
+    "HostTracking": "scope",
     "SyncScopeError": "events",
     "CompiledInScope": "events",
     "package_path": "frames",

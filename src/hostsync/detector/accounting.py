@@ -58,9 +58,12 @@ _READS_AFTER_KERNELS = {_aten.equal.default}
 
 
 class HostMemory(Protocol):
-    """What the accounting asks the detector: which tensors live in host memory."""
+    """What the accounting asks the detector: which tensors live in host memory, and what it
+    tells it: what was computed from host memory alone."""
 
     def holds(self, tensor: object) -> bool: ...
+
+    def made(self, values: object) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -185,9 +188,6 @@ class Accounting(DetectorMode):
         self.step = 0
         self._total = _Tally()
         self._total_at_step = DeviceWork()
-        # The detector's dispatch modes each aten call passes (this one; the host memory
-        # propagation's, once pushed).
-        self.modes = 1
         self._locate = locate
         self._queued = _Tally()
         # The last call that launched work: its result's id and its work.
@@ -210,9 +210,8 @@ class Accounting(DetectorMode):
         if opening is not None:
             return self._in_window(opening, func, args, kwargs)
         result = func(*args, **kwargs)
-        op = _OPS.get(func) or _op(func)
-        if op.launches and not self._hosting:
-            self._launch(op, args, kwargs, result)
+        if not self._hosting:
+            self._launch(_OPS.get(func) or _op(func), args, kwargs, result)
         return result
 
     def _in_window(
@@ -230,11 +229,11 @@ class Accounting(DetectorMode):
         if op.higher_order:
             return result
         returned = time.perf_counter_ns()
-        if op.launches and not self._hosting and self._launch(op, args, kwargs, result):
+        if not self._hosting and self._launch(op, args, kwargs, result):
             self._close(entered)
         else:
             counted = time.perf_counter_ns()
-            opening.own += int(self.modes * self._per_dispatch) + counted - returned
+            opening.own += int(self._per_dispatch) + counted - returned
             self._span(opening, returned)  # the call's own host work is its statement's
             opening.last = time.perf_counter_ns()
         return result
@@ -242,8 +241,9 @@ class Accounting(DetectorMode):
     def _launch(
         self, op: _Op, args: tuple[object, ...], kwargs: dict[str, object], result: object
     ) -> bool:
-        """Count the device work of one call; whether it launched any (none for views,
-        allocations, host memory)."""
+        """Count the device work of one call; whether it launched any. Views, allocations and
+        work on host memory launch none; what is computed from host memory alone is host
+        memory too."""
         inputs = _tensor_list(args)
         if kwargs:
             inputs += _tensor_list(kwargs)
@@ -251,12 +251,15 @@ class Accounting(DetectorMode):
             kernels, collectives, flops = 1, 1, 0
             moved = sum(tensor.nbytes for tensor in inputs)
         else:
+            if inputs and all(map(self.host.holds, inputs)):
+                self.host.made(result)
+                return False
+            if not op.launches:
+                return False
             outputs = [result] if type(result) is torch.Tensor else _tensor_list(result)
             if not outputs and op.written:
                 outputs = _written(op, args, kwargs)
             if not outputs and not op.reads_after_kernels:
-                return False
-            if inputs and all(map(self.host.holds, inputs)):
                 return False
             kernels, collectives = 1, 0
             flops = int(op.formula(*args, **kwargs, out_val=result)) if op.formula else 0

@@ -78,6 +78,7 @@ class Observer:
         self._lock = threading.RLock()
         self._local = threading.local()
         self._instrumentation = ExitStack()
+        self._tracking: ExitStack | None = None
         self._opened_in: int | None = None
         self._propagation: HostPropagation | None = None
         self.accounting: Accounting | None = None
@@ -100,7 +101,7 @@ class Observer:
                 with ExitStack() as instrumentation:
                     self.counts_cuda_syncs = torch.cuda.is_available()
                     instrumentation.enter_context(self._instrument(self.counts_cuda_syncs))
-                    instrumentation.enter_context(self._observing_this_thread())
+                    instrumentation.enter_context(self._observing_this_thread(judging=True))
                     self._instrumentation = instrumentation.pop_all()
                 self._opened_in = threading.get_ident()
                 frames.follow_search_path()
@@ -127,17 +128,43 @@ class Observer:
                 self.host.clear()
                 self._instrumentation.close()
 
+    def track(self) -> None:
+        """Host memory known as it is made from now on, in this thread, with no scope open:
+        the wrappers run, no kernel judges, nothing is recorded until a scope opens."""
+        with self._lock:
+            if self._tracking is not None:
+                raise SyncScopeError("host memory is already tracked in this context")
+            with ExitStack() as tracking:
+                tracking.enter_context(self._instrument(False))
+                tracking.enter_context(self._observing_this_thread(judging=False))
+                self._tracking = tracking.pop_all()
+
+    def untrack(self) -> None:
+        """Tracking ends; the scopes opened inside it are closed first."""
+        with self._lock:
+            if self.scopes:
+                raise SyncScopeError("close the scopes opened inside the tracking first")
+            if self._tracking is not None:
+                self._tracking.close()
+                self._tracking = None
+
     @contextmanager
-    def _observing_this_thread(self) -> Iterator[None]:
-        """This context's observer and dispatch key in the current thread's local state."""
+    def _observing_this_thread(self, judging: bool) -> Iterator[None]:
+        """This context's observer in the current thread's local state, with the dispatch key
+        its kernels judge on when `judging`; what was there before, after."""
+        previous = Observer.current()
         included = torch._C._dispatch_tls_is_dispatch_key_included(KEY)
         torch._C._stash_obj_in_tls(_TLS_NAME, self)
-        torch._C._dispatch_tls_set_dispatch_key_included(KEY, True)
+        if judging:
+            torch._C._dispatch_tls_set_dispatch_key_included(KEY, True)
         try:
             yield
         finally:
             torch._C._dispatch_tls_set_dispatch_key_included(KEY, included)
-            torch._C._remove_obj_from_tls(_TLS_NAME)
+            if previous is None:
+                torch._C._remove_obj_from_tls(_TLS_NAME)
+            else:
+                torch._C._stash_obj_in_tls(_TLS_NAME, previous)
 
     @contextmanager
     def carried(self) -> Iterator[None]:
@@ -145,17 +172,21 @@ class Observer:
         if not self.scopes:
             yield
             return
-        with self._observing_this_thread():
+        with self._observing_this_thread(judging=True):
             yield
 
     def propagate_host_memory(self) -> None:
         """From now on, results computed from host memory only are host memory too: every aten
-        call is seen (a dispatch mode), in the thread that opened the scope."""
-        if self._propagation is None and threading.get_ident() == self._opened_in:
+        call is seen (a dispatch mode), in the thread that opened the scope. The accounting
+        follows host memory itself, and nothing is followed while no scope is open."""
+        if (
+            self._propagation is None
+            and self.scopes
+            and self.accounting is None
+            and threading.get_ident() == self._opened_in
+        ):
             self._propagation = HostPropagation(self.host)
             _push_mode(self._propagation)
-            if self.accounting is not None:
-                self.accounting.modes += 1
 
     @property
     def quiet(self) -> bool:
@@ -208,6 +239,8 @@ class Observer:
         host_copy: torch.Tensor | None = None,
     ) -> None:
         """`count` host reads of `read`; `host_copy` is the host tensor it produced, if any."""
+        if not self.scopes:
+            return
         accounting = self.accounting
         own = accounting.own_begins() if accounting is not None else None
         waited = None

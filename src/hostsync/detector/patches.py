@@ -20,11 +20,13 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
+from torch.utils._device import DeviceContext
 
 from hostsync.detector import kernels, ops
 from hostsync.detector.host import FROM_FILES, HostMemory
 from hostsync.detector.kernels import WRAPPED_DTYPES
 from hostsync.detector.observer import Observer
+from hostsync.detector.sites import DEVICE_COPY
 
 _CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
 
@@ -73,20 +75,85 @@ def _names_host_memory(
     return destination is not None and destination.type == "cpu" and host.named()
 
 
-def _made_on_host(
-    name: str, call: ops.OpCall, destination: torch.device | None, observer: Observer
-) -> bool:
+def _made_on_host(name: str, call: ops.OpCall, destination: torch.device | None) -> bool:
     """A torch factory given no device and no tensor to follow, while the default device is the
-    CPU: its result is host memory on a GPU box too (`torch.tensor(0.0)`, `torch.zeros(3)`).
-
-    Inside `with torch.device(...)` torch finds the default device by making a tensor, which the
-    scope must not observe again: it would ask the same question without end."""
+    CPU: its result is host memory on a GPU box too (`torch.tensor(0.0)`, `torch.zeros(3)`)."""
     if destination is not None or name.startswith("torch.Tensor.") or name.endswith("_like"):
         return False
     if any(isinstance(value, torch.Tensor) for value in (*call.args, *call.kwargs.values())):
         return False
-    with observer.quieted():
-        return torch.get_default_device().type == "cpu"
+    return _default_device_type() == "cpu"
+
+
+def _default_device_type() -> str:
+    """The type of `torch.get_default_device()`, found as it finds it, but without the tensor
+    it makes inside `with torch.device(...)` to learn an index: a factory this wrapper would
+    judge again, asking the same question without end."""
+    for mode in reversed(torch.overrides._get_current_function_mode_stack()):
+        if isinstance(mode, DeviceContext):
+            return torch.device(mode.device).type
+    context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    return "cpu" if context is None else torch.device(context.device).type
+
+
+@functools.cache
+def _host_made(make: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`torch.from_numpy`, `torch.frombuffer`: a tensor over host memory, on any box."""
+
+    @functools.wraps(make)
+    def made_on_host(*args: Any, **kwargs: Any) -> torch.Tensor:
+        tensor = make(*args, **kwargs)
+        if Observer.current() is not None:
+            HostMemory.made(tensor)
+        return tensor
+
+    return made_on_host
+
+
+@functools.cache
+def _loading(load: Callable[..., object]) -> Callable[..., object]:
+    """`torch.load`: onto the host where the call spells it (`map_location="cpu"`, or a
+    function of the storage), else onto the device, where each storage is one blocking copy
+    (what a GPU box does with a `map_location` device, or with storages saved from one)."""
+
+    @functools.wraps(load)
+    def loading(*args: Any, **kwargs: Any) -> object:
+        observer = Observer.current()
+        if observer is None or observer.quiet:
+            return load(*args, **kwargs)
+        with observer.quieted():
+            loaded = load(*args, **kwargs)
+        if _loads_to_host(ops.OpCall(args, kwargs).argument(1, "map_location"), observer.host):
+            HostMemory.made(list(_tensors_loaded(loaded)))
+        else:
+            count = _device_storages(loaded, observer.host, set())
+            if count:
+                observer.record(DEVICE_COPY, "torch.load", count)
+        return loaded
+
+    return loading
+
+
+def _loads_to_host(where: object, host: HostMemory) -> bool:
+    if callable(where):
+        return True
+    if isinstance(where, dict):
+        return bool(where) and all(_loads_to_host(value, host) for value in where.values())
+    if isinstance(where, str | torch.device):
+        return torch.device(where).type == "cpu" and host.named()
+    return False
+
+
+def _tensors_loaded(value: object) -> Iterator[torch.Tensor]:
+    """The tensors of a loaded object: of its dicts, lists and tuples, as `torch.save` keeps."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors_loaded(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors_loaded(item)
 
 
 def _host_factories() -> Iterator[str]:
@@ -130,7 +197,8 @@ def _observing(
             return original(*args, **kwargs)
         entered = time.perf_counter_ns()
         call = ops.OpCall(args, kwargs)
-        counts = [(rule.kind, n) for rule in rules if (n := rule.syncs(call, observer.host))]
+        judged = rules if observer.scopes else ()
+        counts = [(rule.kind, n) for rule in judged if (n := rule.syncs(call, observer.host))]
         with observer.quieted() if replaces_kernels else contextlib.nullcontext():
             ran = time.perf_counter_ns()
             result = original(*args, **kwargs)
@@ -147,7 +215,7 @@ def _observing(
         on_host = made and _names_host_memory(where, call, observer.host)
         if on_host:
             observer.host.add(result)
-        elif made and _made_on_host(name, call, where, observer):
+        elif made and _made_on_host(name, call, where):
             on_host = True
             observer.host.made(result)
         elif not made and where is not None and not _names_host_memory(where, call, observer.host):
@@ -238,13 +306,18 @@ class _ProcessWide:
             owner_name, _, name = qualified.rpartition(".")
             owner = ops.resolve(owner_name)
             replacements.append((owner, name, _observing(qualified, rules, getattr(owner, name))))
-        save, from_file = torch.serialization.save, torch.UntypedStorage.from_file
+        save, load = torch.serialization.save, torch.serialization.load
+        from_file = torch.UntypedStorage.from_file
         loading = torch.utils.data.dataloader._BaseDataLoaderIter
         replacements += [
             (loading, "__next__", _collating(loading.__next__)),
             (torch.Tensor, "__setitem__", _writing(torch.Tensor.__setitem__)),
             (torch, "save", _saving(save)),
             (torch.serialization, "save", _saving(save)),
+            (torch, "load", _loading(load)),
+            (torch.serialization, "load", _loading(load)),
+            (torch, "from_numpy", _host_made(torch.from_numpy)),
+            (torch, "frombuffer", _host_made(torch.frombuffer)),
             (torch.UntypedStorage, "from_file", staticmethod(_reading_files(from_file))),
         ]
         restore.enter_context(_replaced(replacements))
@@ -302,7 +375,7 @@ def _writing(setitem: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(setitem)
     def setting(self: torch.Tensor, index: object, value: object) -> None:
         observer = Observer.current()
-        if observer is None or observer.quiet:
+        if observer is None or observer.quiet or not observer.scopes:
             setitem(self, index, value)
             return
         if type(value) in WRAPPED_DTYPES and not self.is_quantized:
@@ -331,7 +404,7 @@ def _saving(save: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(save)
     def saving(obj: object, *args: object, **kwargs: object) -> object:
         observer = Observer.current()
-        if observer is not None and not observer.quiet:
+        if observer is not None and not observer.quiet and observer.scopes:
             count = _device_storages(obj, observer.host, set())
             if count:
                 observer.record("host_copy", "torch.save", count)

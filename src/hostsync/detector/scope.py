@@ -261,3 +261,27 @@ class SyncScope:
 
     def _kinds_at(self, site: Site) -> tuple[str, ...]:
         return tuple(sorted({event.kind for event in self.events if event.site == site}))
+
+
+class HostTracking:
+    """Host memory known as it is made, from here on, in this thread's context, with no scope
+    open: what a scan's bootstrap opens before the script's setup runs.
+
+    Tensors made in setup (a dataset's index, a best-loss value, optimizer state made in its
+    constructor) are then host or device memory as they were made, whichever optimizer steps.
+    It only follows the factories, copies and loads that name where their result lives; nothing
+    is judged or recorded until a scope opens inside it, and its scopes close before it does.
+    """
+
+    def __init__(self) -> None:
+        self._observer: Observer | None = None
+
+    def __enter__(self) -> HostTracking:
+        observer = self._observer = Observer.current() or Observer(patches.installed)
+        observer.track()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            observer.untrack()
