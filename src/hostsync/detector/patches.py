@@ -75,11 +75,16 @@ def _names_host_memory(
     return destination is not None and destination.type == "cpu" and host.named()
 
 
-def _made_on_host(name: str, call: ops.OpCall, destination: torch.device | None) -> bool:
+def _made_on_host(
+    name: str, call: ops.OpCall, destination: torch.device | None, host: HostMemory
+) -> bool:
     """A torch factory given no device and no tensor to follow, while the default device is the
-    CPU: its result is host memory on a GPU box too (`torch.tensor(0.0)`, `torch.zeros(3)`)."""
-    if destination is not None or name.startswith("torch.Tensor.") or name.endswith("_like"):
+    CPU: its result is host memory on a GPU box too (`torch.tensor(0.0)`, `torch.zeros(3)`).
+    `t.new_zeros(3)` and its kin make it where `t` is."""
+    if destination is not None or name.endswith("_like"):
         return False
+    if name.startswith("torch.Tensor."):
+        return name.startswith("torch.Tensor.new_") and host.holds(call.args[0])
     if any(isinstance(value, torch.Tensor) for value in (*call.args, *call.kwargs.values())):
         return False
     return _default_device_type() == "cpu"
@@ -187,7 +192,8 @@ def _observing(
     """`original`, in any context with an open scope: judged by `rules`, and its result kept as
     host memory when the call names it (a factory or a copy to "cpu", pinned memory)."""
     op = name.removeprefix("torch.")
-    to_host = name == "torch.Tensor.cpu"
+    to_host = name.endswith(".cpu")
+    makes = not name.startswith("torch.Tensor.") or name.startswith("torch.Tensor.new_")
     replaces_kernels = any(rule.replaces_kernels for rule in rules)
 
     @functools.wraps(original)
@@ -197,35 +203,40 @@ def _observing(
             return original(*args, **kwargs)
         entered = time.perf_counter_ns()
         call = ops.OpCall(args, kwargs)
+        host, accounting = observer.host, observer.accounting
         judged = rules if observer.scopes else ()
-        counts = [(rule.kind, n) for rule in judged if (n := rule.syncs(call, observer.host))]
-        with observer.quieted() if replaces_kernels else contextlib.nullcontext():
+        counts = [(rule.kind, n) for rule in judged if (n := rule.syncs(call, host))]
+        where = _CPU if to_host else ops.destination(call)
+        named = _names_host_memory(where, call, host)
+        by_default = not named and _made_on_host(name, call, where, host)
+        with ExitStack() as running:
+            if replaces_kernels:
+                running.enter_context(observer.quieted())
+            if accounting is not None and makes and (named or by_default):
+                # A factory of host memory launches nothing on a GPU: no end of a window.
+                running.enter_context(accounting.hosting())
             ran = time.perf_counter_ns()
             result = original(*args, **kwargs)
             ran = time.perf_counter_ns() - ran
         source = args[0] if args else None
-        copied_to_host = any(kind == _TO_HOST for kind, _ in counts)
-        if copied_to_host and result is source and result.layout == torch.strided:
-            # The stand-in's `.cpu()` of a host tensor is the tensor itself; on a GPU box it is
-            # a new host tensor, which an alias stands for, so that the source stays the
+        if result is source and any(kind == _TO_HOST for kind, _ in counts):
+            # The stand-in's `.cpu()` of host memory is the object itself; on a GPU box it is
+            # a new host copy, which an alias stands for, so that the source stays the
             # device's.
-            result = result.view_as(result)
-        where = _CPU if to_host else ops.destination(call)
+            result = _alias(result)
         made = result is not source
-        on_host = made and _names_host_memory(where, call, observer.host)
-        if on_host:
-            observer.host.add(result)
-        elif made and _made_on_host(name, call, where):
-            on_host = True
-            observer.host.made(result)
-        elif not made and where is not None and not _names_host_memory(where, call, observer.host):
-            observer.host.moved(result)
-        if observer.accounting is not None:
-            if on_host:
-                observer.accounting.retract(result)
-            observer.accounting.own(time.perf_counter_ns() - entered - ran)
+        if made and named:
+            host.add(result)
+        elif made and by_default:
+            host.made(result)
+        elif not made and where is not None and not named:
+            host.moved(result)
+        if accounting is not None:
+            if made and (named or by_default):
+                accounting.retract(result)
+            accounting.own(time.perf_counter_ns() - entered - ran)
         for kind, count in counts:
-            copy = result if kind == _TO_HOST else None
+            copy = result if kind == _TO_HOST and isinstance(result, torch.Tensor) else None
             observer.record(kind, op, count, read=source, host_copy=copy)
         return result
 
@@ -234,6 +245,16 @@ def _observing(
 
 _CPU = torch.device("cpu")
 _TO_HOST = "cpu"
+
+
+def _alias(value: object) -> object:
+    """A new object over the same memory: a view of a tensor, a tuple of aliases (a
+    `PackedSequence`)."""
+    if isinstance(value, torch.Tensor):
+        return value.view_as(value) if value.layout == torch.strided else value
+    if isinstance(value, tuple) and hasattr(value, "_make"):
+        return value._make(_alias(item) if item is not None else None for item in value)
+    return value
 
 
 def _device_storages(value: object, host: HostMemory, seen: set[int]) -> int:
