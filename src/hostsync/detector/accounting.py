@@ -320,6 +320,8 @@ class Accounting(DetectorMode):
 
     def _close(self, now: int) -> None:
         opening, self._opening = self._opening, None
+        if opening is None:
+            return
         host = max(0, now - opening.started - opening.own)
         self._span(opening, now)  # its own time lies past the window's end
         # Spans hold the mode's dispatch time too: scaled to the window's host time.

@@ -70,7 +70,8 @@ def _source(frame: FrameType) -> str:
 
 def caller_frame() -> FrameType | None:
     """The innermost frame outside torch and the detector (else the innermost outside it)."""
-    frame, fallback = sys._getframe(1), None
+    frame: FrameType | None = sys._getframe(1)
+    fallback: FrameType | None = None
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename not in _ENGINE:

@@ -8,6 +8,7 @@ computed from host memory alone.
 
 from __future__ import annotations
 
+import functools
 import re
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -65,7 +66,7 @@ class HostMemory:
         """`values` live in host memory, from now on and in every scope."""
         for value in tensors_in(values):
             key = id(value)
-            ON_HOST[key] = weakref.ref(value, lambda _, key=key: ON_HOST.pop(key, None))
+            ON_HOST[key] = weakref.ref(value, functools.partial(_forget, ON_HOST, key))
 
     @staticmethod
     def moved(tensor: torch.Tensor) -> None:
@@ -85,12 +86,17 @@ class HostMemory:
         self.made(values)
         for value in tensors_in(values):
             key = id(value)
-            self._tensors[key] = weakref.ref(value, lambda _, key=key: self._tensors.pop(key, None))
+            self._tensors[key] = weakref.ref(value, functools.partial(_forget, self._tensors, key))
         if propagate and self._tensors:
             self._propagate()
 
     def clear(self) -> None:
         self._tensors.clear()
+
+
+def _forget(table: dict[int, weakref.ref[torch.Tensor]], key: int, _: object) -> None:
+    """A tensor of `table` is gone: its id may be given to another."""
+    table.pop(key, None)
 
 
 class NothingOnHost:

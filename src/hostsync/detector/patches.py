@@ -96,9 +96,9 @@ def _default_device_type() -> str:
     judge again, asking the same question without end."""
     for mode in reversed(torch.overrides._get_current_function_mode_stack()):
         if isinstance(mode, DeviceContext):
-            return torch.device(mode.device).type
+            return str(torch.device(mode.device).type)
     context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
-    return "cpu" if context is None else torch.device(context.device).type
+    return "cpu" if context is None else str(torch.device(context.device).type)
 
 
 @functools.cache
@@ -416,7 +416,7 @@ def _writing(setitem: Callable[..., object]) -> Callable[..., object]:
     return setting
 
 
-def _index_parts(index: object) -> tuple:
+def _index_parts(index: object) -> tuple[object, ...]:
     return index if isinstance(index, tuple) else (index,)
 
 

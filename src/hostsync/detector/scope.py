@@ -62,6 +62,7 @@ from hostsync.detector.records import Cost, DeviceWork, Idle, SiteCost, top_line
 from hostsync.detector.sites import AllowRule, Site, SiteCount, require_reason
 
 _Result = TypeVar("_Result")
+_NONE = DeviceWork()
 
 
 class SyncScope:
@@ -185,7 +186,7 @@ class SyncScope:
                 site,
                 len(events),
                 sum(event.stall for event in events),
-                sum((event.waited_for for event in events if event.stall), DeviceWork()),
+                sum((e.waited_for for e in events if e.waited_for and e.waited_for.queued), _NONE),
                 Idle(
                     tuple(window.us for window in windows.get(site, ())),
                     top_lines(span for window in windows.get(site, ()) for span in window.spans),
@@ -213,8 +214,10 @@ class SyncScope:
 
     def allowed_counts(self) -> dict[tuple[Site, str], int]:
         """Allowed events per (site, reason), most frequent first."""
-        allowed = (event for event in self.events if event.allowed is not None)
-        return dict(Counter((event.site, event.allowed) for event in allowed).most_common())
+        allowed = Counter(
+            (event.site, event.allowed) for event in self.events if event.allowed is not None
+        )
+        return dict(allowed.most_common())
 
     def sync_sites(self, by_caller: bool = False) -> list[SiteCount]:
         """The unexpected sites, each with its count and kinds, most frequent first; `by_caller`

@@ -587,6 +587,18 @@ def copy_into_device_non_blocking():
     return target
 
 
+@example("device_copy", TO_DEVICE + " (torch.from_numpy shares the array's host memory)")
+def numpy_array_to_device():
+    host = torch.from_numpy(np.ones(3))
+    return host.to(DEVICE)  # sync
+
+
+@example("none", "torch.from_numpy: a tensor over the array's host memory; reading it is free")
+def read_of_numpy_backed_tensor():
+    host = torch.from_numpy(np.ones(1))
+    return host.item(), host.tolist()
+
+
 @example("device_copy", "torch/utils/data: a DataLoader collates on the host; " + TO_DEVICE)
 def collated_batch_to_device():
     loader = torch.utils.data.DataLoader([_VALUES, _VALUES], batch_size=2)
