@@ -18,6 +18,7 @@ each operator that makes or writes tensors launches a kernel, except views, allo
 computations on host memory; collectives (c10d's operators: gloo's block the host here) are
 counted as the kernels NCCL's would be. Each kernel's bytes are those of the tensors it reads
 and writes, its FLOPs torch.utils.flop_counter's formula for the operator (0 where it has none).
+What is computed from host memory alone is host memory too: the accounting tells the detector.
 """
 
 from __future__ import annotations
