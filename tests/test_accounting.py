@@ -7,16 +7,18 @@ optimizers' step counters) are read for free, or not at all on a GPU.
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from hostsync.detector import SyncScope, SyncScopeError
+from hostsync.detector import HostTracking, SyncScope, SyncScopeError
 from hostsync.detector.records import Cost, DeviceWork
 from hostsync.rank.protocol import free_port
 
@@ -174,6 +176,81 @@ def test_optimizer_steps_read_nothing_on_a_gpu_in_the_step_that_makes_state_and_
         with SyncScope() as scope:
             opt.step()
         assert not scope.events, scope.report()
+
+
+# --- memory known from the script's start --------------------------------------------------------
+
+DEVICE = torch.device("cpu")  # a device the statements do not spell: the GPU's on a GPU box
+
+
+def test_tensors_made_before_the_first_step_are_host_or_device_as_they_were_made():
+    """A dataset's index and a best-loss value made in setup are host memory; what is computed
+    from them too; a tensor made on the device stays the device's."""
+    with HostTracking():
+        index = torch.arange(8)
+        best = torch.tensor(float("inf"))
+        weights = torch.ones(3, device=DEVICE)
+        with SyncScope(account=True) as scope:
+            index[2].item()
+            if best > 1.0:
+                best = torch.tensor(1.0)
+            weights.sum().item()  # the one read
+    assert [event.site.code for event in scope.events] == ["weights.sum().item()  # the one read"]
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        pytest.param(lambda p: torch.optim.Adagrad(p), id="Adagrad-state-made-in-setup"),
+        pytest.param(lambda p: torch.optim.AdamW(p), id="AdamW-state-made-in-the-first-step"),
+    ],
+)
+def test_an_optimizer_reads_nothing_whether_it_made_its_state_in_setup_or_in_a_step(optimizer):
+    with HostTracking():
+        model = torch.nn.Linear(4, 2)
+        opt = optimizer(model.parameters())
+        for _ in range(2):
+            with SyncScope(account=True) as scope:
+                model(torch.randn(3, 4)).sum().backward()
+                opt.step()
+            assert not scope.events, scope.report()
+
+
+def test_a_factory_inside_a_device_context_is_where_the_context_puts_it():
+    """torch finds the default device of `with torch.device(...)` by making a tensor: the
+    detector asks without making one, so that it does not judge its own question again."""
+    with HostTracking():
+        with torch.device("cpu"):
+            host = torch.zeros(2)
+        with torch.device("meta"):
+            meta = torch.zeros(2)
+        with SyncScope(account=True) as scope:
+            host.tolist()
+            meta.sum()
+    assert scope.events == []
+    assert scope.work.kernels == 1
+
+
+def test_a_numpy_array_copied_to_the_device_is_a_blocking_copy_as_a_list_is():
+    array = np.ones(3, dtype=np.float32)
+    with SyncScope(account=True) as scope:
+        torch.from_numpy(array).to(DEVICE)
+        torch.tensor(array.tolist()).to(DEVICE)
+        torch.from_numpy(array).sum().item()  # host memory: free
+    assert [event.kind for event in scope.events] == ["device_copy", "device_copy"]
+
+
+def test_a_checkpoint_loaded_onto_the_device_copies_each_storage_and_onto_the_host_none():
+    saved = io.BytesIO()
+    weights = torch.ones(4, device=DEVICE)
+    torch.save({"a": weights, "view": weights[:2], "b": torch.zeros(2, device=DEVICE)}, saved)
+    with SyncScope(account=True) as scope:
+        saved.seek(0)
+        torch.load(saved, map_location=DEVICE)
+        saved.seek(0)
+        on_host = torch.load(saved, map_location="cpu")
+        on_host["a"].tolist()  # host memory: free
+    assert [(event.kind, event.op) for event in scope.events] == [("device_copy", "torch.load")] * 2
 
 
 # --- collectives, across real processes ----------------------------------------------------------

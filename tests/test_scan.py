@@ -120,7 +120,8 @@ STEPS_BY_HAND = """
 
     from helpers import train_step
 
-    weight = torch.ones(4, requires_grad=True)
+    device = torch.device("cpu")  # stands for the GPU: a tensor made with no device is the host's
+    weight = torch.ones(4, requires_grad=True, device=device)
     for _ in range(4):
         train_step(weight)
 """

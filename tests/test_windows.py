@@ -8,6 +8,9 @@ the host is no read. Windows are compared by their order of size, never against 
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -75,6 +78,51 @@ def test_a_free_read_inside_a_window_does_not_end_it_and_the_time_goes_to_the_ne
         [f"{HERE}:{kernel}", f"{HERE}:{read}"],
     )
     assert after is not None
+
+
+DEVICE = torch.device("cpu")  # a device the statements do not spell: the GPU's on a GPU box
+HOST_FACTORIES = {
+    "zeros": lambda: torch.zeros(3),
+    "ones": lambda: torch.ones(3),
+    "arange": lambda: torch.arange(3),
+    "randn": lambda: torch.randn(3),
+    "full": lambda: torch.full((3,), 2.0),
+}
+
+
+@pytest.mark.parametrize("factory", HOST_FACTORIES.values(), ids=HOST_FACTORIES)
+def test_a_host_memory_factory_inside_a_window_launches_nothing_and_does_not_end_it(factory):
+    t = matrix()
+    with SyncScope(account=True) as scope:
+        (t @ t).sum().item()  # stalls: opens the window
+        factory()
+        host_work()
+        t + 1  # the next kernel: ends it
+    (window,) = scope.windows
+    assert window.spans[0].statement == f"{HERE}:{_line_of('t + 1  # the next kernel')}"
+    assert scope.work is not None and scope.work.kernels == 3  # mm, sum, add: no fill
+
+
+def test_a_factory_on_the_device_ends_the_window():
+    t = matrix()
+    with SyncScope(account=True) as scope:
+        (t @ t).sum().item()
+        torch.zeros(3, device=DEVICE)  # a fill kernel: ends the window
+        host_work()
+        t + 1
+    (window,) = scope.windows
+    assert window.us * 20 < _host_work_us(), window
+
+
+def _line_of(code: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(number for number, line in enumerate(lines, 1) if line.strip().startswith(code))
+
+
+def _host_work_us() -> float:
+    started = time.perf_counter()
+    host_work()
+    return (time.perf_counter() - started) * 1e6
 
 
 def test_idle_time_is_summed_per_optimizer_step():

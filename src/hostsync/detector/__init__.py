@@ -22,9 +22,10 @@ if TYPE_CHECKING:  # the names of _HOMES, as the type checker sees them
 _HOMES = {
     "Cost": "records",
     "SyncScope": "scope",
-    "SyncScopeError": "scope",
-    "CompiledInScope": "scope",
-    "package_path": "scope",
+    "HostTracking": "scope",
+    "SyncScopeError": "events",
+    "CompiledInScope": "events",
+    "package_path": "frames",
     "AllowRule": "sites",
     "Site": "sites",
     "SiteCount": "sites",

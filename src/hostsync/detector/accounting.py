@@ -18,6 +18,7 @@ each operator that makes or writes tensors launches a kernel, except views, allo
 computations on host memory; collectives (c10d's operators: gloo's block the host here) are
 counted as the kernels NCCL's would be. Each kernel's bytes are those of the tensors it reads
 and writes, its FLOPs torch.utils.flop_counter's formula for the operator (0 where it has none).
+What is computed from host memory alone is host memory too: the accounting tells the detector.
 """
 
 from __future__ import annotations
@@ -25,17 +26,17 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
+from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from hostsync.detector.ops import OpCall
 from hostsync.detector.records import DeviceWork, HostSpan
 from hostsync.detector.sites import Site
 
@@ -58,9 +59,12 @@ _READS_AFTER_KERNELS = {_aten.equal.default}
 
 
 class HostMemory(Protocol):
-    """What the accounting asks the detector: which tensors live in host memory."""
+    """What the accounting asks the detector: which tensors live in host memory, and what it
+    tells it: what was computed from host memory alone."""
 
     def holds(self, tensor: object) -> bool: ...
+
+    def made(self, values: object) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,89 @@ class _Opening:
     spans: dict[str, int] = field(default_factory=dict)
 
 
-class Accounting(TorchDispatchMode):
+class DetectorMode(TorchDispatchMode):
+    """A dispatch mode of the detector. Its frames are never compiled: torch wraps every mode's
+    in dynamo's `disable`, which costs a fifth of a call; one call each way does the same."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __torch_dispatch__(
+        self,
+        func: torch._ops.OpOverload,
+        types: Sequence[type],
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
+        compiling = _set_eval_frame(None)
+        try:
+            return self.dispatch(func, args, kwargs or {})
+        finally:
+            _set_eval_frame(compiling)
+
+    def dispatch(
+        self, func: torch._ops.OpOverload, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> object:
+        """One aten call, which the mode runs (torch pops it for the call)."""
+        return func(*args, **kwargs)
+
+
+class _Tally:
+    """Device work added up in place: one call's work costs no new record."""
+
+    __slots__ = ("bytes", "collectives", "flops", "kernels")
+
+    def __init__(self) -> None:
+        self.kernels = self.collectives = self.bytes = self.flops = 0
+
+    def add(self, kernels: int, collectives: int, moved: int, flops: int) -> None:
+        self.kernels += kernels
+        self.collectives += collectives
+        self.bytes += moved
+        self.flops += flops
+
+    @property
+    def work(self) -> DeviceWork:
+        return DeviceWork(self.kernels, self.collectives, self.bytes, self.flops)
+
+
+class _Op(NamedTuple):
+    """What one operator is to the accounting, decided once per process from its schema."""
+
+    higher_order: bool
+    collective: bool
+    launches: bool
+    reads_after_kernels: bool
+    written: tuple[tuple[int, str], ...]
+    formula: Callable[..., int] | None
+
+
+_OPS: dict[torch._ops.OpOverload, _Op] = {}
+
+
+def _op(func: torch._ops.OpOverload) -> _Op:
+    """`func` to the accounting, kept in `_OPS`."""
+    if isinstance(func, torch._ops.HigherOrderOperator):
+        op = _OPS[func] = _Op(True, False, False, False, (), None)
+        return op
+    written = tuple(
+        (index, argument.name)
+        for index, argument in enumerate(func._schema.arguments)
+        if argument.alias_info is not None and argument.alias_info.is_write
+    )
+    op = _OPS[func] = _Op(
+        higher_order=False,
+        collective=func.namespace == "c10d",
+        launches=func not in _NO_KERNEL and not func.is_view,
+        reads_after_kernels=func in _READS_AFTER_KERNELS,
+        written=written,
+        formula=flop_registry.get(func._overloadpacket),
+    )
+    return op
+
+
+class Accounting(DetectorMode):
     """Device work in total and since the host last waited, counted per aten call, and the idle
     windows after stalls (`windows`, in order; `step`: optimizer steps seen so far).
 
@@ -97,53 +183,93 @@ class Accounting(TorchDispatchMode):
     supports_higher_order_operators = True
 
     def __init__(self, host: HostMemory, locate: Callable[[], str]) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # torch's, unannotated
+        super().__init__()
         self.host = host
-        self.total = DeviceWork()
         self.windows: list[Window] = []
         self.step = 0
+        self._total = _Tally()
         self._total_at_step = DeviceWork()
-        # The detector's dispatch modes each aten call passes (this one; the host memory
-        # propagation's, once pushed).
-        self.modes = 1
         self._locate = locate
-        self._queued = DeviceWork()
-        self._last: tuple[int, DeviceWork] | None = None
+        self._queued = _Tally()
+        # The last call that launched work: its result's id and its work.
+        self._last: tuple[int, int, int, int, int] | None = None
         self._opening: _Opening | None = None
         self._hosting = 0
         self._per_dispatch = _dispatch_ns()
         self._lock = threading.Lock()
         self._stepping = register_optimizer_step_post_hook(self.stepped)
 
-    def __torch_dispatch__(
-        self,
-        func: torch._ops.OpOverload,
-        types: Sequence[type],
-        args: tuple[object, ...] = (),
-        kwargs: dict[str, object] | None = None,
+    @property
+    def total(self) -> DeviceWork:
+        """The device work counted so far."""
+        return self._total.work
+
+    def dispatch(
+        self, func: torch._ops.OpOverload, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> object:
-        entered = time.perf_counter_ns()
-        kwargs = kwargs or {}
-        result = func(*args, **kwargs)
-        if isinstance(func, torch._ops.HigherOrderOperator):
-            return result
-        returned = time.perf_counter_ns()
-        work = self.work_of(func, OpCall(args, kwargs), result) if not self._hosting else _NONE
-        if work.queued:
-            with self._lock:
-                self.total += work
-                self._queued += work
-                self._last = (id(result), work)
         opening = self._opening
         if opening is not None:
-            if work.queued:
-                self._close(opening, entered)
-            else:
-                counted = time.perf_counter_ns()
-                opening.own += int(self.modes * self._per_dispatch) + counted - returned
-                self._span(opening, returned)  # the call's own host work is its statement's
-                opening.last = time.perf_counter_ns()
+            return self._in_window(opening, func, args, kwargs)
+        result = func(*args, **kwargs)
+        if not self._hosting:
+            self._launch(_OPS.get(func) or _op(func), args, kwargs, result)
         return result
+
+    def _in_window(
+        self,
+        opening: _Opening,
+        func: torch._ops.OpOverload,
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+    ) -> object:
+        """One call while a window is open: the first to launch ends it, the others are the
+        host time inside it."""
+        entered = time.perf_counter_ns()
+        result = func(*args, **kwargs)
+        op = _OPS.get(func) or _op(func)
+        if op.higher_order:
+            return result
+        returned = time.perf_counter_ns()
+        if not self._hosting and self._launch(op, args, kwargs, result):
+            self._close(entered)
+        else:
+            counted = time.perf_counter_ns()
+            opening.own += int(self._per_dispatch) + counted - returned
+            self._span(opening, returned)  # the call's own host work is its statement's
+            opening.last = time.perf_counter_ns()
+        return result
+
+    def _launch(
+        self, op: _Op, args: tuple[object, ...], kwargs: dict[str, object], result: object
+    ) -> bool:
+        """Count the device work of one call; whether it launched any. Views, allocations and
+        work on host memory launch none; what is computed from host memory alone is host
+        memory too."""
+        inputs = _tensor_list(args)
+        if kwargs:
+            inputs += _tensor_list(kwargs)
+        if op.collective:
+            kernels, collectives, flops = 1, 1, 0
+            moved = sum(tensor.nbytes for tensor in inputs)
+        else:
+            if inputs and all(map(self.host.holds, inputs)):
+                self.host.made(result)
+                return False
+            if not op.launches:
+                return False
+            outputs = [result] if type(result) is torch.Tensor else _tensor_list(result)
+            if not outputs and op.written:
+                outputs = _written(op, args, kwargs)
+            if not outputs and not op.reads_after_kernels:
+                return False
+            kernels, collectives = 1, 0
+            flops = int(op.formula(*args, **kwargs, out_val=result)) if op.formula else 0
+            moved = _bytes(inputs + outputs)
+        with self._lock:
+            self._total.add(kernels, collectives, moved, flops)
+            self._queued.add(kernels, collectives, moved, flops)
+            self._last = (id(result), kernels, collectives, moved, flops)
+        return True
 
     def drained(self, site: Site) -> None:
         """A stall at `site` has just returned: the device idles from now until the next launch."""
@@ -184,7 +310,7 @@ class Accounting(TorchDispatchMode):
     def close(self) -> None:
         """The measurement ends: a window still open ends now, and steps are no longer seen."""
         if self._opening is not None:
-            self._close(self._opening, time.perf_counter_ns())
+            self._close(time.perf_counter_ns())
         self._stepping.remove()
 
     def _span(self, opening: _Opening, now: int) -> None:
@@ -193,8 +319,10 @@ class Accounting(TorchDispatchMode):
         opening.spans[statement] = opening.spans.get(statement, 0) + now - opening.last
         opening.own += time.perf_counter_ns() - began
 
-    def _close(self, opening: _Opening, now: int) -> None:
-        self._opening = None
+    def _close(self, now: int) -> None:
+        opening, self._opening = self._opening, None
+        if opening is None:
+            return
         host = max(0, now - opening.started - opening.own)
         self._span(opening, now)  # its own time lies past the window's end
         # Spans hold the mode's dispatch time too: scaled to the window's host time.
@@ -214,39 +342,20 @@ class Accounting(TorchDispatchMode):
             self.step += 1
             self._total_at_step = self.total
 
-    def work_of(self, func: torch._ops.OpOverload, call: OpCall, result: object) -> DeviceWork:
-        """The device work one call launches (nothing for views, allocations, host memory)."""
-        inputs = list(_tensors(call.args, call.kwargs))
-        outputs = list(_tensors(result)) or list(_written(func, call))
-        if func.namespace == "c10d":
-            return DeviceWork(1, 1, _bytes(inputs), 0)
-        if func in _NO_KERNEL or func.is_view:
-            return DeviceWork()
-        if not outputs and func not in _READS_AFTER_KERNELS:
-            return DeviceWork()
-        if inputs and all(self.host.holds(tensor) for tensor in inputs):
-            return DeviceWork()
-        formula = flop_registry.get(func._overloadpacket)
-        flops = formula(*call.args, **call.kwargs, out_val=result) if formula else 0
-        moved = {id(tensor): tensor for tensor in (*inputs, *outputs)}
-        return DeviceWork(1, 0, _bytes(moved.values()), int(flops))
-
     def waited(self) -> DeviceWork:
         """The host waits for the device now: the work it waits for (empty when free)."""
         with self._lock:
-            queued, self._queued, self._last = self._queued, DeviceWork(), None
+            queued, self._queued, self._last = self._queued.work, _Tally(), None
         return queued
 
     def retract(self, made: torch.Tensor) -> None:
         """`made`, the last call's result, turned out to be host memory: no device ran it."""
         with self._lock:
             if self._last is not None and self._last[0] == id(made):
-                self.total -= self._last[1]
-                self._queued -= self._last[1]
+                kernels, collectives, moved, flops = self._last[1:]
+                self._total.add(-kernels, -collectives, -moved, -flops)
+                self._queued.add(-kernels, -collectives, -moved, -flops)
                 self._last = None
-
-
-_NONE = DeviceWork()
 
 
 @functools.cache
@@ -261,41 +370,39 @@ def _dispatch_ns() -> float:
             torch.add(a, b)
         return time.perf_counter_ns() - began
 
-    class _Bare(TorchDispatchMode):
-        def __torch_dispatch__(
-            self,
-            func: torch._ops.OpOverload,
-            types: Sequence[type],
-            args: tuple[object, ...] = (),
-            kwargs: dict[str, object] | None = None,
-        ) -> object:
-            return func(*args, **(kwargs or {}))
-
     calls = 400
     timed(calls)
     plain = min(timed(calls) for _ in range(3))
-    with _Bare():  # type: ignore[no-untyped-call]  # torch's __init__, unannotated
+    with DetectorMode():
         passed = min(timed(calls) for _ in range(3))
     return max(0.0, (passed - plain) / calls)
 
 
-def _tensors(*values: object) -> Iterator[torch.Tensor]:
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif isinstance(value, list | tuple):
-            yield from _tensors(*value)
-        elif isinstance(value, dict):
-            yield from _tensors(*value.values())
+def _tensor_list(values: object) -> list[torch.Tensor]:
+    """The tensors in `values`, or in its lists, tuples and dicts."""
+    if isinstance(values, torch.Tensor):
+        return [values]
+    found: list[torch.Tensor] = []
+    if isinstance(values, dict):
+        values = tuple(values.values())
+    if isinstance(values, list | tuple):
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                found.append(value)
+            elif isinstance(value, list | tuple | dict):
+                found += _tensor_list(value)
+    return found
 
 
-def _written(func: torch._ops.OpOverload, call: OpCall) -> Iterator[torch.Tensor]:
+def _written(op: _Op, args: tuple[object, ...], kwargs: dict[str, object]) -> list[torch.Tensor]:
     """The tensors a call writes in place: what `_foreach_*_` and the fused optimizers update,
     though they return nothing."""
-    for index, argument in enumerate(func._schema.arguments):
-        if argument.alias_info is not None and argument.alias_info.is_write:
-            yield from _tensors(call.argument(index, argument.name))
+    found: list[torch.Tensor] = []
+    for index, name in op.written:
+        found += _tensor_list(args[index] if index < len(args) else kwargs.get(name))
+    return found
 
 
-def _bytes(tensors: Iterable[torch.Tensor]) -> int:
-    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    """The bytes of `tensors`, each counted once."""
+    return sum({id(tensor): tensor.nbytes for tensor in tensors}.values())

@@ -432,13 +432,27 @@ def _copy_to_device(call: OpCall, host: HostMemory) -> int:
 
 
 def _built_then_copied(call: OpCall, host: HostMemory) -> int:
-    """`torch.tensor(data, device=d)`: the data is laid out in host memory, then copied to `d`
-    (a device tensor as the data is copied on the device; device tensors inside a list are
-    read one by one, by `_tensor_elements`, which leaves the copy nothing to wait for)."""
+    """`torch.tensor(data, device=d)`: the data is laid out in host memory, then copied to `d`."""
     device = call.kwargs.get("device")
     if device is None or (torch.device(device).type == "cpu" and host.named()):
         return 0
-    data = call.argument(0, "data")
+    return _copies_data(call.argument(0, "data"), host)
+
+
+def _new_from_data(call: OpCall, host: HostMemory) -> int:
+    """`t.new_tensor(data)`: as `torch.tensor(data)`, copied to `t`'s device (or `device=`)."""
+    device = call.kwargs.get("device")
+    if device is None and host.holds(call.args[0]):
+        return 0
+    if device is not None and torch.device(device).type == "cpu" and host.named():
+        return 0
+    return _copies_data(call.argument(1, "data"), host)
+
+
+def _copies_data(data: object, host: HostMemory) -> int:
+    """Whether data built on the host is copied to a device: a device tensor as the data is
+    copied on the device; device tensors inside a list are read one by one, by
+    `_tensor_elements`, which leaves the copy nothing to wait for."""
     if isinstance(data, torch.Tensor):
         return int(host.holds(data))
     if isinstance(data, torch.UntypedStorage | torch.TypedStorage):
@@ -447,6 +461,14 @@ def _built_then_copied(call: OpCall, host: HostMemory) -> int:
         return 0
     elements = _flat(data) if isinstance(data, list | tuple) else ()
     return int(not any(isinstance(value, torch.Tensor) for value in elements))
+
+
+def _packed_to_host(call: OpCall, host: HostMemory) -> int:
+    """`packed.cpu()`: its data and index tensors each copied to the host (`batch_sizes` is
+    always the host's)."""
+    packed = call.args[0]
+    tensors = (packed.data, packed.sorted_indices, packed.unsorted_indices)
+    return sum(1 for tensor in tensors if tensor is not None and not host.holds(tensor))
 
 
 def _one_hot(call: OpCall, host: HostMemory) -> int:
@@ -468,6 +490,14 @@ FUNCTION_SYNCS: tuple[FunctionSync, ...] = (
         "torch/csrc/utils/tensor_list.cpp tensor_to_list: copies the tensor to the host first",
     ),
     FunctionSync("cpu", "torch.Tensor.cpu", _one, f"{_NATIVE}cuda/Copy.cu: blocking D2H copy"),
+    FunctionSync(
+        "cpu",
+        "torch.nn.utils.rnn.PackedSequence.cpu",
+        _packed_to_host,
+        "torch/nn/utils/rnn.py PackedSequence.cpu: on CUDA, .to('cpu') of data and of each index"
+        " tensor; on the host, the branch that copies nothing",
+        replaces_kernels=True,
+    ),
     FunctionSync(
         "host_copy",
         "torch.Tensor.copy_",
@@ -495,6 +525,13 @@ FUNCTION_SYNCS: tuple[FunctionSync, ...] = (
         " .to(device, non_blocking=false); " + _TO_DEVICE,
     ),
     FunctionSync(DEVICE_COPY, "torch.as_tensor", _built_then_copied, "as torch.tensor"),
+    FunctionSync(
+        DEVICE_COPY,
+        "torch.Tensor.new_tensor",
+        _new_from_data,
+        "torch/csrc/utils/tensor_new.cpp new_tensor: internal_new_from_data on self's device,"
+        " as torch.tensor",
+    ),
     FunctionSync(DEVICE_COPY, "torch.asarray", _built_then_copied, "as torch.tensor"),
     FunctionSync(
         "numpy",

@@ -535,6 +535,44 @@ def as_tensor_on_the_device():
     return torch.as_tensor(np.ones(3), device=DEVICE)  # sync
 
 
+NEW_TENSOR = (
+    "torch/csrc/utils/tensor_new.cpp new_tensor: internal_new_from_data builds the data on the"
+    " host, then .to(self's device, non_blocking=false); " + TO_DEVICE
+)
+
+
+@example("device_copy", NEW_TENSOR)
+def new_tensor_from_a_list():
+    t = values()
+    return t.new_tensor([1.0, 2.0])  # sync
+
+
+@example("device_copy", NEW_TENSOR + " (a Python number)")
+def new_tensor_from_a_number():
+    t = values()
+    return t.new_tensor(0.5)  # sync
+
+
+@example(
+    "none", "TensorFactories.cpp new_zeros, new_ones, new_full, new_empty: filled on the device"
+)
+def new_filled_on_the_device():
+    t = values()
+    return t.new_zeros(3), t.new_ones(2), t.new_full((2,), 1.0), t.new_empty(4)
+
+
+@example("none", "new_tensor of host memory is made where it is, on the host: no copy, no read")
+def new_tensor_of_host_memory():
+    host = torch.zeros(2)
+    return host.new_tensor([1.0, 2.0]).tolist(), host.new_zeros(2).tolist()
+
+
+@example("none", "new_tensor with device='cpu' is built on the host and stays there")
+def new_tensor_on_the_host():
+    t = values()
+    return t.new_tensor([1.0], device="cpu").tolist()
+
+
 @example("device_copy", TO_DEVICE + " (copy_ from host memory into a device tensor)")
 def copy_into_device():
     target = values()
@@ -549,6 +587,18 @@ def copy_into_device_non_blocking():
     return target
 
 
+@example("device_copy", TO_DEVICE + " (torch.from_numpy shares the array's host memory)")
+def numpy_array_to_device():
+    host = torch.from_numpy(np.ones(3))
+    return host.to(DEVICE)  # sync
+
+
+@example("none", "torch.from_numpy: a tensor over the array's host memory; reading it is free")
+def read_of_numpy_backed_tensor():
+    host = torch.from_numpy(np.ones(1))
+    return host.item(), host.tolist()
+
+
 @example("device_copy", "torch/utils/data: a DataLoader collates on the host; " + TO_DEVICE)
 def collated_batch_to_device():
     loader = torch.utils.data.DataLoader([_VALUES, _VALUES], batch_size=2)
@@ -561,6 +611,33 @@ def read_of_cpu_copy():
     t = values()
     host = t.cpu()  # sync
     return host.sum().item(), host.tolist()
+
+
+PACKED = (
+    "torch/nn/utils/rnn.py PackedSequence.cpu: on CUDA, .to('cpu') of data, then of each index"
+    " tensor (call_to); " + COPY
+)
+
+
+@example("cpu", PACKED)
+def packed_sequence_to_host():
+    packed = torch.nn.utils.rnn.pack_padded_sequence(values().view(2, 2, 1), [2, 1])
+    return packed.cpu()  # sync
+
+
+@example("cpu", PACKED + ": sorted and unsorted indices too, after their copy to the device")
+def unsorted_packed_sequence_to_host():
+    lengths = [1, 2]
+    padded = values().view(2, 2, 1)
+    # the sorted indices, sorted on the host, are copied to the device: rnn.py, `.to(input.device)`
+    packed = torch.nn.utils.rnn.pack_padded_sequence(padded, lengths, enforce_sorted=False)  # sync
+    return packed.cpu()  # sync 3
+
+
+@example("none", "a PackedSequence of host memory: .cpu() returns it, nothing is copied")
+def packed_sequence_of_host_memory_to_host():
+    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.zeros(2, 2, 1), [2, 1])
+    return packed.cpu().data.tolist()
 
 
 @example("none", "a device tensor moved to the device is the same tensor: no copy")

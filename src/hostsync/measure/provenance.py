@@ -23,9 +23,10 @@ from hostsync.workspace.files import sha256
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.records import Provenance, Result, Stamp
 
-# What decides what a measuring run counts: the detector, its op table, its accounting.
+# What decides what a measuring run counts: the detector's engine, its op table, its accounting.
 DETECTOR_FILES = tuple(
-    Path(detector.__file__).with_name(name) for name in ("scope.py", "ops.py", "accounting.py")
+    Path(detector.__file__).with_name(f"{name}.py")
+    for name in ("scope", "observer", "frames", "host", "kernels", "patches", "ops", "accounting")
 )
 
 
@@ -98,10 +99,7 @@ def stale_reasons(layout: Layout, result: Result) -> list[str]:
     if then.case_sha256 != now.case_sha256:
         reasons.append(f"cases/{layout.case}.toml changed")
     if result.DETECTED and then.detector_sha256 != now.detector_sha256:
-        reasons.append(
-            "it was measured by another detector (src/hostsync/detector/scope.py,"
-            " ops.py, accounting.py)"
-        )
+        reasons.append("it was measured by another detector (src/hostsync/detector/)")
     for folder, old, new in (
         ("patches", then.patches, now.patches),
         ("repro", then.scripts, now.scripts),

@@ -10,9 +10,10 @@ A step ends where the script's optimizer step ends (torch's global step hooks fi
 `torch.optim.Optimizer`, also the one DeepSpeed ZeRO steps inside its own; where optimizer steps
 nest, at the outermost), or where each call of `--step-fn MODULE:FUNCTION` returns (`__main__`:
 a function of the script itself, wrapped as its code is compiled). The script's setup
-(imports, model loading, a launcher's own set-up) runs unwatched, as fast as without the scan:
-the watch begins as the first step does (its optimizer step, or the first call of the step
-function), and that step is the warm-up (`--warmup` is at least 1). Each later step runs from
+(imports, model loading, a launcher's own set-up) runs unwatched, but for host memory, known
+as the setup makes it (`HostTracking`): the watch begins as the first step does (its
+optimizer step, or the first call of the step function), and that step is the warm-up
+(`--warmup` is at least 1). Each later step runs from
 the end of the one before, in a scope of its own (`SyncScope(account=True,
 refuse_compiled=False)`), inside one scope over the rest of the run that keeps the detector's
 instrumentation in place between steps.
@@ -50,7 +51,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from hostsync.detector import SyncScope
+from hostsync.detector import HostTracking, SyncScope
 from hostsync.detector.codec import dump, write_file
 from hostsync.detector.records import Cost, DeviceWork
 from hostsync.detector.scope import SyncEvent
@@ -113,11 +114,15 @@ class Recorder:
         self.started = self.step_started = time.perf_counter()
         self.run_scope: SyncScope | None = None
         self.step_scope: SyncScope | None = None
+        self.tracking = HostTracking() if detect else None
         self.partial = out / f"rank-{self.rank}.partial.jsonl"
 
     def open(self) -> None:
+        """The run begins: host memory is known as the setup makes it."""
         header = {"rank": self.rank, "world_size": self.world_size}
         self.partial.write_text(json.dumps(header) + "\n")
+        if self.tracking is not None:
+            self.tracking.__enter__()
 
     def step_begins(self) -> None:
         """A step begins: the first one opens the watch."""
@@ -179,6 +184,9 @@ class Recorder:
         if self.run_scope is not None:
             self.run_scope.__exit__(None, None, None)
             self.run_scope = None
+        if self.tracking is not None:
+            self.tracking.__exit__(None, None, None)
+            self.tracking = None
         record = ScanRank(
             rank=self.rank,
             world_size=self.world_size,
