@@ -10,6 +10,7 @@ engine's imports.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -94,7 +95,7 @@ def _inner(where: str, path: str) -> str:
 def _made(kind: type[T], data: dict[str, Json], where: str) -> T:
     """A dataclass from the keys of `data` its fields read, each checked; what its own
     `__post_init__` refuses (a `RecordError` naming a field of its own) is named at `where`."""
-    hints = typing.get_type_hints(kind)
+    hints = _hints(kind)
     values = {}
     for item in dataclasses.fields(kind):  # type: ignore[arg-type]
         field_kind = hints[item.name]
@@ -114,6 +115,13 @@ def _made(kind: type[T], data: dict[str, Json], where: str) -> T:
         raise RecordError(_inner(where, error.where), error.problem) from None
 
 
+@functools.cache
+def _hints(kind: type) -> dict[str, Any]:
+    """A record's field types, resolved once per class: resolving them compiles each
+    annotation's text again, which costs more than reading the record."""
+    return typing.get_type_hints(kind)
+
+
 def _refuse_unknown(kind: type, data: dict[str, Json], where: str) -> None:
     """Keys no field of `kind` reads are refused: in a table written by hand, a typo."""
     known = {item.name for item in dataclasses.fields(kind)}
@@ -129,7 +137,7 @@ def _is_record(kind: Any) -> bool:
 def _claimed(cls: type) -> set[str]:
     """The keys of a document that `cls`'s fields read: its own names, and those of the records
     flattened into it."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     found = set()
     for item in dataclasses.fields(cls):
         if not item.metadata.get("flat"):

@@ -75,7 +75,9 @@ def declared(
         legacy = requires_txt.read_text() if requires_txt else ""
     else:
         archive = fetch_sdist(layout, release.sdist)
-        metadata_text, legacy = pkg_info(archive), egg_info_requires(archive)
+        metadata_text = pkg_info(archive)
+        # Listing the whole archive for requires.txt takes seconds: only where it is needed.
+        legacy = "" if requires_dist(metadata_text) else egg_info_requires(archive)
     found = requires_dist(metadata_text) or legacy_requirements(legacy)
     if not found:
         raise WorkspaceError(
