@@ -116,7 +116,7 @@ def _made(kind: type[T], data: dict[str, Json], where: str) -> T:
 
 
 @functools.cache
-def _hints(kind: type) -> dict[str, Any]:
+def _hints(kind: Any) -> dict[str, Any]:
     """A record's field types, resolved once per class: resolving them compiles each
     annotation's text again, which costs more than reading the record."""
     return typing.get_type_hints(kind)
