@@ -10,7 +10,6 @@ engine's imports.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import types
 import typing
@@ -115,11 +114,15 @@ def _made(kind: type[T], data: dict[str, Json], where: str) -> T:
         raise RecordError(_inner(where, error.where), error.problem) from None
 
 
-@functools.cache
-def _hints(kind: Any) -> dict[str, Any]:
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(kind: type) -> dict[str, Any]:
     """A record's field types, resolved once per class: resolving them compiles each
     annotation's text again, which costs more than reading the record."""
-    return typing.get_type_hints(kind)
+    if kind not in _HINTS:
+        _HINTS[kind] = typing.get_type_hints(kind)
+    return _HINTS[kind]
 
 
 def _refuse_unknown(kind: type, data: dict[str, Json], where: str) -> None:
