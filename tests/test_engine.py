@@ -294,7 +294,7 @@ def test_the_sessions_share_environments_by_dependency_set() -> None:
 
     assert done.returncode == 0, done.stderr
     python = Path(done.stdout.strip())
-    assert python.parent.parent.parent == ROOT / "work" / "envs"
+    assert python.parent.parent.parent == (ROOT / "work" / "envs").resolve()
 
 
 # --- the drafts' placeholders --------------------------------------------------------------------

@@ -10,7 +10,9 @@ plan's worlds run in turn, so one import serves every rank count of a launch.
 
 Nothing but imports happens before a fork: a rank script starts no process group and touches
 no GPU at import, and PYTORCH_NVML_BASED_CUDA_CHECK keeps torch's CUDA probe (DeepSpeed picks
-its accelerator at import) from creating a CUDA context that a fork cannot inherit.
+its accelerator at import) from creating a CUDA context that a fork cannot inherit. One more
+import is DeepSpeed's CPU comm op, which each rank's `init_distributed` would otherwise load
+itself, running ninja and the compiler's checks first (`load_deepspeed_ops`).
 
 The plan, written by `hostsync.launch.launchers`, is a `records.ForkPlan`: the script, its worlds
 (ranks, run folder, arguments, variables), whether to keep going, the snippet. Each rank calls
@@ -65,6 +67,17 @@ def import_script(path: Path) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_deepspeed_ops() -> None:
+    """Load DeepSpeed's shared-memory comm op here, where DeepSpeed is imported: its loader
+    keeps what it loaded, so each forked rank finds the op loaded instead of checking its build
+    again (ninja and a compiler probe, per rank). A no-op without DeepSpeed, or on an
+    accelerator with no such op."""
+    if "deepspeed" in sys.modules:
+        from deepspeed.comm.torch import build_shm_op
+
+        build_shm_op()
 
 
 def run_world(main: Callable[[], object], script: str, world: ForkWorld) -> int:
@@ -174,6 +187,7 @@ def run_trees(plan: SharedForkPlan) -> int:
             f"importing what {script} imports before {package} imported {package}"
             " itself: its trees cannot share one interpreter (give each tree its own launch)"
         )
+    load_deepspeed_ops()
     engine = sys.path.index(str(Path(__file__).resolve().parents[2]))  # the folder of hostsync
     for tree in plan.trees:
         started = time.monotonic()
@@ -199,6 +213,7 @@ def run_trees(plan: SharedForkPlan) -> int:
 def run_plan(plan: ForkPlan) -> int:
     """One tree's worlds, then its snippet, from one import of its script."""
     script = import_script(Path(plan.script))
+    load_deepspeed_ops()
     entry = getattr(script, "main", None)
     if entry is None:
         sys.exit(f"{plan.script} has no main(): the fork launcher runs the script's main")

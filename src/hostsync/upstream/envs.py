@@ -75,7 +75,9 @@ def declared(
         legacy = requires_txt.read_text() if requires_txt else ""
     else:
         archive = fetch_sdist(layout, release.sdist)
-        metadata_text, legacy = pkg_info(archive), egg_info_requires(archive)
+        metadata_text = pkg_info(archive)
+        # Listing the whole archive for requires.txt takes seconds: only where it is needed.
+        legacy = "" if requires_dist(metadata_text) else egg_info_requires(archive)
     found = requires_dist(metadata_text) or legacy_requirements(legacy)
     if not found:
         raise WorkspaceError(
@@ -215,8 +217,13 @@ def python_for(
 
 def usable_python(env: Path, record: EnvRecord) -> str:
     """The interpreter of the environment `env`, which its record names relative to the
-    folder; a record naming one elsewhere, or one that is gone, is refused in one line."""
-    python = env / record.python  # an older record's absolute path stays as it is
+    folder; a record naming one elsewhere, or one that is gone, is refused in one line.
+
+    Named by the folder's real path: the paths a run takes from its interpreter (DeepSpeed's
+    headers, in the build file of the op it compiles) are then the same from every workspace
+    that reaches the environment through a link, and the op is built once, not once per path.
+    """
+    python = env.resolve() / record.python  # an older record's absolute path stays as it is
     inside = python.parent.resolve().is_relative_to(env.resolve())  # bin/python is a link
     if not inside or not python.exists():
         raise WorkspaceError(

@@ -5,6 +5,7 @@ committed as one reproducible commit under the release's tag."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 import tarfile
@@ -91,13 +92,34 @@ def _as_url(remote: str) -> str:
 
 
 def _import_sdist(layout: Layout, project: Project, release: Release, dest: Path) -> str:
+    """The sdist as one commit at `dest`. The commit is the same every time, so the first
+    import of an sdist is kept in the download cache (a bare repository named by its sha256),
+    and later ones clone it: hashing and compressing every file again takes seconds."""
+    origin = f"{SDIST_ORIGIN} {release.sdist.filename} (sha256 {release.sdist.sha256})"
+    imported = layout.cache / "imports" / f"{release.sdist.sha256}.git"
+    if imported.exists():
+        git(dest.parent, "clone", "--quiet", "--no-checkout", str(imported), str(dest))
+        git(dest, "remote", "remove", "origin")
+        git(dest, "checkout", "--quiet", "--detach", release.tag)
+        return origin
+    _commit_sdist(layout, project, release, dest)
+    imported.parent.mkdir(parents=True, exist_ok=True)
+    partial = imported.with_name(f"{imported.name}.{os.getpid()}.partial")
+    git(dest.parent, "clone", "--quiet", "--bare", str(dest), str(partial))
+    try:
+        partial.rename(imported)
+    except OSError:  # another process kept the same commit first
+        shutil.rmtree(partial)
+    return origin
+
+
+def _commit_sdist(layout: Layout, project: Project, release: Release, dest: Path) -> None:
     archive = fetch_sdist(layout, release.sdist)
     with tempfile.TemporaryDirectory(dir=dest.parent) as unpacked, tarfile.open(archive) as tar:
         tar.extractall(unpacked, filter="data")
         (top,) = Path(unpacked).iterdir()
         top.rename(dest)
         released = int(tar.getmember(f"{top.name}/PKG-INFO").mtime)
-    origin = f"{SDIST_ORIGIN} {release.sdist.filename} (sha256 {release.sdist.sha256})"
     message = (
         f"{project.name} {release.version} as released on PyPI\n\n"
         f"Imported from {release.sdist.url}\nsha256 {release.sdist.sha256}, {release.sdist.size}"
@@ -113,7 +135,6 @@ def _import_sdist(layout: Layout, project: Project, release: Release, dest: Path
     # Like a clone of the tag: HEAD detached at it, no branch of our own making.
     git(dest, "checkout", "--quiet", "--detach", release.tag)
     git(dest, "branch", "--quiet", "--delete", "main")
-    return origin
 
 
 def _check_version(repo: Path, project: Project, release: Release) -> None:
