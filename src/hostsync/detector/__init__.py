@@ -10,11 +10,12 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the names of _HOMES, as the type checker sees them
+    from hostsync.detector.events import CompiledInScope as CompiledInScope
+    from hostsync.detector.events import SyncScopeError as SyncScopeError
+    from hostsync.detector.frames import package_path as package_path
     from hostsync.detector.records import Cost as Cost
-    from hostsync.detector.scope import CompiledInScope as CompiledInScope
+    from hostsync.detector.scope import HostTracking as HostTracking
     from hostsync.detector.scope import SyncScope as SyncScope
-    from hostsync.detector.scope import SyncScopeError as SyncScopeError
-    from hostsync.detector.scope import package_path as package_path
     from hostsync.detector.sites import AllowRule as AllowRule
     from hostsync.detector.sites import Site as Site
     from hostsync.detector.sites import SiteCount as SiteCount

@@ -92,6 +92,9 @@ class DetectorMode(TorchDispatchMode):
     """A dispatch mode of the detector. Its frames are never compiled: torch wraps every mode's
     in dynamo's `disable`, which costs a fifth of a call; one call each way does the same."""
 
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's, unannotated
+
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False

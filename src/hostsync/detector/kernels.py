@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 
@@ -20,6 +21,7 @@ from hostsync.detector.observer import KEY, KEY_NAME, Observer
 _BELOW_KEY = torch._C._dispatch_keyset_full_after(KEY)
 _NESTED = torch._C.DispatchKey.ADInplaceOrView
 # A kernel receives a wrapped number (the tensor C++ makes of `t * 2.0`) as a Python number.
+Scalar = bool | int | float | complex
 WRAPPED_DTYPES = {
     bool: torch.bool,
     int: torch.int64,
@@ -56,7 +58,7 @@ def _judging_kernel(
     def judged(keyset: torch._C.DispatchKeySet, *args: object, **kwargs: object) -> object:
         if tensors and any(type(args[i]) in WRAPPED_DTYPES for i in tensors if i < len(args)):
             args = tuple(
-                torch.scalar_tensor(value, dtype=WRAPPED_DTYPES[type(value)])
+                torch.scalar_tensor(cast(Scalar, value), dtype=WRAPPED_DTYPES[type(value)])
                 if position in tensors and type(value) in WRAPPED_DTYPES
                 else value
                 for position, value in enumerate(args)

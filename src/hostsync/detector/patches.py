@@ -17,14 +17,14 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils._device import DeviceContext
 
 from hostsync.detector import kernels, ops
 from hostsync.detector.host import FROM_FILES, HostMemory
-from hostsync.detector.kernels import WRAPPED_DTYPES
+from hostsync.detector.kernels import WRAPPED_DTYPES, Scalar
 from hostsync.detector.observer import Observer
 from hostsync.detector.sites import DEVICE_COPY
 
@@ -37,7 +37,7 @@ def _reading_files(from_file: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(from_file)
     def from_a_file(*args: Any, **kwargs: Any) -> torch.UntypedStorage:
-        storage = from_file(*args, **kwargs)
+        storage: torch.UntypedStorage = from_file(*args, **kwargs)
         key, start = id(storage), storage.data_ptr()
         FROM_FILES[key] = (start, start + storage.nbytes())
         weakref.finalize(storage, FROM_FILES.pop, key, None)
@@ -230,10 +230,10 @@ def _observing(
         elif made and by_default:
             host.made(result)
         elif not made and where is not None and not named:
-            host.moved(result)
+            host.moved(cast(torch.Tensor, result))
         if accounting is not None:
             if made and (named or by_default):
-                accounting.retract(result)
+                accounting.retract(cast(torch.Tensor, result))
             accounting.own(time.perf_counter_ns() - entered - ran)
         for kind, count in counts:
             copy = result if kind == _TO_HOST and isinstance(result, torch.Tensor) else None
@@ -400,7 +400,7 @@ def _writing(setitem: Callable[..., object]) -> Callable[..., object]:
             setitem(self, index, value)
             return
         if type(value) in WRAPPED_DTYPES and not self.is_quantized:
-            value = torch.scalar_tensor(value, dtype=self.dtype)
+            value = torch.scalar_tensor(cast(Scalar, value), dtype=self.dtype)
             observer.host.add(value, propagate=False)
         copies = (
             isinstance(value, torch.Tensor)
@@ -440,10 +440,11 @@ def _guarding_compiled_calls() -> Iterator[None]:
     2.6); inside a scope, where dynamo would silently run the eager code, the scopes refuse or
     record it."""
     from torch._dynamo import eval_frame
+    from torch._dynamo.types import DynamoCallback
 
     from_stance = eval_frame._callback_from_stance
 
-    def refusing_in_scope(callback: object) -> object:
+    def refusing_in_scope(callback: DynamoCallback) -> DynamoCallback:
         resolved = from_stance(callback)
         observer = Observer.current()
         if resolved is not None and observer is not None:
@@ -466,7 +467,7 @@ def _counting_cuda_syncs() -> ExitStack:
     restore.callback(_remove_filter, our_filter)
     show_other = warnings.showwarning
 
-    def count_or_show(message: Warning | str, *args: object, **kwargs: object) -> None:
+    def count_or_show(message: Warning | str, *args: Any, **kwargs: Any) -> None:
         if str(message).startswith(_CUDA_SYNC_WARNING):
             observer = Observer.current()
             if observer is not None:
@@ -481,6 +482,6 @@ def _counting_cuda_syncs() -> ExitStack:
     return restore
 
 
-def _remove_filter(entry: tuple) -> None:
+def _remove_filter(entry: tuple[object, ...]) -> None:
     with contextlib.suppress(ValueError):
-        warnings.filters.remove(entry)
+        cast("list[object]", warnings.filters).remove(entry)  # a list at run time

@@ -67,8 +67,8 @@ def _scope_noting_lines(file: str) -> tuple[SyncScope, list[int]]:
             super().__init__()
             self.at_line: list[int] = []
 
-        def _add(self, *args: Any, **kwargs: Any) -> None:
-            super()._add(*args, **kwargs)
+        def add(self, *args: Any, **kwargs: Any) -> None:
+            super().add(*args, **kwargs)
             frame: FrameType | None = sys._getframe(1)
             while frame is not None and not suffix_matches(frame.f_code.co_filename, file):
                 frame = frame.f_back

@@ -257,8 +257,8 @@ def _children_cpu_s() -> float:
 
 def inputs(layout: Layout) -> Provenance:
     """What a survey depends on: pin.toml, surveys.toml and the plugin's modules."""
-    engine = ("pytest_plugin.py", "baseline.py", "scope.py", "observer.py", "frames.py")
-    engine += ("host.py", "kernels.py", "patches.py", "ops.py")
+    engine: tuple[str, ...] = ("pytest_plugin.py", "baseline.py", "scope.py", "observer.py")
+    engine += ("frames.py", "host.py", "kernels.py", "patches.py", "ops.py")
     return Provenance(
         pin_sha256=sha256(layout.pin_file),
         case_sha256=sha256(layout.root / FILE),

@@ -53,8 +53,8 @@ from torch.optim.optimizer import (
 
 from hostsync.detector import HostTracking, SyncScope
 from hostsync.detector.codec import dump, write_file
+from hostsync.detector.events import SyncEvent
 from hostsync.detector.records import Cost, DeviceWork
-from hostsync.detector.scope import SyncEvent
 from hostsync.detector.sites import COMPILED
 from hostsync.rank.protocol import RUN_DIR_ENV
 from hostsync.rank.rankkit import hunt_step
