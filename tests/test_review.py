@@ -353,7 +353,7 @@ def test_what_a_fix_leaves_and_where_its_waits_stall_are_listed_from_the_account
     )
     assert filled("{{repro:sites[tree=patched,scenario=zero1]|waits}}") == (
         "`pkg/utils.py:887` `mask_nan` (0 to 2 copies); `pkg/utils.py:888` `mask_nan` (1 to 2"
-        " waits); `pkg/utils.py:233` `is_invalid` (1 read)"
+        " syncs); `pkg/utils.py:233` `is_invalid` (1 read)"
     )
     assert filled("{{repro:sites[tree=patched,file=pkg/utils.py].reads|sum}}") == "2"
     assert filled("{{repro:sites[tree=patched,line=887].waits|sum}}") == "2"
@@ -361,7 +361,7 @@ def test_what_a_fix_leaves_and_where_its_waits_stall_are_listed_from_the_account
     with pytest.raises(WorkspaceError, match=r"`pkg/utils.py:888` is not known to hold reads"):
         filled("{{repro:sites[tree=patched]|reads}}")
     assert filled("{{repro:sites[tree=patched,line=888]|stalls}}") == (
-        "`pkg/utils.py:888` `mask_nan` (1 to 2 waits, waiting for 12 to 26 kernels in all,"
+        "`pkg/utils.py:888` `mask_nan` (1 to 2 syncs, waiting for 12 to 26 kernels in all,"
         " 1 collective among them)"
     )
     assert filled("{{repro:sites[tree=pinned,function=is_invalid]|stalls}}") == (
@@ -534,6 +534,6 @@ def test_a_patched_tree_s_site_is_cited_at_the_pinned_release_s_line(workspace: 
     found = {"repro": review.Source("repro", Path("repro.json"), result).data}
 
     assert review.fill("{{repro:sites[tree=patched]|stalls}}", found) == (
-        "`pkg/utils.py:233` `is_invalid` (1 wait, none stalls);"
-        " `pkg/utils.py:250` `to_inf` (1 wait, none stalls)"
+        "`pkg/utils.py:233` `is_invalid` (1 sync, none stalls);"
+        " `pkg/utils.py:250` `to_inf` (1 sync, none stalls)"
     )

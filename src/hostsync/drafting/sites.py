@@ -64,9 +64,9 @@ class RunSite(Record):
 
     @property
     def noun(self) -> str:
-        """What its waits are: `read`, `copy`, or `wait` where that is not known."""
+        """What its waits are: `read`, `copy`, or `sync` (either) where that is not known."""
         if self.copies is None:
-            return "wait"
+            return "sync"
         return "copy" if max(self.copies) else "read"
 
 
@@ -163,7 +163,7 @@ def copies(values: list[Any]) -> str:
 
 def waits(values: list[Any]) -> str:
     """The sites `values` holds, each with its waits named as what they are: (2 reads), (2
-    copies), or (2 waits) where the run does not say which."""
+    copies), or (2 syncs) where the run does not say which."""
     return _listed(values, lambda sites: _amount(_each(sites, _of("waits")), sites[0].noun))
 
 
