@@ -47,7 +47,7 @@ ALL_MASKED_TEST = (
 )
 GUARD_TEST = "TestDeepSpeedSPComputeLoss::test_weighted_mean_matches_full_sequence_loss"
 RED = patch_proof.Expectation(
-    "2 fail, none passes", must_fail=frozenset({SYNC_TEST, ALL_MASKED_TEST}), none_passes=True
+    "2 fail, rest pass", must_fail=frozenset({SYNC_TEST, ALL_MASKED_TEST})
 )
 
 
@@ -85,26 +85,15 @@ def test_everything_passing_on_the_pinned_tree_proves_nothing(tmp_path: Path) ->
 
 def test_the_bug_failing_on_assertions_is_the_expected_red(tmp_path: Path) -> None:
     failure = '<failure message="AssertionError: 3 != 0 : uneven_tokens, rank 0">trace</failure>'
-    report = junit(tmp_path, case(SYNC_TEST, failure) + case(ALL_MASKED_TEST, failure))
+    report = junit(
+        tmp_path, case(SYNC_TEST, failure) + case(ALL_MASKED_TEST, failure) + case(GUARD_TEST)
+    )
 
     tests = patch_proof.read_junit(report)
     verdict, reason = verdict_of(RED, tests, returncode=1)
 
     assert verdict == OK, reason
     assert Case(SYNC_TEST, FAILED, "AssertionError: 3 != 0 : uneven_tokens, rank 0") in tests
-
-
-def test_a_new_test_that_passes_without_the_fix_is_refused() -> None:
-    """A test the series adds that passes on the release without the fix asserts nothing new:
-    the red check refuses it, where a green check takes it."""
-    red = [Case(SYNC_TEST, FAILED, "AssertionError: 3 != 0")]
-    red.append(Case(ALL_MASKED_TEST, FAILED, "AssertionError: nan"))
-
-    verdict, reason = verdict_of(RED, [*red, Case(GUARD_TEST, PASSED)], returncode=1)
-
-    assert verdict == WRONG
-    assert f"{GUARD_TEST} passes without the fix: it proves nothing" in reason
-    assert verdict_of(GREEN, [Case(GUARD_TEST, PASSED)], returncode=0)[0] == OK
 
 
 @pytest.mark.parametrize(
