@@ -450,14 +450,15 @@ def defaults(
         return {}
     document = repro.result.document()
     pinned = document.get("trees", {}).get("pinned", {})
+    (trainer,) = [name for name, project in PROJECTS.items() if project.trainer]
     version = (
         pinned.get("version")
-        if case.project.name == "transformers"
-        else document.get("environment", {}).get("transformers")
+        if case.project.name == trainer
+        else document.get("environment", {}).get(trainer)
     )
     if not version:
         return {}
-    return {TRAINER_ARGUMENTS: trainer_defaults(release("transformers", version), version)}
+    return {TRAINER_ARGUMENTS: trainer_defaults(release(trainer, version), version)}
 
 
 def release_source(case: Case) -> Callable[[str, str], Sources]:

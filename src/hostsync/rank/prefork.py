@@ -74,7 +74,7 @@ def load_deepspeed_ops() -> None:
     keeps what it loaded, so each forked rank finds the op loaded instead of checking its build
     again (ninja and a compiler probe, per rank). A no-op without DeepSpeed, or on an
     accelerator with no such op."""
-    if "deepspeed" in sys.modules:
+    if "deepspeed.comm" in sys.modules:
         from deepspeed.comm.torch import build_shm_op
 
         build_shm_op()
