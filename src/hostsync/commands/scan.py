@@ -154,8 +154,13 @@ def main(argv: list[str]) -> int:
     writing = time.monotonic()
     json_path = results.write(layout.profiles, result, keep_elsewhere=layout.unsaved)
     print(report.summary(result, rules, remedies))
+    here = Path.cwd()
     for path in [json_path, *report.write_reports(layout, json_path)]:
-        print(f"wrote {path.relative_to(layout.root)}", file=sys.stderr)
+        # Where the user stands: a path they can open from there.
+        print(
+            f"wrote {path.relative_to(here) if path.is_relative_to(here) else path}",
+            file=sys.stderr,
+        )
     print(
         f"wrote the result and its reports in {time.monotonic() - writing:.2f} s (the run:"
         f" {scanned.seconds:.1f} s)",
