@@ -181,18 +181,18 @@ def summary(result: ScanResult, rules: KnownSites, remedies: Remedies) -> str:
     def where(site: Site) -> str:
         return _short(f"{site.file}:{site.line}  {site.code}", 60)
 
+    def rates(s: ScanSite) -> tuple[str, str]:
+        return rate_text(s.hunted.rate), rate_text(s.hunted.stall_rate)
+
+    def known(s: ScanSite) -> tuple[str, str, str]:
+        """Where it is, what it is to us, and what to do there."""
+        site = s.hunted.site
+        return where(site), _short(str(s.disposed), 40), to_do(s.hunted.kinds, site)
+
     if every:
         lines.append("every step (mean per rank per step after the warm-up):")
         rows = [
-            (
-                rate_text(s.hunted.rate),
-                rate_text(s.hunted.stall_rate),
-                rate_text(s.hunted.idle_rate),
-                where(s.hunted.site),
-                _short(str(s.disposed), 40),
-                to_do(s.hunted.kinds, s.hunted.site),
-            )
-            for s in every[:SUMMARY_SITES]
+            (*rates(s), rate_text(s.hunted.idle_rate), *known(s)) for s in every[:SUMMARY_SITES]
         ]
         headers = (WAITS, STALLS, IDLE_MEAN, "site", DISPOSITION, WHAT_TO_DO)
         lines.append(table.text(headers, rows))
@@ -201,17 +201,7 @@ def summary(result: ScanResult, rules: KnownSites, remedies: Remedies) -> str:
     if apart or after:
         lines.append(f"{APART} (mean per rank per step over all the measured steps):")
         steady = steady_steps(result)
-        rows = [
-            (
-                when_text(s.hunted, steady),
-                rate_text(s.hunted.rate),
-                rate_text(s.hunted.stall_rate),
-                where(s.hunted.site),
-                _short(str(s.disposed), 40),
-                to_do(s.hunted.kinds, s.hunted.site),
-            )
-            for s in apart[:SUMMARY_SITES]
-        ]
+        rows = [(when_text(s.hunted, steady), *rates(s), *known(s)) for s in apart[:SUMMARY_SITES]]
         rows += [
             (
                 f"{AFTER_TRAINING} ({a.waits} wait{'s' * (a.waits > 1)})",
