@@ -158,16 +158,7 @@ def summary(result: ScanResult, rules: KnownSites, remedies: Remedies) -> str:
     if result.partial:
         lines.append(f"PARTIAL: {result.partial}")
     if figures:
-        lines.append(
-            vocabulary.figures_line(
-                figure_text(figures["waits"]),
-                figure_text(figures["copies"]),
-                figure_text(figures["stalls"]),
-                f"{figures['idle_us']:g}",
-                f"{figures['kernels']:.0f}",
-                f"{figures['seconds']:.3f}",
-            )
-        )
+        lines.append(vocabulary.figures_line(*_waits_texts(figures), f"{figures['seconds']:.3f}"))
     every, apart = steps_apart(result, scan_sites(result, rules))
     after = after_training(result)
     used: dict[str, Remedy | None] = {}
@@ -310,6 +301,17 @@ def after_training(result: ScanResult) -> list[AfterSite]:
     )
 
 
+def _waits_texts(figures: dict[str, float]) -> tuple[str, str, str, str, str]:
+    """Waits, copies, stalls, idle and kernels per step, as summary and report print them."""
+    return (
+        figure_text(figures["waits"]),
+        figure_text(figures["copies"]),
+        figure_text(figures["stalls"]),
+        f"{figures['idle_us']:g}",
+        f"{figures['kernels']:.0f}",
+    )
+
+
 def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -356,11 +358,7 @@ def render(
                 [
                     (
                         "after the warm-up (the mean)",
-                        figure_text(figures["waits"]),
-                        figure_text(figures["copies"]),
-                        figure_text(figures["stalls"]),
-                        f"{figures['idle_us']:g}",
-                        f"{figures['kernels']:.0f}",
+                        *_waits_texts(figures),
                         f"{figures['collectives']:.0f}",
                         f"{figures['bytes']:.0f}",
                         f"{figures['flops']:.0f}",
