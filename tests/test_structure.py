@@ -7,6 +7,9 @@ docs/adding-a-case.md allows them, and return their record."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 from engine_structure import (
     back_edges,
     command_imports,
@@ -30,6 +33,7 @@ from engine_structure import (
     workspace_imports,
 )
 
+import hostsync.detector as detector
 from hostsync.workspace.projects import PROJECTS
 from hostsync.workspace.records import Launcher
 
@@ -54,6 +58,20 @@ def test_no_command_imports_another() -> None:
 
 def test_the_detector_imports_nothing_outside_its_package() -> None:
     assert detector_escapes() == []
+
+
+def test_the_detectors_lazy_names_are_the_names_the_type_checker_sees() -> None:
+    """`hostsync.detector` lists its names twice: in `_HOMES`, read at run time, and in the
+    `TYPE_CHECKING` imports mypy reads. Each name comes from the same module in both."""
+    tree = ast.parse(Path(detector.__file__).read_text())
+    (checked,) = [n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.dump(n)]
+    seen = {
+        alias.name: node.module.rsplit(".", 1)[-1]
+        for node in checked.body
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+    }
+    assert seen == detector._HOMES
 
 
 def test_hunt_census_scan_and_history_import_one_another_never_and_the_site_layer_each() -> None:
