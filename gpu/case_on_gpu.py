@@ -49,6 +49,7 @@ from hostsync.detector.codec import read_file  # noqa: E402
 from hostsync.launch.launchers import ENGINE_SRC, NODE_FIELD, RUN_DIR_FIELD  # noqa: E402
 from hostsync.measure import provenance  # noqa: E402 (the workspace's engine, by path)
 from hostsync.profiling import nsys  # noqa: E402
+from hostsync.profiling.records import GpuResult, GpuTreeFigures  # noqa: E402
 from hostsync.rank.protocol import (  # noqa: E402
     MEASURED_RANGE,
     RUN_DIR_ENV,
@@ -57,17 +58,11 @@ from hostsync.rank.protocol import (  # noqa: E402
     TREE_SRC_ENV,
     free_port,
 )
+from hostsync.rank.records import ProfiledRank, RankReport  # noqa: E402
 from hostsync.workspace import cases, results  # noqa: E402
 from hostsync.workspace.errors import WorkspaceError  # noqa: E402
 from hostsync.workspace.layout import Layout  # noqa: E402
-from hostsync.workspace.records import (  # noqa: E402
-    GpuResult,
-    GpuTreeFigures,
-    ProfiledRank,
-    RankReport,
-    Stamp,
-    TreeInfo,
-)
+from hostsync.workspace.records import Stamp, TreeInfo  # noqa: E402
 
 TREES_FILE = "trees.json"
 FIGURES_FILE = "figures.json"

@@ -10,41 +10,37 @@ import sys
 
 from hostsync.detector.sites import AllowRule
 from hostsync.history.bisect import first_boundary
+from hostsync.history.records import BisectResult, Decided, ReleaseEvidence, SiteHistory
+from hostsync.hunt.records import HuntResult, HuntSetup
 from hostsync.launch.processes import ENGINE_SRC
 from hostsync.measure import provenance
-from hostsync.workspace import cases
-from hostsync.workspace.files import sha256
-from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import (
-    BisectResult,
-    Capture,
+from hostsync.measure.records import (
     CheckRecord,
     CostComparison,
-    Decided,
-    Environment,
-    Finding,
     FixAssessment,
     FixVerdict,
-    HuntResult,
-    HuntSetup,
-    HuntTree,
     Outcome,
-    Presence,
+    ReproResult,
+    ScenarioRow,
+    SnippetRuns,
+    TestOutcome,
+    TestPatchResult,
+    Verdict,
+)
+from hostsync.profiling.records import (
+    Capture,
     ProfiledScenario,
     ProfileResult,
     RegionLabels,
-    ReleaseEvidence,
-    ReproResult,
-    ScenarioRow,
-    SiteHistory,
-    SnippetRuns,
     StepFigures,
-    TestOutcome,
-    TestPatchResult,
     Timeline,
-    TreeInfo,
-    Verdict,
 )
+from hostsync.sites.records import HuntTree
+from hostsync.upstream.records import Finding, Presence
+from hostsync.workspace import cases
+from hostsync.workspace.files import sha256
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.records import Environment, TreeInfo
 
 ENVIRONMENT = Environment(
     python="3.11.7", packages={"torch": "2.13.0"}, platform="Linux", device="cpu", device_count=0

@@ -26,14 +26,16 @@ from hostsync.launch import launchers
 from hostsync.launch.launchers import LaunchPlan, World
 from hostsync.launch.processes import Run, RunFailed, run_group
 from hostsync.measure import repro
+from hostsync.measure.records import Verdict
 from hostsync.upstream import envs, sdists
+from hostsync.upstream.records import EnvRecord
 from hostsync.upstream.trees import Tree
 from hostsync.workspace import cases, locks, results
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.files import sha256
 from hostsync.workspace.layout import ROOT, Layout
 from hostsync.workspace.projects import get
-from hostsync.workspace.records import Device, EnvRecord, Launcher, TreeRole, Verdict
+from hostsync.workspace.records import Device, Launcher, TreeRole
 
 import made
 from conftest import hostsync, make_workspace, one_line_error, processes_running, wait_until

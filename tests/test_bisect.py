@@ -19,11 +19,11 @@ from hostsync.history.bisect import Reader, Target, bisect_run, pull_request
 from hostsync.measure import probe
 from hostsync.upstream import envs, presence, sdists
 from hostsync.upstream.git import git
+from hostsync.upstream.records import Presence
 from hostsync.workspace import cases
 from hostsync.workspace.files import sha256
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import get
-from hostsync.workspace.records import Presence
 
 from conftest import hostsync, make_workspace, one_line_error, own_downloads
 

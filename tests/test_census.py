@@ -12,27 +12,17 @@ from pathlib import Path
 import pytest
 
 from hostsync.census import report, setups
+from hostsync.census.records import CensusResult, CensusSetup, CensusTrees
 from hostsync.census.run import census_cases
 from hostsync.detector.records import Cost, DeviceWork, HostSpan, Idle
 from hostsync.detector.sites import DEVICE_COPY, Site
 from hostsync.rank import rankkit
 from hostsync.sites.dispositions import known_now
+from hostsync.sites.records import HuntSite, HuntTree
 from hostsync.workspace import cases, results, table
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import ROOT, Layout
-from hostsync.workspace.records import (
-    CensusResult,
-    CensusSetup,
-    CensusTrees,
-    Environment,
-    HuntSite,
-    HuntTree,
-    Launcher,
-    Precision,
-    Provenance,
-    Stamp,
-    TreeInfo,
-)
+from hostsync.workspace.records import Environment, Launcher, Precision, Provenance, Stamp, TreeInfo
 
 from conftest import make_workspace
 

@@ -16,9 +16,9 @@ from hostsync.detector.records import Cost, DeviceWork
 from hostsync.drafting.claims import check_claims
 from hostsync.measure import cost
 from hostsync.measure.cost import BOUND, assess, compare_costs, verdict_table
+from hostsync.measure.records import CostComparison, FixVerdict, ScenarioRow
 from hostsync.workspace import results
 from hostsync.workspace.errors import WorkspaceError
-from hostsync.workspace.records import CostComparison, FixVerdict, ScenarioRow
 
 import made
 from conftest import make_workspace

@@ -14,14 +14,15 @@ import pytest
 from hostsync.commands import options
 from hostsync.commands import repro as repro_command
 from hostsync.drafting import drafts, review
+from hostsync.hunt.records import HuntResult, HuntSetup
 from hostsync.measure import provenance
+from hostsync.measure.records import ReproResult, TestPatchResult
 from hostsync.upstream import envs
 from hostsync.upstream.patchqueue import series
 from hostsync.workspace import cases, projects, results
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import ROOT, Layout
 from hostsync.workspace.pin import load as load_pin
-from hostsync.workspace.records import HuntResult, HuntSetup, ReproResult, TestPatchResult
 
 import made
 from conftest import make_workspace, retitled

@@ -14,11 +14,11 @@ import pytest
 
 from hostsync.drafting import drafts, review
 from hostsync.measure import provenance
+from hostsync.profiling.records import GpuResult, GpuTreeFigures
 from hostsync.upstream.trees import prepare_tree
 from hostsync.workspace import cases, results
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import ROOT, Layout
-from hostsync.workspace.records import GpuResult, GpuTreeFigures
 
 import made
 from conftest import retitled

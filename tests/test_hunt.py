@@ -13,9 +13,11 @@ from hostsync.commands import hunt as hunt_command
 from hostsync.detector.records import Cost, DeviceWork
 from hostsync.detector.sites import AllowRule, Site
 from hostsync.hunt import measure, report
+from hostsync.hunt.records import HuntResult
 from hostsync.hunt.run import check_stack, stacked
 from hostsync.launch import trainer_step
 from hostsync.sites import known, render, summary
+from hostsync.sites.records import CrossCheck, HuntRank, HuntSite, HuntTree
 from hostsync.upstream.git import git
 from hostsync.upstream.patchqueue import series
 from hostsync.upstream.trees import Tree, prepare_tree, stack_trees
@@ -23,14 +25,7 @@ from hostsync.workspace import cases, projects, results
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import ROOT, Layout
 from hostsync.workspace.projects import DeepSpeedSetup
-from hostsync.workspace.records import (
-    CrossCheck,
-    HuntRank,
-    HuntResult,
-    HuntSite,
-    HuntTree,
-    TreeRole,
-)
+from hostsync.workspace.records import TreeRole
 
 import made
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line

@@ -17,10 +17,11 @@ from hostsync.launch.launchers import LaunchPlan, World, torchrun_command
 from hostsync.launch.nodes import NodeLayout, Pool
 from hostsync.launch.processes import Run
 from hostsync.measure import repro
+from hostsync.rank.records import RankReport, RanOn
 from hostsync.workspace import cases, locks
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import Device, RankReport, RanOn
+from hostsync.workspace.records import Device
 
 import made
 from conftest import make_workspace

@@ -16,6 +16,8 @@ from hostsync.commands import test_patch as proof_command
 from hostsync.launch.processes import Run
 from hostsync.measure import linters, provenance
 from hostsync.measure import test_patch as patch_proof
+from hostsync.measure.records import TestOutcome as Case
+from hostsync.measure.records import Verdict
 from hostsync.measure.test_patch import (
     FAILED,
     GREEN,
@@ -33,8 +35,7 @@ from hostsync.upstream.trees import Tree
 from hostsync.workspace import cases, projects
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import ROOT, Layout
-from hostsync.workspace.records import TestOutcome as Case
-from hostsync.workspace.records import TreeRole, Verdict
+from hostsync.workspace.records import TreeRole
 
 import made
 from conftest import make_workspace, own_downloads

@@ -16,13 +16,14 @@ from hostsync.commands import profile as profile_command
 from hostsync.launch.processes import RunHung, run_group
 from hostsync.profiling import capture as capturing
 from hostsync.profiling import nsys, report, traces
+from hostsync.profiling.records import Capture, NsysFigures, ProfileResult
 from hostsync.profiling.run import profile_case
 from hostsync.rank.protocol import EXCLUDED_RANGE, MEASURED_RANGE, SYNC_OP
 from hostsync.upstream.trees import prepare_tree
 from hostsync.workspace import cases, results
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import ROOT, Layout
-from hostsync.workspace.records import Capture, Device, NsysFigures, ProfileResult
+from hostsync.workspace.records import Device
 
 import made
 from conftest import OwnEnvironment

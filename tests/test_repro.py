@@ -22,11 +22,13 @@ from hostsync.launch.launchers import LaunchPlan, World
 from hostsync.launch.processes import Run, RunFailed
 from hostsync.measure import report as repro_report
 from hostsync.measure import repro
+from hostsync.measure.records import ReproResult
+from hostsync.rank.records import RankReport
 from hostsync.upstream.trees import Tree, prepare_tree, prepare_trees
 from hostsync.workspace import cases, results
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import Device, Launcher, RankReport, ReproResult
+from hostsync.workspace.records import Device, Launcher
 
 import made
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line

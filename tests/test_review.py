@@ -17,20 +17,20 @@ from hostsync.detector.sites import DEVICE_COPY, Site, SiteCount
 from hostsync.drafting import drafts, review
 from hostsync.drafting.claims import check_claims
 from hostsync.drafting.lines import check_lines
-from hostsync.workspace import cases, results
-from hostsync.workspace.cases import load as load_case
-from hostsync.workspace.errors import WorkspaceError
-from hostsync.workspace.layout import ROOT, Layout
-from hostsync.workspace.records import (
-    BisectResult,
+from hostsync.history.records import BisectResult
+from hostsync.measure.records import (
     CostComparison,
     FixAssessment,
     FixVerdict,
     MergedSite,
-    ProfileResult,
     ScenarioRow,
     Verdict,
 )
+from hostsync.profiling.records import ProfileResult
+from hostsync.workspace import cases, results
+from hostsync.workspace.cases import load as load_case
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import ROOT, Layout
 
 import made
 

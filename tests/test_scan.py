@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from hostsync.measure.records import ScanEnd, ScanResult
 from hostsync.scan import gate
 from hostsync.scan.measure import read_rank
 from hostsync.workspace import results
 from hostsync.workspace.layout import ROOT, Layout
-from hostsync.workspace.records import ScanEnd, ScanResult
 
 from conftest import hostsync, one_line_error, processes_running, wait_until
 

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from hostsync.measure.records import ScanResult
 from hostsync.rank.rankkit import tiny_tokenizer
 from hostsync.scan.report import scan_sites
 from hostsync.sites.dispositions import known_now
+from hostsync.sites.records import HuntSite
 from hostsync.workspace import results
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import HuntSite, ScanResult
 
 from conftest import hostsync
 

@@ -150,10 +150,10 @@ def test_rank_scripts_import_only_what_the_readme_allows() -> None:
 
 
 def test_the_rank_script_scans_see_an_import_beyond_the_readme_and_a_main_untyped() -> None:
-    """The measures themselves: the workspace's records come through the protocol, not past it."""
+    """The measures themselves: a rank's records come through the protocol, not past it."""
     source = """from hostsync.detector import SyncScope
 from hostsync.rank.protocol import ReproRank, rank_entry
-from hostsync.workspace.records import RankRow
+from hostsync.rank.records import RankRow
 import hostsync.measure.repro
 
 
@@ -162,7 +162,7 @@ def main() -> dict:
     return {}
 """
     assert workspace_imports(source) == [
-        (3, "hostsync.workspace.records.RankRow"),
+        (3, "hostsync.rank.records.RankRow"),
         (4, "hostsync.measure.repro"),
     ]
     assert returned_record(source) == "dict"

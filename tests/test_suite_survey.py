@@ -10,11 +10,12 @@ import textwrap
 import pytest
 
 from hostsync.commands.survey import parser
+from hostsync.measure.records import SurveyMode
 from hostsync.measure.survey import SurveySpec, survey
 from hostsync.upstream.trees import Tree
 from hostsync.workspace.cases import Sdist
 from hostsync.workspace.projects import Project, RuffLint
-from hostsync.workspace.records import SurveyMode, TreeRole
+from hostsync.workspace.records import TreeRole
 
 from conftest import hostsync, one_line_error
 

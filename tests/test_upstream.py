@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hostsync.drafting import outbox
+from hostsync.measure.records import Verdict
 from hostsync.upstream import git as gitmodule
 from hostsync.upstream import patchqueue, releases, trees
 from hostsync.upstream.patchqueue import series
@@ -17,7 +18,6 @@ from hostsync.upstream.sdists import fetch_sdist
 from hostsync.workspace import cases, results
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import ROOT, Layout
-from hostsync.workspace.records import Verdict
 
 import made
 

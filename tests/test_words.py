@@ -15,23 +15,20 @@ from pathlib import Path
 import pytest
 
 from hostsync.census import report as census_report
+from hostsync.census.records import CensusResult
 from hostsync.history import report as history_report
+from hostsync.history.records import BisectResult
 from hostsync.hunt import report as hunt_report
 from hostsync.hunt.measure import hunt_plan
 from hostsync.measure import report as repro_report
+from hostsync.measure.records import ReproResult, ScanResult
 from hostsync.scan import report as scan_report
 from hostsync.sites.dispositions import known_now
+from hostsync.sites.records import HuntTree
 from hostsync.sites.remedies import load_remedies
 from hostsync.sites.render import figure_text
 from hostsync.workspace import cases, results, vocabulary
 from hostsync.workspace.layout import ROOT, Layout
-from hostsync.workspace.records import (
-    BisectResult,
-    CensusResult,
-    HuntTree,
-    ReproResult,
-    ScanResult,
-)
 
 import made
 from conftest import hostsync

@@ -13,9 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hostsync.census.records import CensusResult, CensusTrees
 from hostsync.measure.cost import BOUND, assess, idle_per_step
 from hostsync.sites.dispositions import Disposed, Disposition, disposed, known_now
 from hostsync.sites.known import NONE_KNOWN, KnownSites
+from hostsync.sites.records import HuntSite, HuntTree
 from hostsync.sites.render import (
     LABEL_COLOURS,
     draw_heat_map,
@@ -28,7 +30,6 @@ from hostsync.sites.render import (
 from hostsync.sites.summary import copies_rate
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import CensusResult, CensusTrees, HuntSite, HuntTree
 from hostsync.workspace.vocabulary import (
     COPIES,
     DISPOSITION,

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from packaging.version import Version
 
 from hostsync.census import setups
+from hostsync.census.records import CensusResult, CensusTrees
 from hostsync.census.report import FIXED
 from hostsync.census.setups import Matrix
 from hostsync.detector.sites import AllowRule
@@ -19,6 +20,7 @@ from hostsync.launch.launchers import LaunchPlan
 from hostsync.launch.processes import RankResults, RunFailed, read_ranks
 from hostsync.measure.provenance import detector_digest
 from hostsync.sites.known import carried_rules, host_memory_args, load_known_sites
+from hostsync.sites.records import HuntTree, TrainerRank
 from hostsync.sites.summary import rank_records, steady_cost, summarize
 from hostsync.upstream.patchqueue import series
 from hostsync.upstream.trees import Tree, by_project, stack_trees
@@ -27,15 +29,7 @@ from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.files import sha256
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import DEFAULT_SETUP, trainer_project
-from hostsync.workspace.records import (
-    CensusResult,
-    CensusTrees,
-    Device,
-    HuntTree,
-    Provenance,
-    Stamp,
-    TrainerRank,
-)
+from hostsync.workspace.records import Device, Provenance, Stamp
 
 # The folder of profiles/ the census writes into, and the name its results are stamped with.
 CENSUS = "census"

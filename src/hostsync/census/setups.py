@@ -8,13 +8,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hostsync.census.records import CensusSetup, TrainerKind
 from hostsync.detector.codec import RecordError, Strict
 from hostsync.launch import launchers
 from hostsync.launch.launchers import LAUNCHERS, World
 from hostsync.workspace.config import load_toml
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.projects import DeepSpeedSetup, deepspeed_env
-from hostsync.workspace.records import CensusSetup, Launcher, TrainerKind
+from hostsync.workspace.records import Launcher
 
 FILE = "census.toml"
 

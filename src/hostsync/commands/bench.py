@@ -20,10 +20,10 @@ from hostsync.measure.bench import (
     print_scan_overhead,
     scan_overhead,
 )
+from hostsync.measure.records import BenchResult
 from hostsync.workspace import locks, results
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import BenchResult
 
 
 def parser() -> argparse.ArgumentParser:

@@ -8,6 +8,7 @@ import shlex
 import sys
 
 from hostsync.commands.options import add_timeout, positive_count
+from hostsync.measure.records import SurveyResult
 from hostsync.measure.survey import (
     FILE,
     ROUNDS,
@@ -20,7 +21,6 @@ from hostsync.measure.survey import (
 )
 from hostsync.workspace import results
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import SurveyResult
 
 
 def parser() -> argparse.ArgumentParser:

@@ -7,6 +7,7 @@ import argparse
 import functools
 
 from hostsync.commands.options import add_timeout
+from hostsync.history.records import WatchResult
 from hostsync.history.report import digest
 from hostsync.history.watch import WatchSettings, watch
 from hostsync.hunt.run import new_sites
@@ -14,7 +15,6 @@ from hostsync.workspace import results
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import DeepSpeedSetup
-from hostsync.workspace.records import WatchResult
 from hostsync.workspace.values import comma_list
 
 # A small set: one hunt per setup and tree is a full training run.

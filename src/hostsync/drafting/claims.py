@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from hostsync.measure.records import CostComparison, FixVerdict
 from hostsync.workspace.errors import WorkspaceError
-from hostsync.workspace.records import CostComparison, FixVerdict
 
 STALL_CLAIM = re.compile(
     r"\bstall(?:s|ed|ing)?\b|\bwait(?:s|ed|ing)? for the (?:device|GPU|stream)\b"

@@ -36,6 +36,7 @@ import tempfile
 from pathlib import Path
 
 from hostsync.drafting import drafts, review
+from hostsync.measure.records import ReproResult
 from hostsync.upstream.git import git
 from hostsync.upstream.patchqueue import (
     added_files,
@@ -48,7 +49,7 @@ from hostsync.upstream.patchqueue import (
 from hostsync.workspace.cases import Case, PrChange
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import PrChangeSource, ReproResult, UpstreamState
+from hostsync.workspace.records import PrChangeSource, UpstreamState
 
 OUTBOX = "outbox"
 PATCHES = "patches"

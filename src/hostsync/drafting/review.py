@@ -57,7 +57,10 @@ from hostsync.detector.sites import Site
 from hostsync.drafting import drafts, sites
 from hostsync.drafting.claims import check_claims
 from hostsync.drafting.lines import Sources, check_lines
+from hostsync.history.records import BisectResult
 from hostsync.measure import provenance
+from hostsync.measure.records import ReproResult, TestPatchResult, Verdict
+from hostsync.profiling.records import GpuResult, ProfileResult
 from hostsync.upstream import patchqueue
 from hostsync.upstream.presence import sdist_sources
 from hostsync.upstream.sdists import pypi_sdist
@@ -66,15 +69,7 @@ from hostsync.workspace.cases import Case
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import PROJECTS
-from hostsync.workspace.records import (
-    BisectResult,
-    GpuResult,
-    ProfileResult,
-    ReproResult,
-    Result,
-    TestPatchResult,
-    Verdict,
-)
+from hostsync.workspace.records import Result
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,9 @@ from typing import Any
 from hostsync.detector.codec import FLAT, OPTIONAL, Record, RecordError, shown
 from hostsync.detector.records import Cost, DeviceWork, SiteCost
 from hostsync.detector.sites import DEVICE_COPY, Site
+from hostsync.measure.records import ReproResult, ScenarioRow
 from hostsync.workspace.errors import WorkspaceError
-from hostsync.workspace.records import ReproResult, ScenarioRow, TreeRole
+from hostsync.workspace.records import TreeRole
 
 WORK = tuple(item.name for item in dataclasses.fields(DeviceWork))
 PINNED = TreeRole.PINNED.value

@@ -40,29 +40,27 @@ from pathlib import Path
 from packaging.version import Version
 
 from hostsync.detector.sites import AllowRule
+from hostsync.history.records import (
+    BisectResult,
+    Boundary,
+    Change,
+    CommitEvidence,
+    Decided,
+    GitNarrowing,
+    ReleaseEvidence,
+    SiteHistory,
+)
 from hostsync.measure import judge, provenance, test_patch
+from hostsync.measure.records import CheckRecord, Judgement, ProbeVerdict
 from hostsync.upstream import envs, presence, sdists
 from hostsync.upstream.git import git, rev
+from hostsync.upstream.records import Finding
 from hostsync.upstream.releases import tag_format
 from hostsync.upstream.sdists import Published
 from hostsync.workspace import cases
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import Project
-from hostsync.workspace.records import (
-    BisectResult,
-    Boundary,
-    Change,
-    CheckRecord,
-    CommitEvidence,
-    Decided,
-    Finding,
-    GitNarrowing,
-    Judgement,
-    ProbeVerdict,
-    ReleaseEvidence,
-    SiteHistory,
-)
 
 ASSUMPTION = (
     "bisected on presence, assuming the site is there in one contiguous run of releases; the"

@@ -7,21 +7,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from hostsync.upstream import presence
-from hostsync.workspace import results, table
-from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import (
+from hostsync.history.records import (
     BisectResult,
     Boundary,
     CaseWatch,
     Change,
     GitNarrowing,
-    Judgement,
-    Presence,
     ProjectWatch,
     SiteHistory,
     WatchResult,
 )
+from hostsync.measure.records import Judgement
+from hostsync.upstream import presence
+from hostsync.upstream.records import Presence
+from hostsync.workspace import results, table
+from hostsync.workspace.layout import Layout
 
 # --- a bisect ------------------------------------------------------------------------------------
 

@@ -21,21 +21,16 @@ from packaging.version import Version
 
 from hostsync.detector.sites import AllowRule
 from hostsync.history.bisect import Reader, case_targets
+from hostsync.history.records import CaseWatch, ProjectWatch, SiteWatch, WatchResult
 from hostsync.measure import judge, provenance, test_patch
 from hostsync.sites.known import carried_rules
+from hostsync.sites.records import HuntSite
 from hostsync.upstream import sdists
 from hostsync.upstream.patchqueue import PatchDoesNotApply, series
 from hostsync.upstream.trees import checkout_tree
 from hostsync.workspace import cases, locks, pin
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import PROJECTS, Project
-from hostsync.workspace.records import (
-    CaseWatch,
-    HuntSite,
-    ProjectWatch,
-    SiteWatch,
-    WatchResult,
-)
 
 # The hunt of a project's new sites (`hunt.run.new_sites`): given a case of the project (its
 # trees' home), the pinned and the newest release and every case's carried sites, what was

@@ -22,20 +22,20 @@ from hostsync.launch import trainer_step
 from hostsync.launch.nodes import SINGLE, NodeLayout, shares_of
 from hostsync.launch.processes import DEFAULT_TIMEOUT_S, RunFailed, read_ranks
 from hostsync.sites.known import host_memory_args
+from hostsync.sites.records import (
+    CrossCheck,
+    HuntPlan,
+    HuntRank,
+    HuntTree,
+    ProfilerOnly,
+    TrainerRank,
+)
 from hostsync.sites.summary import package, rank_records, steady_cost, summarize
 from hostsync.upstream.trees import Tree
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import DEFAULT_SETUP, DeepSpeedSetup
-from hostsync.workspace.records import (
-    CrossCheck,
-    HuntPlan,
-    HuntRank,
-    HuntTree,
-    NodeShare,
-    ProfilerOnly,
-    TrainerRank,
-)
+from hostsync.workspace.records import NodeShare
 
 LOGGING_STEPS = 3
 

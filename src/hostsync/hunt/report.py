@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hostsync.detector.records import Cost
+from hostsync.hunt.records import HuntResult
 from hostsync.measure.cost import BOUND, assess
 from hostsync.sites.dispositions import disposed
+from hostsync.sites.records import HuntSite, HuntTree
 from hostsync.sites.render import reading, where_text
 from hostsync.workspace import results, table
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import HuntResult, HuntSite, HuntTree
 from hostsync.workspace.vocabulary import (
     DISPOSITION,
     IDLE_MEDIAN,

@@ -12,17 +12,19 @@ from dataclasses import dataclass
 
 from hostsync.detector.sites import AllowRule
 from hostsync.hunt.measure import hunt_tree
+from hostsync.hunt.records import HuntResult, HuntSetup
 from hostsync.hunt.report import console_summary, write_reports
 from hostsync.launch import devices, trainer_step
 from hostsync.launch.nodes import SINGLE, NodeLayout, node_0_first
 from hostsync.measure import provenance
 from hostsync.sites.known import load_known_sites
+from hostsync.sites.records import HuntSite
 from hostsync.upstream.trees import Tree, by_project, prepare_stack, prepare_tree, prepare_trees
 from hostsync.workspace import locks, results
 from hostsync.workspace.cases import Case
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.projects import DeepSpeedSetup
-from hostsync.workspace.records import HuntResult, HuntSetup, HuntSite, TreeRole
+from hostsync.workspace.records import TreeRole
 
 DEFAULT_TREES = (TreeRole.PINNED.value, TreeRole.PATCHED.value)
 DEFAULT_STEPS = 7

@@ -56,19 +56,18 @@ from hostsync.launch.processes import (
     unfinished,
 )
 from hostsync.rank.protocol import free_port
-from hostsync.workspace.errors import WorkspaceError
-from hostsync.workspace.layout import Layout
-from hostsync.workspace.projects import DEFAULT_SETUP, DeepSpeedSetup, accelerate_config
-from hostsync.workspace.records import (
-    Device,
+from hostsync.rank.records import (
     ForkPlan,
     ForkSnippet,
     ForkTree,
     ForkWorld,
-    Launcher,
     SharedForkPlan,
     SnippetExit,
 )
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import Layout
+from hostsync.workspace.projects import DEFAULT_SETUP, DeepSpeedSetup, accelerate_config
+from hostsync.workspace.records import Device, Launcher
 
 if TYPE_CHECKING:
     from hostsync.upstream.trees import Tree

@@ -30,8 +30,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from hostsync.detector.codec import RecordError, read_file, write_file
+from hostsync.launch.records import NodeNote
+from hostsync.rank.records import RankReport, RanOn
 from hostsync.workspace.errors import WorkspaceError
-from hostsync.workspace.records import NodeNote, NodeShare, RankReport, RanOn
+from hostsync.workspace.records import NodeShare
 
 # torchrun's own default port, where SLURM names the hosts but nobody the port.
 DEFAULT_PORT = 29500

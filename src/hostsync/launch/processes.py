@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 from hostsync.detector.codec import R, RecordError, read_file
 from hostsync.rank.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV
+from hostsync.rank.records import RankReport
 from hostsync.workspace import locks
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import RankReport
 
 if TYPE_CHECKING:
     from hostsync.upstream.trees import Tree

@@ -17,10 +17,11 @@ from hostsync.launch import devices, launchers
 from hostsync.launch.launchers import LaunchPlan, World
 from hostsync.launch.nodes import SINGLE, NodeLayout
 from hostsync.launch.processes import DEFAULT_TIMEOUT_S, RankResults, Run, RunFailed, read_ranks
+from hostsync.launch.records import TrainerComparison
+from hostsync.sites.records import TrainerRank
 from hostsync.upstream.trees import Tree
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import DEFAULT_SETUP, DeepSpeedSetup
-from hostsync.workspace.records import TrainerComparison, TrainerRank
 
 SP_SIZE = 2
 WORKER = Path(__file__).parents[1] / "rank" / "workers" / "trainer.py"

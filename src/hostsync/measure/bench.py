@@ -44,19 +44,13 @@ from hostsync.detector.codec import read_file
 from hostsync.launch import devices
 from hostsync.launch.processes import ENGINE_SRC, RankResults, Run, run_group
 from hostsync.measure import provenance, repro
+from hostsync.measure.records import BenchResult, DetectorTruth, FamilyTruth, ScanRank, ScanResult
+from hostsync.rank.records import RankReport
 from hostsync.upstream.trees import infos, prepare_tree, prepare_trees
 from hostsync.workspace import cases, results, table
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import (
-    BenchResult,
-    DetectorTruth,
-    FamilyTruth,
-    Provenance,
-    RankReport,
-    ScanRank,
-    ScanResult,
-)
+from hostsync.workspace.records import Provenance
 
 
 def call_seconds(rank_results: RankResults) -> list[float]:

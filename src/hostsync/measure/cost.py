@@ -27,15 +27,15 @@ from collections.abc import Sequence
 
 from hostsync.detector.records import Cost
 from hostsync.measure import provenance
-from hostsync.workspace import results, table
-from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import (
+from hostsync.measure.records import (
     CostComparison,
     FixAssessment,
     FixVerdict,
     ReproResult,
     ScenarioRow,
 )
+from hostsync.workspace import results, table
+from hostsync.workspace.layout import Layout
 from hostsync.workspace.vocabulary import IDLE_MEDIAN, KERNELS, STALLS, VERDICT, WAITS
 
 # How much more device work per step a fix may add and still be judged by its waits alone.

@@ -18,9 +18,11 @@ from pathlib import Path, PurePosixPath
 
 from hostsync.launch.processes import Run, RunFailed, run_group
 from hostsync.measure import probe
+from hostsync.measure.records import Judgement, ProbeReport, ProbeVerdict
 from hostsync.upstream import envs
 from hostsync.upstream.git import git
 from hostsync.upstream.presence import lines_run
+from hostsync.upstream.records import Finding
 from hostsync.upstream.sdists import fetch_sdist
 from hostsync.upstream.trees import Tree
 from hostsync.workspace import cases
@@ -28,7 +30,7 @@ from hostsync.workspace.cases import Sdist
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import Project
-from hostsync.workspace.records import Finding, Judgement, ProbeReport, ProbeVerdict, TreeRole
+from hostsync.workspace.records import TreeRole
 
 
 def snippet_of(layout: Layout, case: cases.Case | None) -> Path | None:

@@ -26,7 +26,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from hostsync.detector.sites import suffix_matches
-from hostsync.workspace.records import ProbeReport
+from hostsync.measure.records import ProbeReport
 
 if TYPE_CHECKING:
     from _typeshed import TraceFunction

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hostsync.launch.records import TrainerComparison
 from hostsync.measure import cost
+from hostsync.measure.records import ReproResult, ScenarioRow
 from hostsync.workspace import table
 from hostsync.workspace.cases import Case
-from hostsync.workspace.records import ReproResult, ScenarioRow, TrainerComparison
 
 
 def cell(run: ScenarioRow, key: str) -> object:

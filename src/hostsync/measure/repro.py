@@ -39,24 +39,15 @@ from hostsync.launch.launchers import LaunchPlan, Snippet, World
 from hostsync.launch.nodes import SINGLE, NodeLayout, node_0_first, shares_of
 from hostsync.launch.processes import RankResults, Run, RunFailed, run_group
 from hostsync.measure import cost, provenance
+from hostsync.measure.records import Comparison, MergedSite, ReproResult, ScenarioRow, SnippetRuns
 from hostsync.rank.protocol import free_port
+from hostsync.rank.records import RankRow, ReproRank, SnippetExit
 from hostsync.upstream.trees import Tree, infos, prepare_trees
 from hostsync.workspace.cases import Case, Launch
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.files import sha256
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import (
-    Comparison,
-    Device,
-    MergedSite,
-    NodeShare,
-    RankRow,
-    ReproRank,
-    ReproResult,
-    ScenarioRow,
-    SnippetExit,
-    SnippetRuns,
-)
+from hostsync.workspace.records import Device, NodeShare
 from hostsync.workspace.values import comma_list
 
 T = TypeVar("T")

@@ -34,6 +34,7 @@ from hostsync.detector.baseline import Baseline
 from hostsync.detector.codec import Strict
 from hostsync.detector.sites import COMPILED, Site
 from hostsync.launch import devices, processes
+from hostsync.measure.records import SurveyMode, SurveyPass, SurveyResult, SurveySite, TestOutcome
 from hostsync.measure.test_patch import read_junit
 from hostsync.upstream.sdists import fetch_sdist
 from hostsync.upstream.trees import Tree
@@ -43,16 +44,7 @@ from hostsync.workspace.config import load_toml
 from hostsync.workspace.errors import WorkspaceError, last_line
 from hostsync.workspace.files import sha256
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import (
-    Provenance,
-    Stamp,
-    SurveyMode,
-    SurveyPass,
-    SurveyResult,
-    SurveySite,
-    TestOutcome,
-    TreeRole,
-)
+from hostsync.workspace.records import Provenance, Stamp, TreeRole
 
 FILE = "surveys.toml"
 SURVEY = "survey"  # the folder of profiles/ the results go into

@@ -26,25 +26,24 @@ from pathlib import Path
 
 from hostsync.launch.processes import Run, run_group
 from hostsync.measure import cost, judge, linters, provenance
+from hostsync.measure.records import (
+    CheckRecord,
+    Outcome,
+    ProbeVerdict,
+    TestOutcome,
+    TestPatchResult,
+    TreeRef,
+    Verdict,
+)
 from hostsync.upstream import harness, patchqueue, presence
 from hostsync.upstream.git import read_state
+from hostsync.upstream.records import Presence, UpstreamTests
 from hostsync.upstream.releases import from_sdist, release_for
 from hostsync.upstream.trees import Tree, prepare_tree
 from hostsync.workspace import cases, results, table
 from hostsync.workspace.errors import WorkspaceError, last_line
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import (
-    CheckRecord,
-    Outcome,
-    Presence,
-    ProbeVerdict,
-    TestOutcome,
-    TestPatchResult,
-    TreeRef,
-    TreeRole,
-    UpstreamTests,
-    Verdict,
-)
+from hostsync.workspace.records import TreeRole
 
 log = logging.getLogger(__name__)
 

@@ -27,13 +27,15 @@ from hostsync.launch.nodes import SINGLE, NodeLayout, shares_of
 from hostsync.launch.processes import ENGINE_SRC, Run, RunFailed
 from hostsync.profiling import nsys
 from hostsync.profiling.nsys import NsysFailed
+from hostsync.profiling.records import Capture
 from hostsync.profiling.traces import analyse_trace, combine_ranks, load_trace
 from hostsync.rank.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV
+from hostsync.rank.records import ProfiledRank
 from hostsync.upstream.trees import Tree
 from hostsync.workspace.cases import Case, Profile
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import Capture, Device, Launcher, ProfiledRank
+from hostsync.workspace.records import Device, Launcher
 
 log = logging.getLogger(__name__)
 

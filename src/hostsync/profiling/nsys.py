@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hostsync.launch.launchers import NODE_FIELD, RUN_DIR_FIELD
+from hostsync.profiling.records import NsysFigures
 from hostsync.profiling.traces import TraceEvent, analyse_events, combine_ranks
 from hostsync.rank.protocol import MEASURED_RANGE, PROFILED_RANGE
 from hostsync.workspace.errors import WorkspaceError, last_line
-from hostsync.workspace.records import NsysFigures
 
 # Each node's report, in the folder its agent runs in.
 REPORT = "capture"

@@ -10,18 +10,18 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hostsync.profiling.traces import CUDA_CALLS, tidy
-from hostsync.rank.protocol import SYNC_OP
-from hostsync.workspace import results, table
-from hostsync.workspace.errors import WorkspaceError
-from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import (
+from hostsync.profiling.records import (
     Capture,
     NsysFigures,
     ProfileResult,
     RegionLabels,
     StepFigures,
 )
+from hostsync.profiling.traces import CUDA_CALLS, tidy
+from hostsync.rank.protocol import SYNC_OP
+from hostsync.workspace import results, table
+from hostsync.workspace.errors import WorkspaceError
+from hostsync.workspace.layout import Layout
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -11,10 +11,10 @@ from hostsync.launch import devices
 from hostsync.launch.nodes import node_0_first
 from hostsync.measure import provenance
 from hostsync.profiling.capture import ProfileSettings, capture_with_fallback, choose_profiler
+from hostsync.profiling.records import ProfiledScenario, ProfileResult, RegionLabels
 from hostsync.profiling.report import publish, summary_table
 from hostsync.upstream.trees import infos, prepare_trees
 from hostsync.workspace import table
-from hostsync.workspace.records import ProfiledScenario, ProfileResult, RegionLabels
 from hostsync.workspace.results import attachments
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hostsync.detector.codec import Json
+from hostsync.profiling.records import StepFigures, Timeline
 from hostsync.rank.protocol import EXCLUDED_RANGE, MEASURED_RANGE, SYNC_OP, SYNC_OPS
 from hostsync.workspace.errors import WorkspaceError
-from hostsync.workspace.records import StepFigures, Timeline
 
 # The CUDA calls that make the host wait for the device (a copy to pageable host memory waits
 # too, whichever call queued it).

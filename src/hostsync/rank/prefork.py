@@ -53,7 +53,7 @@ from types import ModuleType
 
 from hostsync.detector.codec import load, write_file
 from hostsync.rank.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, free_port
-from hostsync.workspace.records import ForkPlan, ForkSnippet, ForkWorld, SharedForkPlan, SnippetExit
+from hostsync.rank.records import ForkPlan, ForkSnippet, ForkWorld, SharedForkPlan, SnippetExit
 
 
 def import_script(path: Path) -> ModuleType:

@@ -20,19 +20,16 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 from hostsync.detector.codec import Record, dump, write_file
-from hostsync.workspace.records import (
-    Device,
+from hostsync.rank.records import ProfiledRank, RankReport, RankRow, ReproRank
+from hostsync.sites.records import (
     HuntRecording,
     HuntStep,
     LoggedStep,
-    ProfiledRank,
     ProfiledRead,
-    RankReport,
-    RankRow,
-    ReproRank,
     StepSite,
     TrainerRank,
 )
+from hostsync.workspace.records import Device
 
 __all__ = [
     "Device",

@@ -28,7 +28,8 @@ import torch
 from hostsync.detector.codec import dump
 from hostsync.detector.sites import Site
 from hostsync.rank.protocol import EXCLUDED_RANGE, MEASURED_RANGE, PROFILED_RANGE, RUN_DIR_ENV
-from hostsync.workspace.records import HuntStep, ProfiledRank, StepSite
+from hostsync.rank.records import ProfiledRank
+from hostsync.sites.records import HuntStep, StepSite
 
 if TYPE_CHECKING:
     import datasets

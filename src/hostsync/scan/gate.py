@@ -18,11 +18,12 @@ from pathlib import Path
 from hostsync.detector.baseline import Baseline
 from hostsync.detector.codec import Json
 from hostsync.detector.sites import Site, SiteCount
+from hostsync.measure.records import ScanResult
 from hostsync.scan.report import compiled_only, scan_sites
 from hostsync.sites.dispositions import Disposed, Disposition
 from hostsync.sites.known import KnownSites
+from hostsync.sites.records import HuntSite
 from hostsync.sites.remedies import NONE, Remedies, remedy_text
-from hostsync.workspace.records import HuntSite, ScanResult
 
 NEW = "new"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"

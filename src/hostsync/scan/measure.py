@@ -22,21 +22,14 @@ from hostsync.launch.launchers import LaunchPlan, World, world_dir
 from hostsync.launch.nodes import SINGLE, NodeLayout
 from hostsync.launch.processes import RunFailed, RunHung
 from hostsync.measure import provenance
+from hostsync.measure.records import ScanEnd, ScanRank, ScanResult, ScanStep
+from hostsync.rank.records import RankReport
+from hostsync.sites.records import HuntRank, HuntRecording
 from hostsync.sites.summary import steady_cost, summarize
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.files import sha256
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import (
-    Device,
-    HuntRank,
-    HuntRecording,
-    Launcher,
-    RankReport,
-    ScanEnd,
-    ScanRank,
-    ScanResult,
-    ScanStep,
-)
+from hostsync.workspace.records import Device, Launcher
 
 RUNNER = Path(__file__).with_name("runner.py")
 WARMUP = "give 1 or more: the first step runs unwatched, with the script's setup before it"

@@ -23,9 +23,11 @@ from pathlib import Path
 from hostsync.detector.records import DeviceWork
 from hostsync.detector.sites import COMPILED, Site
 from hostsync.measure.cost import idle_per_step
+from hostsync.measure.records import ScanRank, ScanResult, ScanStep
 from hostsync.scan.measure import hunt_ranks
 from hostsync.sites.dispositions import Disposed, disposed, known_now
 from hostsync.sites.known import KnownSites
+from hostsync.sites.records import HuntSite, StepSite
 from hostsync.sites.remedies import NONE, Remedies, Remedy, load_remedies
 from hostsync.sites.render import (
     LABEL_COLOURS,
@@ -38,7 +40,6 @@ from hostsync.sites.render import (
 from hostsync.sites.summary import copies_rate, summarize
 from hostsync.workspace import results, table, vocabulary
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import HuntSite, ScanRank, ScanResult, ScanStep, StepSite
 from hostsync.workspace.vocabulary import DISPOSITION, IDLE_MEAN, STALLS, WAITS
 
 # How many sites the summary, the heat map and the report's table show; how many steps.

@@ -56,9 +56,11 @@ from hostsync.detector.codec import dump, write_file
 from hostsync.detector.events import SyncEvent
 from hostsync.detector.records import Cost, DeviceWork
 from hostsync.detector.sites import COMPILED
+from hostsync.measure.records import ScanEnd, ScanRank, ScanStep, ScanWait
 from hostsync.rank.protocol import RUN_DIR_ENV
 from hostsync.rank.rankkit import hunt_step
-from hostsync.workspace.records import HuntStep, RankReport, ScanEnd, ScanRank, ScanStep, ScanWait
+from hostsync.rank.records import RankReport
+from hostsync.sites.records import HuntStep
 
 # The name a function of the script itself is wrapped by, as its code is compiled.
 _STEP_DECORATOR = "__hostsync_scan_step__"

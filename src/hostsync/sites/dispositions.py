@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from hostsync.sites.known import NONE_KNOWN, KnownSites, load_known_sites, reason
+from hostsync.sites.records import HuntSite
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.records import HuntSite
 
 
 class Disposition(StrEnum):

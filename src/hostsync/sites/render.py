@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hostsync.detector.records import Idle
 from hostsync.sites.dispositions import Disposed, Disposition
-from hostsync.workspace.records import HuntSite
+from hostsync.sites.records import HuntSite
 
 # A disposition's colour in a heat map's site labels, and what the colours mean.
 COLOURS = {  # matplotlib's tab:green, tab:gray, tab:blue, tab:red, as SVG reads them too

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 from hostsync.detector.records import Cost, Idle
 from hostsync.detector.sites import DEVICE_COPY, AllowRule, Site
 from hostsync.sites.known import reason
+from hostsync.sites.records import HuntRank, HuntSite, TrainerRank
 from hostsync.workspace.projects import PACKAGES
-from hostsync.workspace.records import HuntRank, HuntSite, TrainerRank
 
 
 def rank_records(results: Sequence[TrainerRank]) -> list[HuntRank]:

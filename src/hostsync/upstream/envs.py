@@ -29,6 +29,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from hostsync.detector.codec import RecordError, read_file, write_file
+from hostsync.upstream.records import EnvRecord
 from hostsync.upstream.sdists import (
     egg_info_requires,
     fetch_sdist,
@@ -42,7 +43,6 @@ from hostsync.workspace.cases import Release
 from hostsync.workspace.errors import WorkspaceError, last_line
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import PROJECTS, Project
-from hostsync.workspace.records import EnvRecord
 
 log = logging.getLogger(__name__)
 

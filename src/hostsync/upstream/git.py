@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from hostsync.detector.codec import RecordError, read_file, write_file
+from hostsync.upstream.records import GitState
 from hostsync.workspace.errors import WorkspaceError, last_line
-from hostsync.workspace.records import GitState
 
 # The committer of the commits the workspace makes itself (imported sdists, applied patches),
 # so that they come out the same on every machine.

@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 
 from hostsync.upstream.git import git, rev
+from hostsync.upstream.records import UpstreamTests
 from hostsync.workspace.errors import WorkspaceError
-from hostsync.workspace.records import UpstreamTests
 
 log = logging.getLogger(__name__)
 

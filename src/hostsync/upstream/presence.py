@@ -42,11 +42,11 @@ from typing import TypeGuard
 
 from hostsync.detector.sites import AllowRule, Site, suffix_matches
 from hostsync.upstream.git import git
+from hostsync.upstream.records import Finding, Presence
 from hostsync.upstream.sdists import fetch_sdist
 from hostsync.workspace.cases import Sdist
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import PROJECTS, Project
-from hostsync.workspace.records import Finding, Presence
 
 # The file of a package's source: its path from the tree's top, and its text.
 Sources = dict[str, str]

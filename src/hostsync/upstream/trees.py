@@ -34,13 +34,14 @@ from hostsync.upstream.patchqueue import (
     shown,
     touches_only_tests,
 )
+from hostsync.upstream.records import GitState, UpstreamTests
 from hostsync.upstream.releases import materialise, release_for
 from hostsync.workspace.cases import Case, Release
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.files import sha256
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import Project
-from hostsync.workspace.records import GitState, TreeInfo, TreeRole, UpstreamTests
+from hostsync.workspace.records import TreeInfo, TreeRole
 
 log = logging.getLogger(__name__)
 
