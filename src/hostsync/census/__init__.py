@@ -2,6 +2,7 @@
 
 A case shows one bug; the census shows what users' setups pay for all of them.
 
+- `records`: a setup, a column's trees, and the census's result.
 - `setups`: `census.toml`, one table per setup, read and checked. Trainer, ranks, ZeRO stage,
   precision, SP, accumulation, checkpointing, packing, LoRA, logging and evaluation.
 - `run`: each setup on the newest release each case pins, as published and with every carried

@@ -1,8 +1,9 @@
 """How ranks start: one `LauncherBackend` per launcher, its command and what it can do.
 
 Every command that runs ranks (repro, profile, bench, the hunt, the census) starts them through
-`LAUNCHERS`, one `LauncherBackend` per way a case card can name (`records.Launcher`), holding what
-it can do (one process, forked ranks, setting up SP itself) so that no caller compares names:
+`LAUNCHERS`, one `LauncherBackend` per way a case card can name (`workspace.records.Launcher`),
+holding what it can do (one process, forked ranks, setting up SP itself) so that no caller
+compares names:
 
 - `python`: one process, `python SCRIPT ARGS`;
 - `fork`: `hostsync.rank.prefork` imports the script once and forks every rank of every world from

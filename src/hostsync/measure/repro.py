@@ -5,8 +5,9 @@ The case card says how: each `[[repro.launch]]` names a script of `repro/<case>/
 run it at and its scenarios. Every (tree, launch, rank count) is one run; `fork` starts the ranks of
 all of a launch's rank counts from one import of the script (`hostsync.rank.prefork`). A rank script
 takes `--scenarios a,b --device D` (and `--no-detector`, to time the detector) and returns a
-`records.ReproRank`, one `RankRow` per scenario: `scenario`, the figures, site lists (`SiteCount`s
-by figure name), and `problems`, what the rank found wrong (a loss off its reference, say). The
+`rank.records.ReproRank`, one `RankRow` per scenario: `scenario`, the figures, site lists
+(`SiteCount`s by figure name), and `problems`, what the rank found wrong (a loss off its
+reference, say). The
 ranks' rows are merged here (`merge_ranks`): a site list by line; a figure every rank agrees on is
 kept as it is; where they differ, the row holds the largest number (or all() of flags, or each
 rank's message) and every rank's value beside it, and the report says so.

@@ -3,6 +3,7 @@
 - `capture`: runs the case's profile script on each tree (nsys where it can, the PyTorch
   profiler everywhere);
 - `traces`: reads the traces and nsys's tables into per-step figures;
+- `records`: a profile's captures and result, and the GPU evidence's;
 - `report`: the summary table, `summary.md` and the timeline PNG;
 - `run`: a case's profile, its trees captured one by one and the result published.
 

@@ -11,7 +11,7 @@
   per rank;
 - `gate`: a baseline of what a run saw, and the checks a CI run fails on.
 
-Writes profiles/scan/scan-<stamp>.json (`records.ScanResult`, never overwritten; marked partial
-when the run did not end cleanly) with scan-<stamp>.md, scan-<stamp>.svg and a folder of traces
-beside it, and regenerates profiles/scan/scan.md from the newest.
+Writes profiles/scan/scan-<stamp>.json (`measure.records.ScanResult`, never overwritten; marked
+partial when the run did not end cleanly) with scan-<stamp>.md, scan-<stamp>.svg and a folder of
+traces beside it, and regenerates profiles/scan/scan.md from the newest.
 """

@@ -3,6 +3,7 @@
 The hunt, the census, the scan and the watch each find sites. They share this layer. None of
 them imports another.
 
+- `records`: what ranks record of a step's sites, and a tree's sites. The finders share them.
 - `known`: the known-sites file, read by one loader, and the cases' carried sites. Both are
   `SiteRule`s, the one matcher (`hostsync.detector.sites`).
 - `summary`: ranks' records summed into sites. Steady cost, copies per step, windows.

@@ -7,5 +7,6 @@
 - `patchqueue`: `patches/<case>/` on the clone's `patched` branch, and back;
 - `trees`: the detached worktrees the commands measure (`Tree`), each with its environment;
 - `presence`: whether a release's source carries a site, and where;
+- `records`: the side files they leave, and a site's finding in a release;
 - `command`: `clone`, `export-patches` and `env`, the commands that need no torch.
 """

@@ -2,8 +2,8 @@
 
 Every command that measures something writes one file per case and invocation,
 `profiles/<case>/<kind>-<UTC time>.json`; a folder beside it, named like it without `.json`,
-holds its attachments (traces, pictures). What a file holds is its record in
-`hostsync.workspace.records`; this module only stores and finds them.
+holds its attachments (traces, pictures). What a file holds is its kind's record, a `Result`
+in its layer's `records` module; this module only stores and finds them.
 """
 
 from __future__ import annotations
