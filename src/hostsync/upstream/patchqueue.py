@@ -17,7 +17,13 @@ import tempfile
 from pathlib import Path
 
 from hostsync.upstream import harness
-from hostsync.upstream.git import git, read_state, refuse_to_lose_work, rev, write_state
+from hostsync.upstream.git import (
+    git,
+    read_state,
+    refuse_to_lose_work,
+    rev,
+    write_state,
+)
 from hostsync.upstream.records import GitState
 from hostsync.upstream.releases import from_sdist, materialise
 from hostsync.workspace.cases import Case
