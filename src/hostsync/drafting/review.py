@@ -58,6 +58,7 @@ from hostsync.drafting import drafts, sites
 from hostsync.drafting.claims import check_claims
 from hostsync.drafting.lines import Sources, check_lines
 from hostsync.measure import provenance
+from hostsync.measure.test_patch import RED_TREE, SERIES
 from hostsync.upstream import patchqueue
 from hostsync.upstream.presence import sdist_sources
 from hostsync.upstream.sdists import pypi_sdist
@@ -69,6 +70,7 @@ from hostsync.workspace.projects import PROJECTS
 from hostsync.workspace.records import (
     BisectResult,
     GpuResult,
+    Outcome,
     ProfileResult,
     ReproResult,
     Result,
@@ -194,6 +196,32 @@ def refuse_unusable(layout: Layout, source: Source) -> None:
             )
 
 
+def refuse_unguarded(case: Case, proof: TestPatchResult) -> None:
+    """A new test fails without the fix: one that passes on the pinned release proves nothing,
+    unless the card names it a guard (`[[upstream.guards]]`, with what it keeps); a guard that
+    fails there catches the bug, and belongs in `red_on_pinned`."""
+    guards = {guard.test for guard in case.upstream.guards}
+    ran = [
+        test for c in proof.checks if (c.check, c.label) == (SERIES, RED_TREE) for test in c.tests
+    ]
+    passing = sorted(t.test for t in ran if t.outcome == Outcome.PASSED and t.test not in guards)
+    failing = sorted(t.test for t in ran if t.outcome == Outcome.FAILED and t.test in guards)
+    version = case.card.pin.version
+    if passing:
+        raise WorkspaceError(
+            f"{', '.join(passing)} {'pass' if len(passing) > 1 else 'passes'} without the fix"
+            f" ({RED_TREE}, {version}): it proves nothing; assert the new contract, fold it into"
+            " a test that fails, or name it in the card's [[upstream.guards]] with the behaviour"
+            " it keeps"
+        )
+    if failing:
+        raise WorkspaceError(
+            f"{', '.join(failing)} {'fail' if len(failing) > 1 else 'fails'} without the fix"
+            f" ({RED_TREE}, {version}), yet the card's [[upstream.guards]] names it: it catches"
+            " the bug; move it to red_on_pinned"
+        )
+
+
 def stale(layout: Layout, sources: dict[str, Source]) -> dict[str, list[str]]:
     """Each stale source's reasons: pin, card, series or the case's scripts changed."""
     found = {}
@@ -237,6 +265,8 @@ def fresh_sources(layout: Layout, case: Case, rerun: bool) -> dict[str, Source]:
         )
     for source in sources.values():
         refuse_unusable(layout, source)
+        if isinstance(source.result, TestPatchResult):
+            refuse_unguarded(case, source.result)
     return sources
 
 
