@@ -23,7 +23,8 @@ value (`|2`); `reads`, `copies`, `waits` and `stalls` list a repro's sites
 accounting's, not a draft's, and a read is never counted as a copy. Results measured against
 another pin.toml, card, patch series or case script (the snippet an issue quotes among them) are
 stale: `review` names them and refuses, or reruns their commands with `--rerun`; a result of
-another case, one that measured nothing or a proof that failed is refused outright. A bisect and
+another case, one that measured nothing or a proof that failed is refused outright, and so is a
+proof whose new test passes on the pinned release, unless the card names it a guard. A bisect and
 GPU evidence (`gpu` results, made by `gpu/case_on_gpu.py` on a GPU machine and copied into
 profiles/<case>/) are optional: cited when fresh, left out with a warning when stale. Each draft
 is checked before it is written (`hostsync.drafting.drafts`): its length, no word of this workspace,
