@@ -23,7 +23,9 @@ from hostsync.measure.records import (
     FixAssessment,
     FixVerdict,
     MergedSite,
+    Outcome,
     ScenarioRow,
+    TestOutcome,
     Verdict,
 )
 from hostsync.profiling.records import ProfileResult
@@ -47,10 +49,12 @@ Red on the release: {{test_patch:checks[label=pinned+tests].tests[outcome=failed
 """
 
 
-def write_results(layout: Layout) -> dict[str, Path]:
+def write_results(layout: Layout, *passing: str) -> dict[str, Path]:
+    """One result of each kind; `passing`: tests of the series that pass without the fix."""
     runs = (made.row("pinned", 2, 3), made.row("pinned", 4, 5), made.row("patched", 2, 0))
     repro = made.repro(layout, runs, {"pinned": "transformers 5.13.1: 2 host syncs"})
-    red = made.check("pinned+tests", Verdict.OK, made.failed("AssertionError: 3 != 0"))
+    kept = (TestOutcome(test, Outcome.PASSED) for test in passing)
+    red = made.check("pinned+tests", Verdict.OK, made.failed("AssertionError: 3 != 0"), *kept)
     written = {
         result.KIND: results.write(layout.profiles, result, layout.unsaved)
         for result in (
@@ -178,6 +182,29 @@ def test_the_same_results_give_byte_identical_drafts(drafted: Layout) -> None:
     (second,) = review.review(made.case_of(drafted))
 
     assert second.read_bytes() == text
+
+
+def test_a_new_test_that_passes_without_the_fix_is_refused_unless_the_card_names_it_a_guard(
+    workspace: Layout,
+) -> None:
+    """A test that passes on the release without the fix proves nothing, unless it guards
+    behaviour the fix keeps and the card says which; a guard that fails there is no guard. The
+    card's `[upstream]` is outside the results' digest: naming one stales nothing."""
+    draft(workspace, TEMPLATE)
+    write_results(workspace, "T::test_keeps_the_mean")
+
+    with pytest.raises(WorkspaceError, match=r"T::test_keeps_the_mean passes without the fix"):
+        review.review(made.case_of(workspace))
+    guard = '\n[[upstream.guards]]\ntest = "{}"\nkeeps = "the mean of the ranks"\n'
+    with workspace.case_file.open("a") as card:
+        card.write(guard.format("T::test_keeps_the_mean"))
+    assert review.review(made.case_of(workspace))
+    with workspace.case_file.open("a") as card:
+        card.write(guard.format("T::test_sync"))
+    with pytest.raises(
+        WorkspaceError, match=r"T::test_sync fails without the fix .* red_on_pinned"
+    ):
+        review.review(made.case_of(workspace))
 
 
 def test_a_changed_patch_makes_review_refuse_naming_the_results_and_the_change(

@@ -669,8 +669,9 @@ def test_nothing_to_send_is_an_answer_saying_why_and_what_was_checked(
     assert "- the results the drafts cite, fresh: repro-" in said
     assert "- the drafts, written for reading and not sent: comment.md" in said
     assert (
-        "- all_tokens (every rank; 2 rank(s)), pinned → patched: saves idle time; host reads that"
-        " wait, per step: 7.75 → 4; device operators per step: 614 → 622"
+        "- all_tokens (every rank; 2 rank(s)), pinned → patched: saves idle time; per step, all"
+        " ranks together: stalls (reads and copies that found device work queued) 7.75 → 4,"
+        " device operators 614 → 622"
     ) in said
 
 

@@ -156,8 +156,9 @@ def why_nothing(case: Case) -> str | None:
         return (
             f"with the defaults of {case.project.name}, the read the series removes comes right"
             f" after the one open PR #{upstream.gains_after_pr} removes, so until that PR lands"
-            " it saves little (what the series measured, below): measure it again on that change,"
-            " then send it"
+            " it saves little (what the series measured, below). On CPU a read moved this way can"
+            " only move the wait: send it once a GPU run, on that change or with the earlier read"
+            " turned off, shows idle time per step dropping beyond its spread between steps"
         )
     return None
 
@@ -216,8 +217,9 @@ def measured(repro: ReproResult) -> list[str]:
         )
         lines.append(
             f"- {compared.scenario} ({repro.scenarios[compared.scenario]}; {compared.ranks}"
-            f" rank(s)), {compared.before} → {compared.after}: {judged.verdict}; host reads that"
-            f" wait, per step: {stalls}; device operators per step: {kernels}"
+            f" rank(s)), {compared.before} → {compared.after}: {judged.verdict}; per step, all"
+            f" ranks together: stalls (reads and copies that found device work queued) {stalls},"
+            f" device operators {kernels}"
         )
     return lines
 

@@ -23,7 +23,8 @@ value (`|2`); `reads`, `copies`, `waits` and `stalls` list a repro's sites
 accounting's, not a draft's, and a read is never counted as a copy. Results measured against
 another pin.toml, card, patch series or case script (the snippet an issue quotes among them) are
 stale: `review` names them and refuses, or reruns their commands with `--rerun`; a result of
-another case, one that measured nothing or a proof that failed is refused outright. A bisect and
+another case, one that measured nothing or a proof that failed is refused outright, and so is a
+proof whose new test passes on the pinned release, unless the card names it a guard. A bisect and
 GPU evidence (`gpu` results, made by `gpu/case_on_gpu.py` on a GPU machine and copied into
 profiles/<case>/) are optional: cited when fresh, left out with a warning when stale. Each draft
 is checked before it is written (`hostsync.drafting.drafts`): its length, no word of this workspace,
@@ -59,7 +60,8 @@ from hostsync.drafting.claims import check_claims
 from hostsync.drafting.lines import Sources, check_lines
 from hostsync.history.records import BisectResult
 from hostsync.measure import provenance
-from hostsync.measure.records import ReproResult, TestPatchResult, Verdict
+from hostsync.measure.records import Outcome, ReproResult, TestPatchResult, Verdict
+from hostsync.measure.test_patch import RED_TREE, SERIES
 from hostsync.profiling.records import GpuResult, ProfileResult
 from hostsync.upstream import patchqueue
 from hostsync.upstream.presence import sdist_sources
@@ -189,6 +191,32 @@ def refuse_unusable(layout: Layout, source: Source) -> None:
             )
 
 
+def refuse_unguarded(case: Case, proof: TestPatchResult) -> None:
+    """A new test fails without the fix: one that passes on the pinned release proves nothing,
+    unless the card names it a guard (`[[upstream.guards]]`, with what it keeps); a guard that
+    fails there catches the bug, and belongs in `red_on_pinned`."""
+    guards = {guard.test for guard in case.upstream.guards}
+    ran = [
+        test for c in proof.checks if (c.check, c.label) == (SERIES, RED_TREE) for test in c.tests
+    ]
+    passing = sorted(t.test for t in ran if t.outcome == Outcome.PASSED and t.test not in guards)
+    failing = sorted(t.test for t in ran if t.outcome == Outcome.FAILED and t.test in guards)
+    version = case.card.pin.version
+    if passing:
+        raise WorkspaceError(
+            f"{', '.join(passing)} {'pass' if len(passing) > 1 else 'passes'} without the fix"
+            f" ({RED_TREE}, {version}): it proves nothing; assert the new contract, fold it into"
+            " a test that fails, or name it in the card's [[upstream.guards]] with the behaviour"
+            " it keeps"
+        )
+    if failing:
+        raise WorkspaceError(
+            f"{', '.join(failing)} {'fail' if len(failing) > 1 else 'fails'} without the fix"
+            f" ({RED_TREE}, {version}), yet the card's [[upstream.guards]] names it: it catches"
+            " the bug; move it to red_on_pinned"
+        )
+
+
 def stale(layout: Layout, sources: dict[str, Source]) -> dict[str, list[str]]:
     """Each stale source's reasons: pin, card, series or the case's scripts changed."""
     found = {}
@@ -232,6 +260,8 @@ def fresh_sources(layout: Layout, case: Case, rerun: bool) -> dict[str, Source]:
         )
     for source in sources.values():
         refuse_unusable(layout, source)
+        if isinstance(source.result, TestPatchResult):
+            refuse_unguarded(case, source.result)
     return sources
 
 

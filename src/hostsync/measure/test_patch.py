@@ -52,6 +52,8 @@ _JUNIT_OUTCOMES = {"failure": FAILED, "error": ERROR, "skipped": SKIPPED}
 OK, WRONG, NOT_APPLICABLE = Verdict.OK, Verdict.WRONG, Verdict.NOT_APPLICABLE
 NOT_COMPARABLE = Verdict.NOT_COMPARABLE
 HEADERS = ("check", "tree", "passed", "failed", "skipped", "expected", "verdict", "reason")
+# The check of the series' tests, and the tree where they run without the fix (its test patches).
+SERIES, RED_TREE = "series tests", f"{TreeRole.PINNED.value}+tests"
 
 
 @dataclass(frozen=True)
@@ -251,7 +253,7 @@ def check_tests(
 ) -> Check:
     """The series' tests on tree `label`; a series that does not apply is n/a when `optional`.
     `tests_from`: upstream's tests/ copied into the tree first (`harness`)."""
-    check = Check("series tests", label, expect.label)
+    check = Check(SERIES, label, expect.label)
     layout = case.layout
     with measured(check):
         try:
@@ -415,7 +417,7 @@ def other_release_checks(
     if expect is None:
         return [
             Check(
-                "series tests",
+                SERIES,
                 f"{version}{extra}",
                 "comparable",
                 verdict=NOT_COMPARABLE,
@@ -442,7 +444,7 @@ def all_checks(
     """Every check, in the order of the summary table."""
     layout = case.layout
     checks = [
-        check_tests(case, workdir, "pinned+tests", red(case), timeout, tests_from=tests_from),
+        check_tests(case, workdir, RED_TREE, red(case), timeout, tests_from=tests_from),
         check_tests(case, workdir, TreeRole.PATCHED.value, GREEN, timeout, tests_from=tests_from),
     ]
     if case.fixed:

@@ -103,6 +103,19 @@ class Thread(Strict):
 
 
 @dataclass(frozen=True)
+class Guard(Strict):
+    """A test of the series that passes on the release without the fix, by design: it guards
+    behaviour the fix keeps, and `keeps` says which, in one line."""
+
+    test: str
+    keeps: str
+
+    def __post_init__(self) -> None:
+        if not self.keeps.strip() or "\n" in self.keeps:
+            raise RecordError("keeps", "must be one line: the behaviour the fix keeps")
+
+
+@dataclass(frozen=True)
 class Upstream(Strict):
     """What upstream knows of the bug, and where that was seen: `seen` starts with the date of
     the newest record read (a thread's last entry, a release), not the day it was read."""
@@ -127,6 +140,9 @@ class Upstream(Strict):
     approved: str = ""
     # Every upstream thread the card and its drafts cite (`[[upstream.threads]]`).
     threads: tuple[Thread, ...] = ()
+    # The series' tests that pass without the fix by design (`[[upstream.guards]]`): any other
+    # that passes there proves nothing, and `review` refuses it.
+    guards: tuple[Guard, ...] = ()
 
     def __post_init__(self) -> None:
         keys = [(thread.repository, thread.number) for thread in self.threads]

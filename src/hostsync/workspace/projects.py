@@ -162,7 +162,7 @@ PROJECTS = {
                 "Check that each commit's Signed-off-by line is you (DCO, checked on every PR)",
                 "Run `pre-commit run --files <changed files>` in your clone of DeepSpeed",
             ),
-            assistance="its AGENTS.md, the rules it sets for AI coding agents, asks for no"
+            assistance="its AGENTS.md, the rules it sets for AI coding agents, says nothing of"
             " disclosure: say in your own text what a tool did; it asks for your own sign-off,"
             " no formatting-only changes, and tests consolidated rather than new files",
             system_info="ds_report",
