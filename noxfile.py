@@ -49,15 +49,25 @@ def workspace_env(session: nox.Session, path: str = "") -> dict[str, str]:
     return {"PYTHONPATH": python_path, "HOSTSYNC_PREPARED": "1" if prepared(session) else "0"}
 
 
-def workspace_python(session: nox.Session) -> str:
-    """The workspace environment's interpreter (built on first use), or the prepared one."""
-    if prepared(session):
-        return sys.executable
-    env = workspace_env(session)
+def env(session: nox.Session, *args: str) -> str:
+    """What `python -m hostsync env ARGS` prints: a path."""
     found = session.run(
-        sys.executable, "-m", "hostsync", "env", env=env, silent=True, external=True, **INTERRUPT
+        sys.executable,
+        "-m",
+        "hostsync",
+        "env",
+        *args,
+        env=workspace_env(session),
+        silent=True,
+        external=True,
+        **INTERRUPT,
     )
     return found.strip().splitlines()[-1]
+
+
+def workspace_python(session: nox.Session) -> str:
+    """The workspace environment's interpreter (built on first use), or the prepared one."""
+    return sys.executable if prepared(session) else env(session)
 
 
 def run_module(session: nox.Session, module: str, *args: str, path: str = "") -> None:
@@ -170,10 +180,17 @@ def scan(session: nox.Session) -> None:
     run_module(session, "hostsync", "scan", *session.posargs, path=os.environ.get("PYTHONPATH", ""))
 
 
+# The suite's workers, kept beside the environment. Most of the suite's time is ranks starting
+# and waiting, so three workers keep two cores busy. A file's shared runs stay on one worker.
+SUITE_TOOLS = ("pytest-xdist==3.8.0", "execnet==2.1.2")
+WORKERS = ("-n", "3", "--dist", "loadgroup")
+
+
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
     """The workspace's tests (fast lane: `-- -m "not distributed and not network"`)."""
-    run_module(session, "pytest", *session.posargs)
+    tools = env(session, "--tools", *SUITE_TOOLS)
+    run_module(session, "pytest", *WORKERS, *session.posargs, path=tools)
 
 
 @nox.session

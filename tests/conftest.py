@@ -126,10 +126,12 @@ CPU_BOUND = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == pa
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The loaded lane's CPU-bound processes, started before the first test."""
+    """The loaded lane's CPU-bound processes, started before the first test by the session
+    (its workers start none)."""
+    worker = hasattr(config, "workerinput")
     config.cpu_load = [
         subprocess.Popen([sys.executable, "-c", CPU_BOUND, str(os.getpid())])
-        for _ in range(config.getoption("cpu_load"))
+        for _ in range(0 if worker else config.getoption("cpu_load"))
     ]
 
 

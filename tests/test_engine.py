@@ -7,19 +7,22 @@ import dataclasses
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from hostsync.commands import options
 from hostsync.commands import repro as repro_command
+from hostsync.detector.codec import write_file
 from hostsync.drafting import drafts, review
 from hostsync.hunt.records import HuntResult, HuntSetup
 from hostsync.measure import provenance
 from hostsync.measure.records import ReproResult, TestPatchResult
 from hostsync.upstream import envs
 from hostsync.upstream.patchqueue import series
-from hostsync.workspace import cases, projects, results
+from hostsync.upstream.records import EnvRecord
+from hostsync.workspace import cases, locks, projects, results
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import ROOT, Layout
 from hostsync.workspace.pin import load as load_pin
@@ -267,6 +270,27 @@ def test_a_prepared_environment_needs_only_the_supported_ranges() -> None:
         "torch 2.11.0 is outside ==2.13.0"
     ]
     assert envs.problems({}, PIN, TRANSFORMERS, [], exact=False)[0] == "torch is not installed"
+
+
+def test_a_build_that_waited_for_another_takes_the_environment_it_built(tmp_path: Path) -> None:
+    """Commands side by side (or the suite's workers) need one environment: the second build
+    waits for the first's lock, then takes what it built rather than building it again."""
+    layout = Layout(tmp_path)
+    specs = PIN.install_specs(replace={"transformers": "5.13.1"})
+    target = envs.folder(layout, TRANSFORMERS, "5.13.1", specs)
+    taken: list[str] = []
+    with locks.building(target):
+        waiting = threading.Thread(
+            target=lambda: taken.append(envs.build(layout, PIN, TRANSFORMERS, "5.13.1", [], {}))
+        )
+        waiting.start()
+        (target / "bin").mkdir(parents=True)
+        (target / "bin" / "python").symlink_to(sys.executable)
+        record = EnvRecord("bin/python", tuple(specs), PINNED | {"transformers": "5.13.1"})
+        write_file(record, target / envs.RECORD)
+    waiting.join()
+
+    assert taken == [str(target / "bin" / "python")]
 
 
 def test_a_release_declares_its_requirements_in_its_pkg_info(tmp_path: Path) -> None:

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hostsync.upstream import tools
 from hostsync.upstream.trees import Tree
 from hostsync.workspace.cases import LintTool
-from hostsync.workspace.errors import WorkspaceError, last_line
+from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
 from hostsync.workspace.projects import PreCommitLint, RuffLint
 
@@ -130,32 +129,5 @@ def pinned(tree: Tree, file: str, pattern: str) -> str:
 
 
 def installed(layout: Layout, requirement: str) -> tuple[str, dict[str, str]]:
-    """`requirement` installed once into the workspace cache; how to run it (python, env)."""
-    target = layout.cache / "tools" / requirement.replace("==", "-")
-    if not target.exists():
-        partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        log.info("installing %s into %s", requirement, target)
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--target",
-                str(partial),
-                requirement,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if done.returncode != 0:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise WorkspaceError(
-                f"cannot install {requirement} ({last_line(done.stderr)}): check the network to"
-                " PyPI and that pip is in this environment"
-            )
-        partial.rename(target)
-    return sys.executable, {"PYTHONPATH": str(target)}
+    """How to run `requirement`, installed once into the workspace cache: python, env."""
+    return sys.executable, {"PYTHONPATH": str(tools.installed(layout, requirement))}

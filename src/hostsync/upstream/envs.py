@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from hostsync.upstream.sdists import (
     published,
     requires_dist,
 )
+from hostsync.workspace import locks
 from hostsync.workspace import pin as pinning
 from hostsync.workspace.cases import Release
 from hostsync.workspace.errors import WorkspaceError, last_line
@@ -233,6 +235,17 @@ def usable_python(env: Path, record: EnvRecord) -> str:
     return str(python)
 
 
+def folder(layout: Layout, project: Project, version: str, specs: list[str]) -> Path:
+    """Where the environment installing `specs` lives.
+
+    Named by release and by the digest of what it installs, so that an environment built for
+    other pins (a checkout of another pin.toml sharing work/envs/) is never in the way. At its
+    real path: scripts it installs name their interpreter by path, and a workspace reached
+    through a link (a test's) may be gone when the environment is used."""
+    digest = hashlib.sha256(" ".join(specs).encode()).hexdigest()[:8]
+    return (layout.envs / f"{project.name}-{version}-{digest}").resolve()
+
+
 def build(
     layout: Layout,
     pin: pinning.Pin,
@@ -242,26 +255,37 @@ def build(
     companions: dict[str, str],
 ) -> str:
     """A new environment: pin.toml's pins (`companions` in place of some) with `project` at
-    `version`, checked after install.
-
-    Named by release and by the digest of what it installs, so that an environment built for
-    other pins (a checkout of another pin.toml sharing work/envs/) is never in the way."""
+    `version`, checked after install; or the one a build beside this one made meanwhile."""
     specs = pin.install_specs(replace={**companions, project.name: version})
-    digest = hashlib.sha256(" ".join(specs).encode()).hexdigest()[:8]
-    name = f"{project.name}-{version}-{digest}"
-    # Built at its real path: scripts it installs name their interpreter by path, and a
-    # workspace reached through a link (a test's) may be gone when the environment is used.
-    target = (layout.envs / name).resolve()
-    if (target / RECORD).exists():
-        raise WorkspaceError(
-            f"{target} exists but does not fit {project.name} {version} (edited by hand?):"
-            " remove it and rerun"
-        )
+    target = folder(layout, project, version, specs)
+
+    def unmet(installed: dict[str, str]) -> list[str]:
+        return problems(installed, pin, project, requires, exact=True, companions=companions)
+
+    with locks.building(target):
+        if not (target / RECORD).exists():
+            return _build(target, specs, project, version, unmet)
+        record = read_file(EnvRecord, target / RECORD)  # built beside this one while it waited
+        if unmet(record.installed):
+            raise WorkspaceError(
+                f"{target} exists but does not fit {project.name} {version} (edited by hand?):"
+                " remove it and rerun"
+            )
+        return usable_python(target, record)
+
+
+def _build(
+    target: Path,
+    specs: list[str],
+    project: Project,
+    version: str,
+    unmet: Callable[[dict[str, str]], list[str]],
+) -> str:
+    """Build `target`, whose lock the caller holds: installed, checked, then recorded."""
     shutil.rmtree(target, ignore_errors=True)  # a build that was interrupted
-    log.info("building the environment %s: %s", name, " ".join(specs))
+    log.info("building the environment %s: %s", target.name, " ".join(specs))
     # Built where it stays (console scripts such as torchrun name their interpreter by path);
     # only an environment with its record counts, so a failed build is never used.
-    target.parent.mkdir(parents=True, exist_ok=True)
     python = target / "bin" / "python"
     for command in (
         [sys.executable, "-m", "venv", str(target)],
@@ -276,10 +300,10 @@ def build(
             )
     site = [str(p) for p in target.glob("lib/python*/site-packages")]
     installed = installed_in(site)
-    unmet = problems(installed, pin, project, requires, exact=True, companions=companions)
-    if unmet:
+    left = unmet(installed)
+    if left:
         raise WorkspaceError(
-            f"the new environment {name} does not fit its own release: {'; '.join(unmet)}:"
+            f"the new environment {target.name} does not fit its own release: {'; '.join(left)}:"
             " pin.toml's pins conflict with what that release needs"
         )
     record = EnvRecord(python="bin/python", specs=tuple(specs), installed=installed)

@@ -91,7 +91,7 @@ def _trusted_problem(cached: Path, record: Path, sdist: Sdist) -> str | None:
 
 def _download(sdist: Sdist, cached: Path) -> None:
     cached.parent.mkdir(parents=True, exist_ok=True)
-    partial = cached.with_name(cached.name + ".part")
+    partial = cached.with_name(f"{cached.name}.{os.getpid()}.part")  # one per downloader
     log.info("downloading %s", sdist.url)
     try:
         with urllib.request.urlopen(sdist.url, timeout=_TIMEOUT_S) as response:

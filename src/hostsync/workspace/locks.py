@@ -1,5 +1,6 @@
-"""One command at a time per case: its clone, trees and results are not shared safely; and build
-locks of compiled extensions removed only when their builders are dead.
+"""One command at a time per case: its clone, trees and results are not shared safely; one
+builder at a time per shared folder; and build locks of compiled extensions removed only when
+their builders are dead.
 
 A command that works on a case holds `work/locks/<case>.lock` (an advisory lock, released by the
 kernel when the process ends, however it ends) for as long as it works on it. A second command
@@ -71,6 +72,21 @@ def case(layout: Layout, node: int = 0) -> Iterator[None]:
         finally:
             del _held[key]
             os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def building(target: Path) -> Iterator[None]:
+    """Hold `target`'s build lock while the block runs, waiting for a builder that holds it.
+
+    Commands side by side (and the suite's workers) share work/envs/: the second to need an
+    environment waits for the first to build it, then finds it built."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target.with_name(f"{target.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
         os.close(fd)
 
