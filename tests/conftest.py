@@ -4,6 +4,7 @@ one, sharing only the download cache and the environments. An empty selection fa
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -127,12 +128,26 @@ CPU_BOUND = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == pa
 
 def pytest_configure(config: pytest.Config) -> None:
     """The loaded lane's CPU-bound processes, started before the first test by the session
-    (its workers start none)."""
+    (its workers start none). An unknown marker in `-m` is refused here, in one line: each
+    worker would otherwise fail on it alone."""
     worker = hasattr(config, "workerinput")
+    if not worker:
+        refuse_unknown_markers(config)
     config.cpu_load = [
         subprocess.Popen([sys.executable, "-c", CPU_BOUND, str(os.getpid())])
         for _ in range(0 if worker else config.getoption("cpu_load"))
     ]
+
+
+def refuse_unknown_markers(config: pytest.Config) -> None:
+    named = set(re.findall(r"[A-Za-z_]\w*", config.getoption("markexpr") or ""))
+    known = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
+    unknown = sorted(named - known - {"and", "or", "not"})
+    if unknown:
+        raise pytest.UsageError(
+            f"-m names no marker of this suite: {', '.join(unknown)} (its markers:"
+            f" {', '.join(sorted(known))})"
+        )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
