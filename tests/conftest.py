@@ -133,10 +133,20 @@ def pytest_configure(config: pytest.Config) -> None:
     worker = hasattr(config, "workerinput")
     if not worker:
         refuse_unknown_markers(config)
+    if worker or not config.getoption("numprocesses", None):
+        leave_the_tools_out()
     config.cpu_load = [
         subprocess.Popen([sys.executable, "-c", CPU_BOUND, str(os.getpid())])
         for _ in range(0 if worker else config.getoption("cpu_load"))
     ]
+
+
+def leave_the_tools_out() -> None:
+    """The runs a test starts get the PYTHONPATH it had, less the suite's tools (pytest-xdist):
+    their commands go into results, which name no path of this machine."""
+    tools = str(Layout(ROOT).cache / "tools")
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if not p.startswith(tools))
 
 
 def refuse_unknown_markers(config: pytest.Config) -> None:
