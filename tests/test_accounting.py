@@ -231,9 +231,8 @@ def test_a_datasets_setup_views_and_its_numpy_samples_are_host_memory():
 def test_a_read_under_inference_mode_is_a_read_under_the_accounting_too():
     """A tensor made under inference_mode has no autograd key: `item` reaches the mode whole."""
     weights = torch.ones(3, device=DEVICE)
-    with SyncScope(account=True) as scope:
-        with torch.inference_mode():
-            (weights * 2).sum().item()
+    with SyncScope(account=True) as scope, torch.inference_mode():
+        (weights * 2).sum().item()
     assert [event.site.code for event in scope.events] == ["(weights * 2).sum().item()"]
 
 

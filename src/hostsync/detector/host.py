@@ -30,7 +30,7 @@ ON_DEVICE: dict[int, weakref.ref[torch.Tensor]] = {}
 FROM_FILES: dict[int, tuple[int, int]] = {}
 
 _NAMES_HOST = re.compile(r"\bcpu\b|pin_memory")
-# A device taken from a variable's tensor (`device=tensor.device`): the host where it is host memory.
+# A device taken from a tensor (`device=tensor.device`): the host's where that is host memory.
 _DEVICE_OF = re.compile(r"\b([A-Za-z_]\w*)\.device\b")
 
 
@@ -89,7 +89,7 @@ class HostMemory:
 
     def viewed(self, view: object) -> None:
         """`view` was made from device memory: so it stays, though its base is host memory."""
-        if type(view) is torch.Tensor and view._base is not None and self.holds(view):
+        if isinstance(view, torch.Tensor) and view._base is not None and self.holds(view):
             _keep(ON_DEVICE, view)
 
     def named(self) -> bool:
