@@ -66,7 +66,7 @@ class HostMemory(Protocol):
 
     def made(self, values: object) -> None: ...
 
-    def viewed(self, view: object) -> None: ...
+    def viewed(self, source: object, view: object) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -305,8 +305,8 @@ class Accounting(DetectorMode):
             if inputs and all(map(self.host.holds, inputs)):
                 self.host.made(result)
                 return False
-            if op.view:
-                self.host.viewed(result)
+            if op.view and inputs:
+                self.host.viewed(inputs[0], result)
             if not op.launches or self._hosting:
                 return False
             outputs = [result] if type(result) is torch.Tensor else _tensor_list(result)

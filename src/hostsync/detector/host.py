@@ -87,9 +87,12 @@ class HostMemory:
             _keep(ON_DEVICE, tensor)
             self._propagate()
 
-    def viewed(self, view: object) -> None:
-        """`view` was made from device memory: so it stays, though its base is host memory."""
-        if isinstance(view, torch.Tensor) and view._base is not None and self.holds(view):
+    @staticmethod
+    def viewed(source: object, view: object) -> None:
+        """`view` was made from `source`, device memory: a view that stands for a device copy
+        stays device memory, though its base is the host's (a dispatch mode sees the view
+        before autograd gives it its base)."""
+        if ON_DEVICE and _known(ON_DEVICE, source) and isinstance(view, torch.Tensor):
             _keep(ON_DEVICE, view)
 
     def named(self) -> bool:
@@ -186,6 +189,6 @@ class HostPropagation(DetectorMode):
         inputs = [*tensors_in(args), *tensors_in(list(kwargs.values()))]
         if inputs and all(self.host.holds(tensor) for tensor in inputs):
             self.host.add(result)
-        elif isinstance(func, torch._ops.OpOverload) and func.is_view:
-            self.host.viewed(result)
+        elif inputs and isinstance(func, torch._ops.OpOverload) and func.is_view:
+            self.host.viewed(inputs[0], result)
         return result
