@@ -198,6 +198,44 @@ def test_tensors_made_before_the_first_step_are_host_or_device_as_they_were_made
     assert [event.site.code for event in scope.events] == ["weights.sum().item()  # the one read"]
 
 
+class _Images(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """torchvision's MNIST in small: its tensors are views of a buffer made in setup, its
+    samples go through numpy and come back normalized on the device of their own tensor."""
+
+    def __init__(self) -> None:
+        self.data = torch.frombuffer(bytearray(32), dtype=torch.uint8).view(2, 4, 4)
+        self.targets = torch.frombuffer(bytearray(2), dtype=torch.uint8).view(2).long()
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image, target = self.data[index], int(self.targets[index])
+        tensor = torch.from_numpy(image.numpy().copy()).unsqueeze(0).float().div(255)
+        mean = torch.as_tensor([0.5], dtype=tensor.dtype, device=tensor.device)
+        if (mean == 0).any():
+            raise ValueError("a zero mean")
+        return tensor.sub(mean.view(-1, 1, 1)), target
+
+
+def test_a_datasets_setup_views_and_its_numpy_samples_are_host_memory():
+    with HostTracking():
+        loader = torch.utils.data.DataLoader(_Images(), batch_size=2)
+        with SyncScope(account=True) as scope:
+            for images, targets in loader:
+                images.to(DEVICE)  # the one wait of each batch
+                targets.to(DEVICE, non_blocking=True)
+    assert [event.kind for event in scope.events] == ["device_copy"]
+
+
+def test_a_read_under_inference_mode_is_a_read_under_the_accounting_too():
+    """A tensor made under inference_mode has no autograd key: `item` reaches the mode whole."""
+    weights = torch.ones(3, device=DEVICE)
+    with SyncScope(account=True) as scope, torch.inference_mode():
+        (weights * 2).sum().item()
+    assert [event.site.code for event in scope.events] == ["(weights * 2).sum().item()"]
+
+
 @pytest.mark.parametrize(
     "optimizer",
     [

@@ -228,7 +228,7 @@ def test_sync_free_code_records_nothing():
     total = sum([per_rank.sum(), weighted[2]]) / tokens.sum().clamp(min=1)
     values[mask] = 0.0  # index_put_ becomes masked_fill_: no sync on CUDA either
     values.masked_fill(mask, 1.0)
-    values[torch.tensor([0, 2])]
+    values[mask.long()]  # a device index: no copy (a host one is copied: make_info)
     torch.repeat_interleave(values, torch.full((4,), 2), output_size=8)
     torch.repeat_interleave(values, 2)
     len(values), values.shape[0], total * 2

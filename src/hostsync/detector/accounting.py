@@ -66,6 +66,8 @@ class HostMemory(Protocol):
 
     def made(self, values: object) -> None: ...
 
+    def viewed(self, source: object, view: object) -> None: ...
+
 
 @dataclass(frozen=True)
 class Window:
@@ -90,10 +92,16 @@ class _Opening:
 
 class DetectorMode(TorchDispatchMode):
     """A dispatch mode of the detector. Its frames are never compiled: torch wraps every mode's
-    in dynamo's `disable`, which costs a fifth of a call; one call each way does the same."""
+    in dynamo's `disable`, which costs a fifth of a call; one call each way does the same.
 
-    def __init__(self) -> None:
+    A mode runs below autograd, with the keys above it excluded. An operator autograd would
+    have decomposed (`item` of a tensor made under inference_mode) is run as Python calls it,
+    with `judging`, the key of the detector's kernels, and ADInplaceOrView let in: its parts
+    are judged as they are without the mode."""
+
+    def __init__(self, judging: torch._C.DispatchKey | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # torch's, unannotated
+        self._judging = judging
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -108,6 +116,9 @@ class DetectorMode(TorchDispatchMode):
     ) -> object:
         compiling = _set_eval_frame(None)
         try:
+            if self._judging is not None and _decomposes(func):
+                with _above_autograd(self._judging):
+                    return self.dispatch(func, args, kwargs or {})
             return self.dispatch(func, args, kwargs or {})
         finally:
             _set_eval_frame(compiling)
@@ -117,6 +128,39 @@ class DetectorMode(TorchDispatchMode):
     ) -> object:
         """One aten call, which the mode runs (torch pops it for the call)."""
         return func(*args, **kwargs)
+
+
+# Operators autograd decomposes before a mode sees them: one reaches a mode only for tensors
+# with no autograd key (made under inference_mode), and the detector's kernels would take its
+# parts for calls below autograd (the mode runs there). Kept once per process.
+_COMPOSITE: dict[object, bool] = {}
+_BELOW_AUTOGRAD = torch._C.DispatchKey.ADInplaceOrView
+
+
+def _decomposes(func: object) -> bool:
+    """Whether `func` is CompositeImplicitAutograd (`item`), kept in `_COMPOSITE`."""
+    composite = _COMPOSITE.get(func)
+    if composite is None:
+        composite = _COMPOSITE[func] = isinstance(
+            func, torch._ops.OpOverload
+        ) and torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), "CompositeImplicitAutograd"
+        )
+    return composite
+
+
+@contextmanager
+def _above_autograd(judging: torch._C.DispatchKey) -> Iterator[None]:
+    """The calls made here reach the `judging` key as Python's calls do, above autograd."""
+    keys = (judging, _BELOW_AUTOGRAD)
+    excluded = [torch._C._dispatch_tls_is_dispatch_key_excluded(key) for key in keys]
+    for key in keys:
+        torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+    try:
+        yield
+    finally:
+        for key, was in zip(keys, excluded, strict=True):
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, was)
 
 
 class _Tally:
@@ -143,6 +187,7 @@ class _Op(NamedTuple):
 
     higher_order: bool
     collective: bool
+    view: bool
     launches: bool
     reads_after_kernels: bool
     written: tuple[tuple[int, str], ...]
@@ -155,7 +200,7 @@ _OPS: dict[torch._ops.OpOverload, _Op] = {}
 def _op(func: torch._ops.OpOverload) -> _Op:
     """`func` to the accounting, kept in `_OPS`."""
     if isinstance(func, torch._ops.HigherOrderOperator):
-        op = _OPS[func] = _Op(True, False, False, False, (), None)
+        op = _OPS[func] = _Op(True, False, False, False, False, (), None)
         return op
     written = tuple(
         (index, argument.name)
@@ -165,6 +210,7 @@ def _op(func: torch._ops.OpOverload) -> _Op:
     op = _OPS[func] = _Op(
         higher_order=False,
         collective=func.namespace == "c10d",
+        view=func.is_view,
         launches=func not in _NO_KERNEL and not func.is_view,
         reads_after_kernels=func in _READS_AFTER_KERNELS,
         written=written,
@@ -185,8 +231,10 @@ class Accounting(DetectorMode):
 
     supports_higher_order_operators = True
 
-    def __init__(self, host: HostMemory, locate: Callable[[], str]) -> None:
-        super().__init__()
+    def __init__(
+        self, host: HostMemory, locate: Callable[[], str], judging: torch._C.DispatchKey
+    ) -> None:
+        super().__init__(judging)
         self.host = host
         self.windows: list[Window] = []
         self.step = 0
@@ -214,8 +262,7 @@ class Accounting(DetectorMode):
         if opening is not None:
             return self._in_window(opening, func, args, kwargs)
         result = func(*args, **kwargs)
-        if not self._hosting:
-            self._launch(_OPS.get(func) or _op(func), args, kwargs, result)
+        self._launch(_OPS.get(func) or _op(func), args, kwargs, result)
         return result
 
     def _in_window(
@@ -233,7 +280,7 @@ class Accounting(DetectorMode):
         if op.higher_order:
             return result
         returned = time.perf_counter_ns()
-        if not self._hosting and self._launch(op, args, kwargs, result):
+        if self._launch(op, args, kwargs, result):
             self._close(entered)
         else:
             counted = time.perf_counter_ns()
@@ -246,19 +293,21 @@ class Accounting(DetectorMode):
         self, op: _Op, args: tuple[object, ...], kwargs: dict[str, object], result: object
     ) -> bool:
         """Count the device work of one call; whether it launched any. Views, allocations and
-        work on host memory launch none; what is computed from host memory alone is host
-        memory too."""
+        work on host memory launch none (all of it while `hosting`); what is computed from host
+        memory alone is host memory too."""
         inputs = _tensor_list(args)
         if kwargs:
             inputs += _tensor_list(kwargs)
-        if op.collective:
+        if op.collective and not self._hosting:
             kernels, collectives, flops = 1, 1, 0
             moved = sum(tensor.nbytes for tensor in inputs)
         else:
             if inputs and all(map(self.host.holds, inputs)):
                 self.host.made(result)
                 return False
-            if not op.launches:
+            if op.view and inputs:
+                self.host.viewed(inputs[0], result)
+            if not op.launches or self._hosting:
                 return False
             outputs = [result] if type(result) is torch.Tensor else _tensor_list(result)
             if not outputs and op.written:

@@ -120,12 +120,12 @@ def caller_site() -> tuple[FrameType | None, Site]:
     return frame, site_of(frame)
 
 
-def statement() -> Site:
-    """The innermost statement outside the detector, inside torch or not."""
+def statement() -> tuple[FrameType | None, Site]:
+    """The innermost frame outside the detector, inside torch or not, and its statement."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename in _ENGINE:
         frame = frame.f_back
-    return site_of(frame)
+    return frame, site_of(frame)
 
 
 def caller(frame: FrameType | None) -> str:

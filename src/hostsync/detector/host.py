@@ -12,19 +12,26 @@ import functools
 import re
 import weakref
 from collections.abc import Callable, Iterator, Mapping
+from types import FrameType
 
 import torch
 
 from hostsync.detector import frames
 from hostsync.detector.accounting import DetectorMode
+from hostsync.detector.sites import Site
 
 # Tensors known to live in host memory, by id, process-wide (see HostMemory).
 ON_HOST: dict[int, weakref.ref[torch.Tensor]] = {}
+# Views over host memory that stand for device memory: a view `.to(device)` returned as itself
+# (on a GPU box, a copy on the device), and the views made from those.
+ON_DEVICE: dict[int, weakref.ref[torch.Tensor]] = {}
 # The memory of each storage made from a file, by the id of the storage while it lives (no other
 # storage can be given its addresses before): first address and the one past its end.
 FROM_FILES: dict[int, tuple[int, int]] = {}
 
 _NAMES_HOST = re.compile(r"\bcpu\b|pin_memory")
+# A device taken from a tensor (`device=tensor.device`): the host's where that is host memory.
+_DEVICE_OF = re.compile(r"\b([A-Za-z_]\w*)\.device\b")
 
 
 class HostMemory:
@@ -34,7 +41,8 @@ class HostMemory:
     except those created with a named host destination (`device="cpu"`, `pin_memory=True`,
     `.to("cpu", dtype)` when it makes a new tensor) and their views and results. A device value
     is ambiguous here (`args.device` is cpu on CPU, cuda on the GPU box), so a destination counts
-    as host only when the statement spells it.
+    as host only when the statement spells it, or takes it from host memory (`x.device`).
+    A view of host memory is host memory (its `_base` is), unless it stood for a device copy.
 
     A factory call that names no device and takes no tensor (`torch.tensor(0.0)`,
     `torch.zeros(())`) makes host memory on a GPU box too, while the default device is the CPU,
@@ -56,42 +64,70 @@ class HostMemory:
         return bool(self._tensors)
 
     def holds(self, tensor: object) -> bool:
-        held = ON_HOST.get(id(tensor)) if ON_HOST else None
-        if held is not None and held() is tensor:
-            return True
+        if ON_HOST:
+            if _known(ON_HOST, tensor):
+                return True
+            base = getattr(tensor, "_base", None)
+            if base is not None and _known(ON_HOST, base) and not _known(ON_DEVICE, tensor):
+                return True
         return bool(FROM_FILES) and over_a_file(tensor)
 
     @staticmethod
     def made(values: object) -> None:
         """`values` live in host memory, from now on and in every scope."""
         for value in tensors_in(values):
-            key = id(value)
-            ON_HOST[key] = weakref.ref(value, functools.partial(_forget, ON_HOST, key))
+            _keep(ON_HOST, value)
 
-    @staticmethod
-    def moved(tensor: torch.Tensor) -> None:
+    def moved(self, tensor: torch.Tensor) -> None:
         """`tensor.to(device)` returned `tensor` itself: on a GPU box it is a copy on the device
-        (the stand-in's device is the host), which is what the code goes on to use."""
+        (the stand-in's device is the host), which is what the code goes on to use. A view's
+        own views are followed from then on: their base is still host memory."""
         ON_HOST.pop(id(tensor), None)
+        if tensor._base is not None and self.holds(tensor):
+            _keep(ON_DEVICE, tensor)
+            self._propagate()
 
     @staticmethod
-    def named() -> bool:
+    def viewed(source: object, view: object) -> None:
+        """`view` was made from `source`, device memory: a view that stands for a device copy
+        stays device memory, though its base is the host's (a dispatch mode sees the view
+        before autograd gives it its base)."""
+        if ON_DEVICE and _known(ON_DEVICE, source) and isinstance(view, torch.Tensor):
+            _keep(ON_DEVICE, view)
+
+    def named(self) -> bool:
         """Whether the statement making the call, or the one its reads are counted at, spells
-        host memory (torch's AdamW spells `device="cpu"` for its step counters)."""
-        statements = (frames.statement(), frames.caller_site()[1])
-        return any(_NAMES_HOST.search(statement.code) for statement in statements)
+        host memory (torch's AdamW spells `device="cpu"` for its step counters), or takes the
+        device of a host tensor (torchvision's `device=tensor.device`)."""
+        return any(self._names_host(*frame) for frame in (frames.statement(), frames.caller_site()))
+
+    def _names_host(self, frame: FrameType | None, statement: Site) -> bool:
+        if _NAMES_HOST.search(statement.code):
+            return True
+        names = _DEVICE_OF.findall(statement.code) if frame is not None else ()
+        return any(self.holds(frame.f_locals.get(name)) for name in names if frame is not None)
 
     def add(self, values: object, propagate: bool = True) -> None:
         """`values` live in host memory; with `propagate`, so will what is computed from them."""
         self.made(values)
         for value in tensors_in(values):
-            key = id(value)
-            self._tensors[key] = weakref.ref(value, functools.partial(_forget, self._tensors, key))
+            _keep(self._tensors, value)
         if propagate and self._tensors:
             self._propagate()
 
     def clear(self) -> None:
         self._tensors.clear()
+
+
+def _keep(table: dict[int, weakref.ref[torch.Tensor]], tensor: torch.Tensor) -> None:
+    """`tensor` in `table`, by id, while it lives."""
+    key = id(tensor)
+    table[key] = weakref.ref(tensor, functools.partial(_forget, table, key))
+
+
+def _known(table: dict[int, weakref.ref[torch.Tensor]], tensor: object) -> bool:
+    held = table.get(id(tensor))
+    return held is not None and held() is tensor
 
 
 def _forget(table: dict[int, weakref.ref[torch.Tensor]], key: int, _: object) -> None:
@@ -142,8 +178,8 @@ class HostPropagation(DetectorMode):
 
     supports_higher_order_operators = True
 
-    def __init__(self, host: HostMemory) -> None:
-        super().__init__()
+    def __init__(self, host: HostMemory, judging: torch._C.DispatchKey) -> None:
+        super().__init__(judging)
         self.host = host
 
     def dispatch(
@@ -153,4 +189,6 @@ class HostPropagation(DetectorMode):
         inputs = [*tensors_in(args), *tensors_in(list(kwargs.values()))]
         if inputs and all(self.host.holds(tensor) for tensor in inputs):
             self.host.add(result)
+        elif inputs and isinstance(func, torch._ops.OpOverload) and func.is_view:
+            self.host.viewed(inputs[0], result)
         return result

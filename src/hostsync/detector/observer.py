@@ -106,7 +106,7 @@ class Observer:
                 self._opened_in = threading.get_ident()
                 frames.follow_search_path()
                 if scope.account:
-                    self.accounting = Accounting(self.host, self.statement_at)
+                    self.accounting = Accounting(self.host, self.statement_at, KEY)
                     _push_mode(self.accounting)
             scope.cuda_syncs = 0 if self.counts_cuda_syncs else None
             self.scopes.append(scope)
@@ -185,7 +185,7 @@ class Observer:
             and self.accounting is None
             and threading.get_ident() == self._opened_in
         ):
-            self._propagation = HostPropagation(self.host)
+            self._propagation = HostPropagation(self.host, KEY)
             _push_mode(self._propagation)
 
     @property

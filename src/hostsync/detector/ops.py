@@ -113,6 +113,27 @@ def _with_mask(call: OpCall, host: HostMemory) -> int:
     return 1 if _reads_device(call, host) else 0
 
 
+def _indices_copied(call: OpCall, host: HostMemory) -> int:
+    """Index tensors in host memory, each copied to a device tensor's device, blocking
+    (TensorAdvancedIndexing.cpp make_info: `indice.to(self.device())`). A numpy index is one:
+    the indexing binding builds it over the array (python_variable_indexing.cpp
+    sequenceToVariable). Masks are counted as reads (`_with_mask`)."""
+    if host.holds(call.args[0]):
+        return 0
+    return sum(
+        1
+        for index in call.args[1]
+        if index is not None
+        and index.dtype not in _MASK_DTYPES
+        and (host.holds(index) or _over_foreign_memory(index))
+    )
+
+
+def _over_foreign_memory(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` lies in memory torch did not allocate (a numpy array's): host memory."""
+    return torch._C._has_storage(tensor) and not tensor.untyped_storage().resizable()
+
+
 def _put_through_mask(call: OpCall, host: HostMemory) -> int:
     """A masked index_put_ syncs, unless it is the masked_fill_ case (canDispatchToMaskedFill)."""
     if not _with_mask(call, host):
@@ -237,6 +258,14 @@ KERNEL_SYNCS: tuple[OpSync, ...] = (
         _with_mask,
         _TAGGED + f"{_NATIVE}TensorAdvancedIndexing.cpp / IndexingUtils.h expandTensors: a"
         " bool/uint8 mask becomes indices through nonzero",
+    ),
+    OpSync(
+        DEVICE_COPY,
+        ("index.Tensor", "index.Tensor_out", "index.Tensor_hacked_twin", "index_put", "index_put_"),
+        _indices_copied,
+        f"{_NATIVE}TensorAdvancedIndexing.cpp make_info: each index moved to self's device with"
+        " `.to(self.device())`, non_blocking false: a host-to-device copy ends in"
+        f" memcpy_and_sync ({_NATIVE}cuda/Copy.cu)",
     ),
     OpSync(
         "bool_index",

@@ -115,6 +115,48 @@ def _host_made(make: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]
     return made_on_host
 
 
+# Tensor methods whose result lies where the tensor does: host memory stays host memory.
+_KEEPING_PLACE = (
+    "bool", "byte", "char", "short", "int", "long", "half", "bfloat16", "float", "double",
+    "clone", "contiguous", "type",
+)  # fmt: skip
+
+
+@functools.cache
+def _keeping_place(method: Callable[..., object]) -> Callable[..., object]:
+    """`t.long()`, `t.clone()`: made where `t` is (a dataset's targets, made in its setup)."""
+
+    @functools.wraps(method)
+    def kept(self: torch.Tensor, *args: object, **kwargs: object) -> object:
+        result = method(self, *args, **kwargs)
+        observer = Observer.current()
+        if result is not self and observer is not None and observer.host.holds(self):
+            HostMemory.made(result)
+        return result
+
+    return kept
+
+
+@functools.cache
+def _legacy(new: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`torch.Tensor(data)`, the legacy constructor: built in host memory while the default
+    device is the CPU, as `torch.tensor(data)` is (a tensor given is aliased where it lies).
+    Its signature is a wildcard's, which dynamo's polyfill of `Tensor.__new__` accepts."""
+
+    def constructed(*args: object, **kwargs: object) -> torch.Tensor:
+        tensor = new(*args, **kwargs)
+        observer = Observer.current()
+        if (
+            observer is not None
+            and not any(isinstance(value, torch.Tensor) for value in (*args, *kwargs.values()))
+            and _default_device_type() == "cpu"
+        ):
+            HostMemory.made(tensor)
+        return tensor
+
+    return constructed
+
+
 @functools.cache
 def _loading(load: Callable[..., object]) -> Callable[..., object]:
     """`torch.load`: onto the host where the call spells it (`map_location="cpu"`, or a
@@ -227,7 +269,7 @@ def _observing(
         made = result is not source
         if made and named:
             host.add(result)
-        elif made and by_default:
+        elif made and (by_default or (where is None and not makes and host.holds(source))):
             host.made(result)
         elif not made and where is not None and not named:
             host.moved(cast(torch.Tensor, result))
@@ -337,6 +379,11 @@ class _ProcessWide:
             (torch.serialization, "save", _saving(save)),
             (torch, "load", _loading(load)),
             (torch.serialization, "load", _loading(load)),
+            (torch.Tensor, "__new__", staticmethod(_legacy(torch.Tensor.__new__))),
+            *(
+                (torch.Tensor, name, _keeping_place(getattr(torch.Tensor, name)))
+                for name in _KEEPING_PLACE
+            ),
             (torch, "from_numpy", _host_made(torch.from_numpy)),
             (torch, "frombuffer", _host_made(torch.frombuffer)),
             (torch.UntypedStorage, "from_file", staticmethod(_reading_files(from_file))),

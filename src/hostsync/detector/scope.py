@@ -26,9 +26,10 @@ only); `torch.save` and pickling count one copy per device storage. Event kinds 
 The model is "every tensor would be on the GPU", except host memory the code names as such
 (`device="cpu"` spelled in the statement, `pin_memory=True`, a Python number written with
 `t[i] = 0.0`), what a factory makes when it names no device (`torch.tensor(0.0)`: the CPU on a
-GPU box too, while the default device is the CPU), tensors over a storage made from a file, and
-what is computed from named host memory:
-reads of those are free, copies into them (`host[i] = t0`, `host.copy_(t)`) count. Once the
+GPU box too, while the default device is the CPU), numpy's memory (`torch.from_numpy`, the legacy
+`torch.Tensor(array)`), tensors over a storage made from a file, views of host memory, a
+factory given a host tensor's device (`device=x.device`), and what is computed from named host
+memory: reads of those are free, copies into them (`host[i] = t0`, `host.copy_(t)`) count. Once the
 code names host memory, a dispatch mode follows what is computed from it (every aten call goes
 through Python from then on, in the thread that opened the scope). A chained read of a fresh
 host copy on the same line (`t.cpu().numpy()`) counts once.
@@ -272,7 +273,8 @@ class HostTracking:
 
     Tensors made in setup (a dataset's index, a best-loss value, optimizer state made in its
     constructor) are then host or device memory as they were made, whichever optimizer steps.
-    It only follows the factories, copies and loads that name where their result lives; nothing
+    It only follows the factories, copies and loads that name where their result lives, views
+    of host memory and its dtype copies (`.long()`, `.clone()`); nothing
     is judged or recorded until a scope opens inside it, and its scopes close before it does.
     """
 

@@ -117,6 +117,13 @@ def item():
     return t.sum().item()  # sync
 
 
+@example("scalar_read", SCALAR + " (inference_mode changes no read)")
+def item_under_inference_mode():
+    t = values()
+    with torch.inference_mode():
+        return (t * 2).sum().item()  # sync
+
+
 @example("scalar_read", SCALAR + " (Tensor.__bool__ -> is_nonzero -> item)")
 def if_on_tensor():
     t = values()
@@ -507,6 +514,7 @@ def copy_into_host():
 
 # --- copies to the device: each blocking one waits like a read -------------------------------
 
+TO_DEVICE_SHORT = "cuda/Copy.cu: a blocking host-to-device copy ends in memcpy_and_sync"
 TO_DEVICE = (
     "cuda/Copy.cu copy_kernel_cuda: a host-to-device copy without non_blocking ends in"
     " at::cuda::memcpy_and_sync (cudaStreamSynchronize)"
@@ -597,6 +605,43 @@ def numpy_array_to_device():
 def read_of_numpy_backed_tensor():
     host = torch.from_numpy(np.ones(1))
     return host.item(), host.tolist()
+
+
+@example("device_copy", "torch/csrc/utils/tensor_new.cpp legacy_tensor_ctor: built on the host")
+def legacy_constructor_to_device():
+    host = torch.Tensor(np.ones(2, dtype=np.float32))
+    return host.to(DEVICE)  # sync
+
+
+@example("none", "torch.Tensor(data), the legacy constructor, lies on the host: reading it is free")
+def read_of_legacy_constructor():
+    return torch.Tensor([1.0]).item(), torch.Tensor(np.ones(2)).tolist()
+
+
+@example("none", "a view of host memory made with frombuffer is host memory: reading it is free")
+def read_of_host_view():
+    host = torch.frombuffer(bytearray(4), dtype=torch.uint8).view(2, 2)
+    return int(host[0, 1]), host[1].numpy(), host.long()[0, 0].item()
+
+
+@example("none", "a factory given a host tensor's device (`device=x.device`) makes host memory")
+def factory_on_a_host_tensors_device():
+    image = torch.from_numpy(np.ones((1, 2, 2)))
+    mean = torch.as_tensor([0.5], dtype=image.dtype, device=image.device)
+    return bool((mean == 0).any()), image.sub(mean.view(-1, 1, 1)).tolist()
+
+
+@example("device_copy", TO_DEVICE + " (a factory given a device tensor's device)")
+def factory_on_a_device_tensors_device():
+    t = values()
+    return torch.as_tensor([0.5], device=t.device)  # sync
+
+
+@example("scalar_read", SCALAR + " (a view of host memory copied to the device, then viewed)")
+def read_of_moved_host_view():
+    host = torch.zeros(4)
+    moved = host[1:].to(DEVICE)  # sync
+    return moved[0].item()  # sync
 
 
 @example("device_copy", "torch/utils/data: a DataLoader collates on the host; " + TO_DEVICE)
@@ -731,10 +776,45 @@ def masked_fill():
     return t.masked_fill(t > 0, 1.0)
 
 
-@example("none", "advanced indexing with integer indices: no output size to read")
+@example("none", "advanced indexing with a device index: no output size to read, no copy")
 def index_with_long_tensor():
     t = values()
-    return t[torch.tensor([0, 2])]
+    return t[counts()]
+
+
+INDEX_COPY = (
+    "TensorAdvancedIndexing.cpp make_info: an index on another device is moved with"
+    " `.to(self.device())`, non_blocking false; " + TO_DEVICE_SHORT
+)
+
+
+@example("device_copy", INDEX_COPY + " (an index made with no device lies on the host)")
+def index_with_host_tensor():
+    t = values()
+    return t[torch.tensor([0, 2])]  # sync
+
+
+@example(
+    "device_copy",
+    INDEX_COPY + "; torch/csrc/autograd/python_variable_indexing.cpp sequenceToVariable builds"
+    " a numpy index over the array, in host memory",
+)
+def index_with_numpy_array():
+    t = values()
+    return t[np.array([0, 2])]  # sync
+
+
+@example("device_copy", INDEX_COPY + " (index_put_ of a numpy index: the same make_info)")
+def assign_at_numpy_index():
+    t = values()
+    t[np.array([0, 2])] = 0.0  # sync
+    return t
+
+
+@example("none", "a host tensor indexed by numpy: the index is already where the tensor is")
+def host_tensor_with_numpy_index():
+    host = torch.zeros(4)
+    return host[np.array([0, 2])]
 
 
 @example("none", "Repeat.h: output_size given, nothing read")
