@@ -45,6 +45,9 @@ def remedies_of(code: Callable[[], object]) -> list[tuple[str, str | None]]:
         (truth.if_on_tensor, "if-tensor"),
         (truth.host_to_device, "pinned-batch-copy"),
         (truth.collated_batch_to_device, "pinned-batch-copy"),
+        (truth.index_with_numpy_array, "device-index"),
+        (truth.assign_at_numpy_index, "device-index"),
+        (truth.index_with_host_tensor, "device-index"),
         (truth.clip_grad_norm_checking, "nonfinite-check"),
         (truth.linalg_inv, "linalg-ex"),
         (truth.one_hot_inferred_classes, "one-hot-classes"),
@@ -59,7 +62,13 @@ def test_each_remedy_is_matched_to_what_the_detector_records(
 
 
 @pytest.mark.parametrize(
-    "code", [truth.linalg_inv_ex, truth.one_hot_with_classes, truth.host_to_device_non_blocking]
+    "code",
+    [
+        truth.linalg_inv_ex,
+        truth.one_hot_with_classes,
+        truth.host_to_device_non_blocking,
+        truth.index_with_long_tensor,
+    ],
 )
 def test_the_remedied_code_makes_no_read_to_remedy(code: Callable[[], object]) -> None:
     """What a remedy says to write instead: the detector records nothing there."""
