@@ -181,9 +181,9 @@ def scan(session: nox.Session) -> None:
 
 
 # The suite's workers, kept beside the environment. Most of the suite's time is ranks starting
-# and waiting, so three workers keep two cores busy. A file's shared runs stay on one worker.
+# and waiting, so three workers keep two cores busy (tests/conftest.py says which tests share one).
 SUITE_TOOLS = ("pytest-xdist==3.8.0", "execnet==2.1.2")
-WORKERS = ("-n", "3", "--dist", "loadgroup")
+WORKERS = ("-n", "3")
 
 
 @nox.session(python=False)

@@ -171,6 +171,29 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return f"loaded lane: {len(load)} CPU-bound processes run beside the tests" if load else None
 
 
+# Files whose tests share runs made once per module (trees, hung runs, a hunted tree, a scan, a
+# tiny model): each goes whole to one of the suite's workers. Every other test is a unit of its own.
+SHARED_RUNS = (
+    "tests/test_hunt.py",
+    "tests/test_repro.py",
+    "tests/test_scan_upstream.py",
+    "tests/test_words.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """The suite's workers take a file of `SHARED_RUNS` whole, and any other test alone."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedRunsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return file if file in SHARED_RUNS else nodeid
+
+    return SharedRunsTogether(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A whole case's run repeats what `nox -s repro` does for that case; CI keeps to one case of
     each kind so that it stays under 20 minutes on 2 cores."""

@@ -33,9 +33,6 @@ from conftest import make_workspace
 
 SP_SIZE = trainer_step.SP_SIZE
 
-# One worker runs this file's tests, so its hunted tree is made once.
-pytestmark = pytest.mark.xdist_group("hunt")
-
 
 # --- the real run ---------------------------------------------------------------------------------
 

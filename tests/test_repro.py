@@ -34,9 +34,6 @@ import made
 from bug_sites import DEEPSPEED_PY, IF_PER_RANK, MAX_OF_TOTAL, source_line
 from conftest import OwnEnvironment, make_workspace
 
-# One worker runs this file's tests, so its trees and its hung runs are made once.
-pytestmark = pytest.mark.xdist_group("repro")
-
 SP_SIZE = 2
 FIXED = "5.14.0"
 # What later sessions read from each entry of a repro result's `runs`.

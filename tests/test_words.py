@@ -33,9 +33,6 @@ from hostsync.workspace.layout import ROOT, Layout
 import made
 from conftest import hostsync
 
-# One worker runs this file's tests, so its scan is made once.
-pytestmark = pytest.mark.xdist_group("words")
-
 MARKDOWN_RULE = re.compile(r"^\| ---( \| ---)* \|$")
 TEXT_RULE = re.compile(r"^-+(  -+)*$")
 # A count per step: the word before `/step` or `per step` (`per rank per step`, `per optimizer
