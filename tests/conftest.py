@@ -133,6 +133,10 @@ def pytest_configure(config: pytest.Config) -> None:
     worker = hasattr(config, "workerinput")
     if not worker:
         refuse_unknown_markers(config)
+    # Dynamo is imported here, outside any scope: which test would import it first depends on the
+    # worker a test lands on, and an import that fails halfway (inside a scope) cannot be redone.
+    import torch._dynamo  # noqa: F401
+
     if worker or not config.getoption("numprocesses", None):
         leave_the_tools_out()
     config.cpu_load = [
