@@ -70,7 +70,7 @@ from hostsync.workspace import results
 from hostsync.workspace.cases import Case
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import Layout
-from hostsync.workspace.projects import PROJECTS
+from hostsync.workspace.projects import PROJECTS, trainer_project
 from hostsync.workspace.records import Result
 
 log = logging.getLogger(__name__)
@@ -475,7 +475,7 @@ def defaults(
         return {}
     document = repro.result.document()
     pinned = document.get("trees", {}).get("pinned", {})
-    (trainer,) = [name for name, project in PROJECTS.items() if project.trainer]
+    trainer = trainer_project()
     version = (
         pinned.get("version")
         if case.project.name == trainer
