@@ -127,14 +127,15 @@ CPU_BOUND = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == pa
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The loaded lane's CPU-bound processes, started before the first test by the session
-    (its workers start none). An unknown marker in `-m` is refused here, in one line: each
-    worker would otherwise fail on it alone."""
+    """Before the first test, in every process: dynamo imported, and the suite's tools left out
+    of the runs tests start (the workers' controller keeps them to start its workers). In the
+    session alone: an unknown `-m` marker refused in one line (each worker would otherwise fail
+    on it alone), and the loaded lane's CPU-bound processes started."""
     worker = hasattr(config, "workerinput")
     if not worker:
         refuse_unknown_markers(config)
-    # Dynamo is imported here, outside any scope: which test would import it first depends on the
-    # worker a test lands on, and an import that fails halfway (inside a scope) cannot be redone.
+    # Outside any scope: which test would import dynamo first depends on the worker it lands on,
+    # and an import that fails halfway (inside a scope) cannot be redone.
     import torch._dynamo  # noqa: F401
 
     if worker or not config.getoption("numprocesses", None):
