@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # the names of _HOMES, as the type checker sees them
     from hostsync.detector.events import CompiledInScope as CompiledInScope
     from hostsync.detector.events import SyncScopeError as SyncScopeError
     from hostsync.detector.frames import package_path as package_path
+    from hostsync.detector.patches import prepare as prepare
     from hostsync.detector.records import Cost as Cost
     from hostsync.detector.scope import HostTracking as HostTracking
     from hostsync.detector.scope import SyncScope as SyncScope
@@ -27,6 +28,7 @@ _HOMES = {
     "SyncScopeError": "events",
     "CompiledInScope": "events",
     "package_path": "frames",
+    "prepare": "patches",
     "AllowRule": "sites",
     "Site": "sites",
     "SiteCount": "sites",

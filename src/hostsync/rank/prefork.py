@@ -12,7 +12,8 @@ Nothing but imports happens before a fork: a rank script starts no process group
 no GPU at import, and PYTORCH_NVML_BASED_CUDA_CHECK keeps torch's CUDA probe (DeepSpeed picks
 its accelerator at import) from creating a CUDA context that a fork cannot inherit. One more
 import is DeepSpeed's CPU comm op, which each rank's `init_distributed` would otherwise load
-itself, running ninja and the compiler's checks first (`load_deepspeed_ops`).
+itself, running ninja and the compiler's checks first (`load_deepspeed_ops`). Where the script
+measures under the detector, what its first scope builds is built here (`detector.prepare`).
 
 The plan, written by `hostsync.launch.launchers`, is a `records.ForkPlan`: the script, its worlds
 (ranks, run folder, arguments, variables), whether to keep going, the snippet. Each rank calls
@@ -21,12 +22,13 @@ plan unless `keep_going` (independent runs, such as the census's setups). Exit s
 the first failing rank's.
 
 Trees that share an environment share one interpreter too (`shared_imports`): a
-`records.SharedForkPlan` (each tree's `ForkPlan`, with the tree's entries for the front of
-sys.path, its own variables, and where how it ended goes) imports once what the script imports
-before the project under test (torch, DeepSpeed, accelerate for sp-loss: most of the 7 s), then
-forks one child per tree, which puts the tree on sys.path, imports the script and runs the
-tree's plan: the import order is the script's own, and no tree's project is ever imported where
-another tree runs. The trees run in turn; a failed one stops the next.
+`records.SharedForkPlan` (each tree's `ForkPlan`, with the tree's entries for the front of sys.path,
+its own variables, and where how it ended goes) imports once what the script imports before the
+project under test (torch, DeepSpeed, accelerate for sp-loss: most of the 7 s), and the torch
+modules projects import lazily (`LAZY_TORCH`), then forks one child per tree, which puts the tree on
+sys.path, imports the script and runs the tree's plan: the import order is the script's own, and no
+tree's project is ever imported where another tree runs. The trees run in turn; a failed one stops
+the next.
 
 The snippet, a one-process script an issue quotes, runs last, as `python SNIPPET` would run it
 (as `__main__`, its output in its log) but forked from this interpreter, whose imports it
@@ -51,9 +53,14 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+from hostsync import detector
 from hostsync.detector.codec import load, write_file
 from hostsync.rank.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, free_port
 from hostsync.rank.records import ForkPlan, ForkSnippet, ForkWorld, SharedForkPlan, SnippetExit
+
+# torch's modules that the projects under test import lazily, after torch: transformers' models
+# and DeepSpeed both import dynamo, about 3 s of CPU that each tree would otherwise spend again.
+LAZY_TORCH = ("torch._dynamo",)
 
 
 def import_script(path: Path) -> ModuleType:
@@ -182,6 +189,9 @@ def run_trees(plan: SharedForkPlan) -> int:
     script, package = Path(plan.trees[0].plan.script), os.environ[TREE_PACKAGE_ENV]
     for name in shared_imports(script, package):
         importlib.import_module(name)
+    if "torch" in sys.modules:
+        for name in LAZY_TORCH:
+            importlib.import_module(name)
     if package in sys.modules:
         sys.exit(
             f"importing what {script} imports before {package} imported {package}"
@@ -214,6 +224,8 @@ def run_plan(plan: ForkPlan) -> int:
     """One tree's worlds, then its snippet, from one import of its script."""
     script = import_script(Path(plan.script))
     load_deepspeed_ops()
+    if "hostsync.detector.scope" in sys.modules:  # the script measures under the detector
+        detector.prepare()
     entry = getattr(script, "main", None)
     if entry is None:
         sys.exit(f"{plan.script} has no main(): the fork launcher runs the script's main")
