@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -412,6 +413,7 @@ def test_the_snippet_runs_after_the_ranks_in_the_interpreter_they_were_forked_fr
 # which process imported it: the interpreter the trees share, or each tree's own.
 SAYS_WHO_IMPORTED_WHAT = """
     import os
+    import time
 
     import torch.distributed as dist
     import where_imported
@@ -421,14 +423,18 @@ SAYS_WHO_IMPORTED_WHAT = """
     from hostsync.rank.protocol import rank_entry
 
     IMPORTED_IN = os.getpid()
+    IMPORTED_AT = time.monotonic()
 
 
     @rank_entry
     def main():
+        started = time.monotonic()
         dist.init_process_group("gloo")
+        dist.barrier()
         return {
             "shared_in": where_imported.PID, "imported_in": IMPORTED_IN,
             "transformers": transformers.__file__, "rank": dist.get_rank(),
+            "imported_at": IMPORTED_AT, "started": started, "ended": time.monotonic(),
         }
 """
 
@@ -442,30 +448,55 @@ def tree_jobs(tmp_path: Path, script: Path, trees: list[Tree]) -> list[tuple[Run
     return [(Run(tmp_path / tree.label, tree, layout), start) for tree in trees]
 
 
-@pytest.mark.distributed
-def test_trees_of_one_environment_share_the_imports_before_the_project_and_nothing_else(
-    tmp_path: Path, trees: dict[str, Tree], monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture(scope="module")
+def shared_ranks(
+    tmp_path_factory: pytest.TempPathFactory, trees: dict[str, Tree]
+) -> dict[str, list[dict[str, object]]]:
+    """What each rank of the pinned and the fixed tree said, launched from one interpreter."""
+    tmp_path = tmp_path_factory.mktemp("shared")
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "where_imported.py").write_text("import os\n\nPID = os.getpid()\n")
-    monkeypatch.setenv("PYTHONPATH", str(shared))
     script = write_script(tmp_path, SAYS_WHO_IMPORTED_WHAT)
-    pinned, fixed = trees["pinned"], trees["fixed"]
-    assert launchers.sharing_groups([pinned, fixed], Layout()) == [[pinned, fixed]]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("PYTHONPATH", str(shared))
+        found = launchers.fork_trees(tree_jobs(tmp_path, script, [trees["pinned"], trees["fixed"]]))
+    (([pinned], _), ([fixed], _)) = found
+    return {
+        "pinned": [report.payload for report in pinned],
+        "fixed": [report.payload for report in fixed],
+    }
 
-    found = launchers.fork_trees(tree_jobs(tmp_path, script, [pinned, fixed]))
 
-    (([pinned_reports], _), ([fixed_reports], _)) = found
-    pinned_ranks = [report.payload for report in pinned_reports]
-    fixed_ranks = [report.payload for report in fixed_reports]
+@pytest.mark.distributed
+def test_trees_of_one_environment_share_the_imports_before_the_project_and_nothing_else(
+    shared_ranks: dict[str, list[dict[str, object]]], trees: dict[str, Tree]
+) -> None:
+    pinned_ranks, fixed_ranks = shared_ranks["pinned"], shared_ranks["fixed"]
     ranks = pinned_ranks + fixed_ranks
+    assert launchers.sharing_groups([trees["pinned"], trees["fixed"]], Layout()) == [
+        [trees["pinned"], trees["fixed"]]
+    ]
     assert len({rank["shared_in"] for rank in ranks}) == 1  # one import, in the shared interpreter
     assert len({rank["imported_in"] for rank in pinned_ranks}) == 1  # the tree's own fork
     assert {rank["imported_in"] for rank in pinned_ranks} != {r["imported_in"] for r in fixed_ranks}
     assert ranks[0]["shared_in"] not in {rank["imported_in"] for rank in ranks}
-    for tree, its_ranks in ((pinned, pinned_ranks), (fixed, fixed_ranks)):
-        assert {Path(rank["transformers"]).parent.parent for rank in its_ranks} == {tree.src}
+    for name, its_ranks in shared_ranks.items():
+        assert {Path(str(rank["transformers"])).parent.parent for rank in its_ranks} == {
+            trees[name].src
+        }
+
+
+@pytest.mark.distributed
+def test_trees_import_side_by_side_and_run_one_after_another(
+    shared_ranks: dict[str, list[dict[str, object]]],
+) -> None:
+    def times(key: str, name: str) -> list[float]:
+        return [float(str(rank[key])) for rank in shared_ranks[name]]
+
+    imported = times("imported_at", "pinned") + times("imported_at", "fixed")
+    assert max(imported) < min(times("started", "pinned"))  # the fixed tree imported first
+    assert max(times("ended", "pinned")) < min(times("started", "fixed"))
 
 
 @pytest.mark.distributed
@@ -526,12 +557,16 @@ def test_rank_that_raises_is_named_and_nothing_survives(
 HUNG_AFTER_S = 120.0
 
 
+Hung = concurrent.futures.Future[tuple[Path, BaseException | None]]
+
+
 @pytest.fixture(scope="module")
 def hung_runs(
     tmp_path_factory: pytest.TempPathFactory, trees: dict[str, Tree]
-) -> dict[Launcher, tuple[Path, BaseException | None]]:
-    """A hung 2-rank run per launcher, all at once: each waits out its whole timeout, idle, so
-    they wait together. Per launcher: its folder, and what the launch raised."""
+) -> Iterator[dict[Launcher, Hung]]:
+    """A hung 2-rank run per launcher, all started at once: each waits out its whole timeout,
+    idle, beside the tests that run before theirs. Per launcher: its folder, and what the launch
+    raised."""
 
     def hang(launcher: Launcher) -> tuple[Path, BaseException | None]:
         folder = tmp_path_factory.mktemp(f"hung-{launcher.value}")
@@ -542,15 +577,24 @@ def hung_runs(
         return folder, None
 
     with concurrent.futures.ThreadPoolExecutor(len(LAUNCHERS)) as pool:
-        return dict(zip(LAUNCHERS, pool.map(hang, LAUNCHERS), strict=True))
+        yield {launcher: pool.submit(hang, launcher) for launcher in LAUNCHERS}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hung_runs_first(request: pytest.FixtureRequest) -> None:
+    """The hung runs start with the module's first test, where a test of theirs is selected."""
+    items = request.session.items
+    mine = [item for item in items if getattr(item, "module", None) is request.module]
+    if any("hung_runs" in getattr(item, "fixturenames", ()) for item in mine):
+        request.getfixturevalue("hung_runs")
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_hung_rank_is_killed_at_the_timeout_and_nothing_survives(
-    hung_runs: dict[Launcher, tuple[Path, BaseException | None]], launcher: Launcher
+    hung_runs: dict[Launcher, Hung], launcher: Launcher
 ) -> None:
-    folder, error = hung_runs[launcher]
+    folder, error = hung_runs[launcher].result()
     assert isinstance(error, RunFailed), error
     assert re.search(rf"run hung: no exit after {HUNG_AFTER_S:.0f} s", str(error)), error
 

@@ -56,7 +56,14 @@ from types import ModuleType
 from hostsync import detector
 from hostsync.detector.codec import load, write_file
 from hostsync.rank.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, free_port
-from hostsync.rank.records import ForkPlan, ForkSnippet, ForkWorld, SharedForkPlan, SnippetExit
+from hostsync.rank.records import (
+    ForkPlan,
+    ForkSnippet,
+    ForkTree,
+    ForkWorld,
+    SharedForkPlan,
+    SnippetExit,
+)
 
 # torch's modules that the projects under test import lazily, after torch: transformers' models
 # and DeepSpeed both import dynamo, about 3 s of CPU that each tree would otherwise spend again.
@@ -185,7 +192,10 @@ def _beside(script: Path, name: str) -> bool:
 
 def run_trees(plan: SharedForkPlan) -> int:
     """Each tree's plan in a fork of one interpreter that imported the script's shared modules
-    once; how each ended beside its plan. 0, or the first failing tree's status."""
+    once; how each ended beside its plan. 0, or the first failing tree's status.
+
+    The forks import their trees side by side, on every core; then they measure one at a time,
+    each after the one before has ended, on a machine where nothing else of the run works."""
     script, package = Path(plan.trees[0].plan.script), os.environ[TREE_PACKAGE_ENV]
     for name in shared_imports(script, package):
         importlib.import_module(name)
@@ -198,30 +208,79 @@ def run_trees(plan: SharedForkPlan) -> int:
             " itself: its trees cannot share one interpreter (give each tree its own launch)"
         )
     load_deepspeed_ops()
-    engine = sys.path.index(str(Path(__file__).resolve().parents[2]))  # the folder of hostsync
-    for tree in plan.trees:
-        started = time.monotonic()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            sys.path[engine:engine] = tree.path
-            os.environ.update(tree.env)
-
-            def rank(own: ForkPlan = tree.plan) -> None:
-                sys.exit(run_plan(own))
-
-            _run_rank(rank)
-        _, status = os.waitpid(pid, 0)
-        code = os.waitstatus_to_exitcode(status)
-        write_file(SnippetExit(code, time.monotonic() - started), Path(tree.exit))
+    trees = [_TreeFork(tree) for tree in plan.trees]
+    for tree in trees:
+        tree.imported()
+    for index, tree in enumerate(trees):
+        code = tree.run()
         if code:
+            for later in trees[index + 1 :]:
+                later.stop()
             return code if code > 0 else 128 - code
     return 0
 
 
-def run_plan(plan: ForkPlan) -> int:
-    """One tree's worlds, then its snippet, from one import of its script."""
+class _TreeFork:
+    """A fork that puts its tree on sys.path, imports the script, says so, and runs the tree's
+    plan when the parent lets it (one byte on its pipe); a closed pipe ends it unrun."""
+
+    def __init__(self, tree: ForkTree) -> None:
+        self.tree = tree
+        self.alive = False
+        self.ready, ready = os.pipe()
+        turn, self.turn = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:
+            for inherited in _PARENT_ENDS:  # only the parent may let an earlier fork run or end
+                os.close(inherited)
+            os.close(self.ready)
+            os.close(self.turn)
+            engine = sys.path.index(str(Path(__file__).resolve().parents[2]))  # hostsync's folder
+            sys.path[engine:engine] = tree.path
+            os.environ.update(tree.env)
+
+            def rank() -> None:
+                entry = imported_main(tree.plan)
+                os.write(ready, b"1")
+                if os.read(turn, 1):
+                    sys.exit(run_plan(tree.plan, entry))
+
+            _run_rank(rank)
+        os.close(ready)
+        os.close(turn)
+        _PARENT_ENDS.extend((self.ready, self.turn))
+
+    def imported(self) -> None:
+        """Wait until the fork has imported its script, or has ended trying."""
+        self.alive = os.read(self.ready, 1) == b"1"
+
+    def run(self) -> int:
+        """Let the fork run its plan; its exit status, written beside the plan too."""
+        started = time.monotonic()
+        if self.alive:
+            os.write(self.turn, b"1")
+        code = self._ended()
+        write_file(SnippetExit(code, time.monotonic() - started), Path(self.tree.exit))
+        return code
+
+    def stop(self) -> None:
+        """End the fork without running its plan (a tree before it failed)."""
+        os.close(self.turn)
+        self._ended()
+
+    def _ended(self) -> int:
+        _, status = os.waitpid(self.pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+
+# The pipe ends this interpreter keeps for the forks it made, which later forks close.
+_PARENT_ENDS: list[int] = []
+
+
+def imported_main(plan: ForkPlan) -> Callable[[], object]:
+    """The script's `main`, from one import of it, with what its ranks share built first."""
     script = import_script(Path(plan.script))
     load_deepspeed_ops()
     if "hostsync.detector.scope" in sys.modules:  # the script measures under the detector
@@ -229,6 +288,11 @@ def run_plan(plan: ForkPlan) -> int:
     entry = getattr(script, "main", None)
     if entry is None:
         sys.exit(f"{plan.script} has no main(): the fork launcher runs the script's main")
+    return entry  # type: ignore[no-any-return]
+
+
+def run_plan(plan: ForkPlan, entry: Callable[[], object]) -> int:
+    """One tree's worlds, then its snippet, each rank calling `entry`."""
     first_failure = 0
     for world in plan.worlds:
         Path(world.run_dir).mkdir(parents=True, exist_ok=True)
@@ -246,8 +310,13 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     data = json.loads(Path(plan_file).read_text())
     plan = load(SharedForkPlan if "trees" in data else ForkPlan, data, plan_file)
-    return run_trees(plan) if isinstance(plan, SharedForkPlan) else run_plan(plan)
+    if isinstance(plan, SharedForkPlan):
+        return run_trees(plan)
+    return run_plan(plan, imported_main(plan))
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # every fork has ended; tearing torch and DeepSpeed down takes a second
