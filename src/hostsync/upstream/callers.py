@@ -150,10 +150,10 @@ def _reaches(
     parent = isinstance(func.value, ast.Call) and _called(func.value) == "super"
     if (own or parent) and within:
         start = classes(within) if own else _bases(classes(within), classes)
-        definers = _definers(func.attr, start, classes)
-        if definers is None:  # inherited from outside the package
-            return True if not classes(owner) else None
-        return True if owner in definers else None
+        definers, left = _definers(func.attr, start, classes)
+        if owner in definers or (left and not definers and not classes(owner)):
+            return True  # the method's class, or a base outside the package that may be it
+        return None
     others = classes.defining(func.attr) - {owner}
     return all(owner in _ancestors(name, classes) for name in others)
 
@@ -205,10 +205,11 @@ def _bases(found: list[_Class], classes: _Classes) -> list[_Class]:
     ]
 
 
-def _definers(method: str, start: list[_Class], classes: _Classes) -> set[str] | None:
-    """The names of the nearest classes from `start` up that define `method`; None where a
-    line of bases leaves the package first."""
+def _definers(method: str, start: list[_Class], classes: _Classes) -> tuple[set[str], bool]:
+    """The names of the nearest classes from `start` up that define `method`, and whether a
+    line of bases leaves the package before one does."""
     definers: set[str] = set()
+    left = False
     queue = list(start)
     seen: set[_Class] = set()
     while queue:
@@ -220,10 +221,9 @@ def _definers(method: str, start: list[_Class], classes: _Classes) -> set[str] |
             definers.add(current.name)
             continue
         inside = [c for b in current.bases for c in classes(b)]
-        if not inside:
-            return None
+        left = left or not inside
         queue += inside
-    return definers
+    return definers, left
 
 
 def _ancestors(name: str, classes: _Classes) -> set[str]:
