@@ -4,11 +4,16 @@ calls each rule of the search decides."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from hostsync.upstream.callers import calls, parameters
 from hostsync.upstream.presence import sdist_sources
+from hostsync.workspace import cases
 from hostsync.workspace.cases import load as load_case
+from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.layout import ROOT, Layout
 from hostsync.workspace.projects import PROJECTS
 
@@ -133,3 +138,29 @@ def test_a_method_a_class_only_inherits_or_shares_the_name_of_is_not_its_callers
     lines = [c.line for c in calls(SOURCES, PACKAGE, target) if c.sure]
 
     assert lines == ([22] if target == "Other.clip" else [])
+
+
+@pytest.mark.parametrize(
+    ("table", "complaint"),
+    [
+        (
+            'function = "torch.nn.utils.clip_grad_norm_"\nprojects = ["accelerate"]',
+            "upstream.callers[0].function: must be `Class.method` or a function's name",
+        ),
+        (
+            'function = "clip_grad_norm_"\nprojects = ["torch"]',
+            "upstream.callers[0].projects: must name projects of transformers",
+        ),
+    ],
+)
+def test_a_card_s_callers_are_checked_when_it_is_read(
+    tmp_path: Path, table: str, complaint: str
+) -> None:
+    card = tmp_path / "cases" / "sp-loss.toml"
+    card.parent.mkdir()
+    card.write_text(
+        cases.card_path(ROOT, "sp-loss").read_text() + "\n[[upstream.callers]]\n" + table
+    )
+
+    with pytest.raises(WorkspaceError, match=re.escape(f"cases/sp-loss.toml: {complaint}")):
+        load_case(tmp_path, "sp-loss")
