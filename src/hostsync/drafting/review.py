@@ -387,7 +387,10 @@ def _listed(calls: list[Any]) -> str:
     for call in calls:
         function = call["function"].rpartition(".")[2]
         functions.setdefault(function, []).append(f"`{call['file']}:{call['line']}`")
-    named = [f"{', '.join(lines)} (`{function}`)" for function, lines in functions.items()]
+    named = [
+        ", ".join(lines) + (f" (`{function}`)" if function else "")
+        for function, lines in functions.items()
+    ]
     return " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
 
 

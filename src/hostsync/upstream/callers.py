@@ -144,8 +144,10 @@ def _reaches(
     while isinstance(root, ast.Attribute):
         root = root.value
     on_module = isinstance(root, ast.Name) and root.id in modules and root.id != owner
-    if not owner or on_module:
-        return True if on_module and not owner else None
+    if not owner:  # a function: called by its name, alone or through a module
+        return True if on_module else None
+    if on_module:
+        return None
     own = isinstance(func.value, ast.Name) and func.value.id in ("self", "cls")
     parent = isinstance(func.value, ast.Call) and _called(func.value) == "super"
     if (own or parent) and within:
