@@ -564,3 +564,77 @@ def test_a_patched_tree_s_site_is_cited_at_the_pinned_release_s_line(workspace: 
         "`pkg/utils.py:233` `is_invalid` (1 sync, none stalls);"
         " `pkg/utils.py:250` `to_inf` (1 sync, none stalls)"
     )
+
+
+def with_callers(layout: Layout, table: str) -> None:
+    """The workspace's card with one `[[upstream.callers]]` table more (no result goes stale)."""
+    card = cases.card_path(layout.root, layout.case)
+    card.write_text(card.read_text() + "\n[[upstream.callers]]\n" + table)
+
+
+def test_a_draft_names_the_callers_the_release_holds_not_typed_ones(drafted: Layout) -> None:
+    """Who calls the changed function is read in the release (its own project's files cited
+    by their shortest unique path), and every line cited is checked there like any other."""
+    with_callers(drafted, 'function = "Trainer.compute_loss"\nprojects = ["transformers"]\n')
+    draft(
+        drafted, TEMPLATE + "`compute_loss` is called {{callers:'Trainer.compute_loss'|callers}}.\n"
+    )
+
+    (path,) = review.review(made.case_of(drafted))
+
+    assert path.read_text().endswith(
+        "`compute_loss` is called in transformers 5.13.1 at `trainer.py:1915` (`training_step`)"
+        " and\n`trainer.py:2982` (`prediction_step`).\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("table", "refusal"),
+    [
+        (
+            'function = "Trainer.compute_loss"\nprojects = ["transformers"]\n'
+            'without = ["num_items_in_batch"]\n',
+            r"transformers 5.13.1's `transformers/trainer.py:1915` passes num_items_in_batch to"
+            r" Trainer.compute_loss, which cases/sp-loss.toml's \[\[upstream.callers\]\] says no"
+            " caller passes",
+        ),
+        (
+            'function = "Trainer.compute_los"\nprojects = ["transformers"]\n',
+            "names Trainer.compute_los, which transformers 5.13.1 does not define",
+        ),
+        (
+            'function = "Trainer.compute_loss"\nprojects = ["trl"]\n',
+            "searches trl, which the repro did not run beside",
+        ),
+    ],
+)
+def test_a_card_s_callers_the_release_contradicts_are_refused(
+    drafted: Layout, table: str, refusal: str
+) -> None:
+    """What the card says of the callers is checked in the release: an argument it says no
+    caller passes, a function the release lacks, a project the repro did not run beside."""
+    with_callers(drafted, table)
+
+    with pytest.raises(WorkspaceError, match=refusal):
+        review.review(made.case_of(drafted))
+
+
+def test_calls_are_said_by_release_the_unsure_apart_and_none_as_nowhere() -> None:
+    call = {"file": "pkg/a.py", "function": "A.step", "sure": True}
+    releases = [
+        {
+            "project": "deepspeed",
+            "version": "0.19.8",
+            "calls": [
+                call | {"line": 3},
+                call | {"line": 9},
+                call | {"line": 20, "function": "loop", "sure": False},
+            ],
+        },
+        {"project": "trl", "version": "1.16.0", "calls": []},
+    ]
+
+    assert review.fill("{{callers:f|callers}}", {"callers": {"f": releases}}) == (
+        "in deepspeed 0.19.8 at `pkg/a.py:3`, `pkg/a.py:9` (`step`), and maybe at `pkg/a.py:20`"
+        " (`loop`), on a receiver of unknown class; in trl 1.16.0 nowhere"
+    )

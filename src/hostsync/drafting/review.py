@@ -15,16 +15,21 @@ template), with every figure a query over the latest results:
     {{repro:sites[tree=patched,scenario=zero1]|copies}}     its blocking copies to the device
     {{repro:sites[tree=patched,scenario=zero1]|waits}}      both, each named as what it is
     {{repro:sites[tree=pinned,function=step]|stalls}}       which stall, and for what, by site
+    {{callers:'Accelerator.clip_grad_norm_'|callers}}       who calls the changed function
 
 A path walks dicts by key and maps over lists; `[key=value,...]` keeps the list items that
 match. Reducers: first (the default), last, max, min, sum, count, join, and a number n: the n-th
 value (`|2`); `reads`, `copies`, `waits` and `stalls` list a repro's sites
 (`hostsync.drafting.sites`), so that what a fix leaves and where a wait goes are the
-accounting's, not a draft's, and a read is never counted as a copy. Results measured against
-another pin.toml, card, patch series or case script (the snippet an issue quotes among them) are
-stale: `review` names them and refuses, or reruns their commands with `--rerun`; a result of
-another case, one that measured nothing or a proof that failed is refused outright, and so is a
-proof whose new test passes on the pinned release, unless the card names it a guard. A bisect and
+accounting's, not a draft's, and a read is never counted as a copy. Who calls the function a
+fix changes is never typed either: `callers` lists, for each function of the card's
+`[[upstream.callers]]`, its calls in each project's release the repro ran beside
+(`hostsync.upstream.callers`), and refuses a call that passes what the card says none passes.
+Results measured against another pin.toml, card, patch series or case script (the snippet an
+issue quotes among them) are stale: `review` names them and refuses, or reruns their commands
+with `--rerun`; a result of another case, one that measured nothing or a proof that failed is
+refused outright, and so is a proof whose new test passes on the pinned release, unless the card
+names it a guard. A bisect and
 GPU evidence (`gpu` results, made by `gpu/case_on_gpu.py` on a GPU machine and copied into
 profiles/<case>/) are optional: cited when fresh, left out with a warning when stale. Each draft
 is checked before it is written (`hostsync.drafting.drafts`): its length, no word of this workspace,
@@ -48,9 +53,9 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hostsync.detector.codec import dump
@@ -64,6 +69,7 @@ from hostsync.measure.records import Outcome, ReproResult, TestPatchResult, Verd
 from hostsync.measure.test_patch import RED_TREE, SERIES
 from hostsync.profiling.records import GpuResult, ProfileResult
 from hostsync.upstream import patchqueue
+from hostsync.upstream.callers import calls, parameters
 from hostsync.upstream.presence import sdist_sources
 from hostsync.upstream.sdists import pypi_sdist
 from hostsync.workspace import results
@@ -87,6 +93,7 @@ SOURCES = (
     "snippet",
     "series",
     "defaults",
+    "callers",
 )
 REFERENCE = "reference"
 # What a comment on an open PR cites to say which of the PR's changes its figures are of.
@@ -95,6 +102,8 @@ PLACEHOLDER = re.compile(r"\{\{\s*(?P<source>\w+):(?P<path>[^|}]+?)(?:\|(?P<redu
 SEGMENT = re.compile(r"(?:'(?P<quoted>[^']*)'|(?P<name>[^.\[\]']+))(?:\[(?P<filters>[^\]]*)\])?\.?")
 # A run's settings beside the Trainer's defaults they differ from (the `defaults` source).
 SETTINGS, DEFAULTS, TRAINER_ARGUMENTS = "settings", "defaults", "TrainingArguments"
+# Who calls the function a fix changes, read in the releases (the `callers` source and reducer).
+CALLERS = "callers"
 REDUCERS: dict[str, Callable[[list[Any]], Any]] = {
     "max": max,
     "min": min,
@@ -108,6 +117,7 @@ REDUCERS: dict[str, Callable[[list[Any]], Any]] = {
     "waits": sites.waits,
     "stalls": sites.stalls,
     SETTINGS: lambda values: values,
+    CALLERS: lambda releases: said_callers(releases),
 }
 
 
@@ -353,6 +363,47 @@ def _shown(value: Any) -> str:
     return repr(value) if isinstance(value, str) else drafts.number(value)
 
 
+def said_callers(releases: list[Any]) -> str:
+    """Where each release searched calls the function, those whose receiver's class is not
+    known apart: "in transformers 5.24.0 at `transformers/trainer.py:2787` (`_clip_grad_norm`);
+    in trl 1.16.0 nowhere"."""
+    said = []
+    for release in releases:
+        sure = [call for call in release["calls"] if call["sure"]]
+        unsure = [call for call in release["calls"] if not call["sure"]]
+        where = [f"at {_listed(sure)}"] if sure else []
+        if unsure:
+            where.append(f"maybe at {_listed(unsure)}, on a receiver of unknown class")
+        said.append(
+            f"in {release['project']} {release['version']} {', and '.join(where) or 'nowhere'}"
+        )
+    return "; ".join(said)
+
+
+def _listed(calls: list[Any]) -> str:
+    """`a.py:1`, `a.py:9` (`f`) and `b.py:4` (`g`): the calls in one function together, named
+    as a repro's sites name theirs (`step`, not `Class.step`)."""
+    functions: dict[str, list[str]] = {}
+    for call in calls:
+        function = call["function"].rpartition(".")[2]
+        functions.setdefault(function, []).append(f"`{call['file']}:{call['line']}`")
+    named = [
+        ", ".join(lines) + (f" (`{function}`)" if function else "")
+        for function, lines in functions.items()
+    ]
+    return " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
+
+
+def shortest(path: str, files: Iterable[str]) -> str:
+    """The shortest end of `path` that no other of `files` ends with: `stage_1_and_2.py`."""
+    parts = PurePosixPath(path).parts
+    for n in range(1, len(parts)):
+        end = "/".join(parts[-n:])
+        if sum(1 for file in files if file == end or file.endswith("/" + end)) == 1:
+            return end
+    return path
+
+
 def trainer_defaults(source: Sources, version: str) -> dict[str, Any]:
     """The defaults of `TrainingArguments` fields, read from a transformers release's source."""
     text = source.get("src/transformers/training_args.py", "")
@@ -453,7 +504,7 @@ def documents(layout: Layout, case: Case, sources: dict[str, Source]) -> dict[st
         if patch.name not in case.card.tests.workspace_only
         for path, text in patchqueue.added_files(patch).items()
     ]
-    absent: dict[str, Any] = {kind.KIND: {} for kind in OPTIONAL_KINDS}
+    absent: dict[str, Any] = {kind.KIND: {} for kind in OPTIONAL_KINDS} | {CALLERS: {}}
     return (
         absent
         | {kind: source.data for kind, source in sources.items()}
@@ -484,6 +535,52 @@ def defaults(
     if not version:
         return {}
     return {TRAINER_ARGUMENTS: trainer_defaults(release(trainer, version), version)}
+
+
+def found_callers(
+    case: Case, sources: dict[str, Source], release: Callable[[str, str], Sources]
+) -> dict[str, Any]:
+    """The `callers` source: for each function of the card's `[[upstream.callers]]`, the calls
+    of it in each project's release the repro ran beside (the case's own at its pin)."""
+    repro = sources.get(ReproResult.KIND)
+    environment = repro.result.document().get("environment", {}) if repro else {}
+    own, pinned = case.project.name, case.card.pin.version
+    card = f"cases/{case.name}.toml's [[upstream.callers]]"
+    found: dict[str, Any] = {}
+    for entry in case.upstream.callers:
+        signature = parameters(release(own, pinned), entry.function)
+        if signature is None:
+            raise WorkspaceError(
+                f"{card} names {entry.function}, which {own} {pinned} does not define: name a"
+                " function or `Class.method` of the pinned release"
+            )
+        releases = []
+        for project in entry.projects:
+            version = pinned if project == own else environment.get(project)
+            if not version:
+                raise WorkspaceError(
+                    f"{card} searches {project}, which the repro did not run beside: drop it, or"
+                    f" install it in the case's environment and rerun `nox -s repro -- --case"
+                    f" {case.name}`"
+                )
+            found_calls = calls(
+                release(project, version), PROJECTS[project], entry.function, signature
+            )
+            for call in found_calls:
+                passed = sorted(set(call.passes) & {"*", *entry.without}) if entry.without else []
+                if passed:
+                    raise WorkspaceError(
+                        f"{project} {version}'s `{call.file}:{call.line}` passes"
+                        f" {', '.join(passed)} to {entry.function}, which {card} says no caller"
+                        " passes (`without`): mend the card and the drafts that say so"
+                    )
+            cited = dump(found_calls)
+            if project == own:  # a draft cites its own project's files as short as they stay one
+                for call in cited:
+                    call["file"] = shortest(call["file"], release(project, version))
+            releases.append({"project": project, "version": version, "calls": cited})
+        found[entry.function] = releases
+    return found
 
 
 def release_source(case: Case) -> Callable[[str, str], Sources]:
@@ -554,6 +651,8 @@ def review(case: Case, rerun: bool = False, refresh: bool = False) -> list[Path]
         for t in templates(layout)
     ):
         found[DEFAULTS] = defaults(case, sources, source)
+    if case.upstream.callers:
+        found[CALLERS] = found_callers(case, sources, source)
     repro = sources.get(ReproResult.KIND)
     verdicts = repro.result.verdicts if repro and isinstance(repro.result, ReproResult) else ()
     filled = {}

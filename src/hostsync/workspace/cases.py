@@ -116,6 +116,30 @@ class Guard(Strict):
 
 
 @dataclass(frozen=True)
+class Callers(Strict):
+    """A function the fix changes, whose callers the drafts name (`[[upstream.callers]]`):
+    `function` is `Class.method` or a function's name; each of `projects` is searched in the
+    release the repro ran beside (the case's own at its pin), never typed. `without`: the
+    arguments the drafts say no caller passes."""
+
+    function: str
+    projects: tuple[str, ...]
+    without: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        parts = self.function.split(".")
+        if len(parts) > 2 or not all(part.isidentifier() for part in parts):
+            raise RecordError("function", "must be `Class.method` or a function's name")
+        unknown = sorted(set(self.projects) - set(projects.PROJECTS))
+        if not self.projects or unknown:
+            raise RecordError(
+                "projects",
+                f"must name projects of {', '.join(projects.PROJECTS)}"
+                + (f", not {', '.join(unknown)}" if unknown else ""),
+            )
+
+
+@dataclass(frozen=True)
 class Upstream(Strict):
     """What upstream knows of the bug, and where that was seen: `seen` starts with the date of
     the newest record read (a thread's last entry, a release), not the day it was read."""
@@ -143,6 +167,8 @@ class Upstream(Strict):
     # The series' tests that pass without the fix by design (`[[upstream.guards]]`): any other
     # that passes there proves nothing, and `review` refuses it.
     guards: tuple[Guard, ...] = ()
+    # The functions the fix changes whose callers the drafts name (`[[upstream.callers]]`).
+    callers: tuple[Callers, ...] = ()
 
     def __post_init__(self) -> None:
         keys = [(thread.repository, thread.number) for thread in self.threads]
