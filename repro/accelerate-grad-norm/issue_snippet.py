@@ -20,6 +20,6 @@ model = torch.nn.Linear(4, 1)
 loader = torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=8)
 model, optimizer, loader = accelerator.prepare(model, torch.optim.AdamW(model.parameters()), loader)
 accelerator.backward(model(next(iter(loader))).pow(2).mean())  # the engine's step runs here
-with CountHostReads() as reads:  # what every caller does after backward, on every optimizer step
+with CountHostReads() as reads:  # the clip a training loop makes after backward, each optimizer step
     grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm=1.0)
 print(f"accelerate {accelerate.__version__}, deepspeed {deepspeed.__version__}, torch {torch.__version__}: {reads.count} host read(s) in clip_grad_norm_, which returned a {type(grad_norm).__name__}")
