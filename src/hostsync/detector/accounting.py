@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -116,37 +116,20 @@ class DetectorMode(TorchDispatchMode):
     ) -> object:
         compiling = _set_eval_frame(None)
         try:
-            if self._judging is not None and _decomposes(func):
+            op = _OPS.get(id(func)) or _op(func)
+            if op.decomposes and self._judging is not None:
                 with _above_autograd(self._judging):
-                    return self.dispatch(func, args, kwargs or {})
-            return self.dispatch(func, args, kwargs or {})
+                    return self.dispatch(op, args, kwargs or {})
+            return self.dispatch(op, args, kwargs or {})
         finally:
             _set_eval_frame(compiling)
 
-    def dispatch(
-        self, func: torch._ops.OpOverload, args: tuple[object, ...], kwargs: dict[str, object]
-    ) -> object:
+    def dispatch(self, op: Op, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
         """One aten call, which the mode runs (torch pops it for the call)."""
-        return func(*args, **kwargs)
+        return op.call(*args, **kwargs)
 
 
-# Operators autograd decomposes before a mode sees them: one reaches a mode only for tensors
-# with no autograd key (made under inference_mode), and the detector's kernels would take its
-# parts for calls below autograd (the mode runs there). Kept once per process.
-_COMPOSITE: dict[object, bool] = {}
 _BELOW_AUTOGRAD = torch._C.DispatchKey.ADInplaceOrView
-
-
-def _decomposes(func: object) -> bool:
-    """Whether `func` is CompositeImplicitAutograd (`item`), kept in `_COMPOSITE`."""
-    composite = _COMPOSITE.get(func)
-    if composite is None:
-        composite = _COMPOSITE[func] = isinstance(
-            func, torch._ops.OpOverload
-        ) and torch._C._dispatch_has_kernel_for_dispatch_key(
-            func.name(), "CompositeImplicitAutograd"
-        )
-    return composite
 
 
 @contextmanager
@@ -182,9 +165,18 @@ class _Tally:
         return DeviceWork(self.kernels, self.collectives, self.bytes, self.flops)
 
 
-class _Op(NamedTuple):
-    """What one operator is to the accounting, decided once per process from its schema."""
+class Op(NamedTuple):
+    """What one operator is to the detector's modes, decided once per process from its schema.
 
+    `call` runs it: an OpOverload's C++ callable, without its Python `__call__`. `decomposes`:
+    autograd decomposes it before a mode sees it (CompositeImplicitAutograd, `item`); one
+    reaches a mode only for tensors with no autograd key (made under inference_mode), and the
+    detector's kernels would take its parts for calls below autograd (the mode runs there).
+    """
+
+    func: object  # kept alive, so that its id names it in `_OPS`
+    call: Callable[..., object]
+    decomposes: bool
     higher_order: bool
     collective: bool
     view: bool
@@ -194,20 +186,26 @@ class _Op(NamedTuple):
     formula: Callable[..., int] | None
 
 
-_OPS: dict[torch._ops.OpOverload, _Op] = {}
+# By the operator's id: an operator's own hash is a Python call.
+_OPS: dict[int, Op] = {}
 
 
-def _op(func: torch._ops.OpOverload) -> _Op:
-    """`func` to the accounting, kept in `_OPS`."""
+def _op(func: torch._ops.OpOverload) -> Op:
+    """`func` to the detector's modes, kept in `_OPS`."""
     if isinstance(func, torch._ops.HigherOrderOperator):
-        op = _OPS[func] = _Op(True, False, False, False, False, (), None)
+        op = _OPS[id(func)] = Op(func, func, False, True, False, False, False, False, (), None)
         return op
     written = tuple(
         (index, argument.name)
         for index, argument in enumerate(func._schema.arguments)
         if argument.alias_info is not None and argument.alias_info.is_write
     )
-    op = _OPS[func] = _Op(
+    op = _OPS[id(func)] = Op(
+        func=func,
+        call=func._op if type(func) is torch._ops.OpOverload else func,
+        decomposes=torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), "CompositeImplicitAutograd"
+        ),
         higher_order=False,
         collective=func.namespace == "c10d",
         view=func.is_view,
@@ -238,7 +236,8 @@ class Accounting(DetectorMode):
         self.host = host
         self.windows: list[Window] = []
         self.step = 0
-        self._total = _Tally()
+        # The work up to the host's last wait, and the work queued since: their sum is the total.
+        self._waited = DeviceWork()
         self._total_at_step = DeviceWork()
         self._locate = locate
         self._queued = _Tally()
@@ -253,30 +252,28 @@ class Accounting(DetectorMode):
     @property
     def total(self) -> DeviceWork:
         """The device work counted so far."""
-        return self._total.work
+        with self._lock:
+            return self._waited + self._queued.work
 
-    def dispatch(
-        self, func: torch._ops.OpOverload, args: tuple[object, ...], kwargs: dict[str, object]
-    ) -> object:
+    def dispatch(self, op: Op, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
         opening = self._opening
         if opening is not None:
-            return self._in_window(opening, func, args, kwargs)
-        result = func(*args, **kwargs)
-        self._launch(_OPS.get(func) or _op(func), args, kwargs, result)
+            return self._in_window(opening, op, args, kwargs)
+        result = op.call(*args, **kwargs)
+        self._launch(op, args, kwargs, result)
         return result
 
     def _in_window(
         self,
         opening: _Opening,
-        func: torch._ops.OpOverload,
+        op: Op,
         args: tuple[object, ...],
         kwargs: dict[str, object],
     ) -> object:
         """One call while a window is open: the first to launch ends it, the others are the
         host time inside it."""
         entered = time.perf_counter_ns()
-        result = func(*args, **kwargs)
-        op = _OPS.get(func) or _op(func)
+        result = op.call(*args, **kwargs)
         if op.higher_order:
             return result
         returned = time.perf_counter_ns()
@@ -290,14 +287,14 @@ class Accounting(DetectorMode):
         return result
 
     def _launch(
-        self, op: _Op, args: tuple[object, ...], kwargs: dict[str, object], result: object
+        self, op: Op, args: tuple[object, ...], kwargs: dict[str, object], result: object
     ) -> bool:
         """Count the device work of one call; whether it launched any. Views, allocations and
         work on host memory launch none (all of it while `hosting`); what is computed from host
         memory alone is host memory too."""
         inputs = _tensor_list(args)
         if kwargs:
-            inputs += _tensor_list(kwargs)
+            inputs += _tensor_list(kwargs.values())
         if op.collective and not self._hosting:
             kernels, collectives, flops = 1, 1, 0
             moved = sum(tensor.nbytes for tensor in inputs)
@@ -309,7 +306,7 @@ class Accounting(DetectorMode):
                 self.host.viewed(inputs[0], result)
             if not op.launches or self._hosting:
                 return False
-            outputs = [result] if type(result) is torch.Tensor else _tensor_list(result)
+            outputs = [result] if type(result) is torch.Tensor else _tensor_list((result,))
             if not outputs and op.written:
                 outputs = _written(op, args, kwargs)
             if not outputs and not op.reads_after_kernels:
@@ -318,7 +315,6 @@ class Accounting(DetectorMode):
             flops = int(op.formula(*args, **kwargs, out_val=result)) if op.formula else 0
             moved = _bytes(inputs + outputs)
         with self._lock:
-            self._total.add(kernels, collectives, moved, flops)
             self._queued.add(kernels, collectives, moved, flops)
             self._last = (id(result), kernels, collectives, moved, flops)
         return True
@@ -398,6 +394,7 @@ class Accounting(DetectorMode):
         """The host waits for the device now: the work it waits for (empty when free)."""
         with self._lock:
             queued, self._queued, self._last = self._queued.work, _Tally(), None
+            self._waited += queued
         return queued
 
     def retract(self, made: torch.Tensor) -> None:
@@ -405,7 +402,6 @@ class Accounting(DetectorMode):
         with self._lock:
             if self._last is not None and self._last[0] == id(made):
                 kernels, collectives, moved, flops = self._last[1:]
-                self._total.add(-kernels, -collectives, -moved, -flops)
                 self._queued.add(-kernels, -collectives, -moved, -flops)
                 self._last = None
 
@@ -430,31 +426,36 @@ def _dispatch_ns() -> float:
     return max(0.0, (passed - plain) / calls)
 
 
-def _tensor_list(values: object) -> list[torch.Tensor]:
-    """The tensors in `values`, or in its lists, tuples and dicts."""
-    if isinstance(values, torch.Tensor):
-        return [values]
+_NESTED = (list, tuple, dict)
+
+
+def _tensor_list(values: Iterable[object]) -> list[torch.Tensor]:
+    """The tensors among `values`, and in their lists, tuples and dicts, in order."""
     found: list[torch.Tensor] = []
-    if isinstance(values, dict):
-        values = tuple(values.values())
-    if isinstance(values, list | tuple):
-        for value in values:
-            if isinstance(value, torch.Tensor):
-                found.append(value)
-            elif isinstance(value, list | tuple | dict):
-                found += _tensor_list(value)
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, _NESTED):
+            found += _tensor_list(value.values() if isinstance(value, dict) else value)
     return found
 
 
-def _written(op: _Op, args: tuple[object, ...], kwargs: dict[str, object]) -> list[torch.Tensor]:
+def _written(op: Op, args: tuple[object, ...], kwargs: dict[str, object]) -> list[torch.Tensor]:
     """The tensors a call writes in place: what `_foreach_*_` and the fused optimizers update,
     though they return nothing."""
     found: list[torch.Tensor] = []
     for index, name in op.written:
-        found += _tensor_list(args[index] if index < len(args) else kwargs.get(name))
+        found += _tensor_list((args[index] if index < len(args) else kwargs.get(name),))
     return found
 
 
 def _bytes(tensors: list[torch.Tensor]) -> int:
     """The bytes of `tensors`, each counted once."""
-    return sum({id(tensor): tensor.nbytes for tensor in tensors}.values())
+    seen = set()
+    moved = 0
+    for tensor in tensors:
+        key = id(tensor)
+        if key not in seen:
+            seen.add(key)
+            moved += tensor.nbytes
+    return moved
