@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -119,8 +120,8 @@ class DetectorMode(TorchDispatchMode):
             op = _OPS.get(id(func)) or _op(func)
             if op.decomposes and self._judging is not None:
                 with _above_autograd(self._judging):
-                    return self.dispatch(op, args, kwargs or {})
-            return self.dispatch(op, args, kwargs or {})
+                    return self.dispatch(op, args, kwargs or _NO_KWARGS)
+            return self.dispatch(op, args, kwargs or _NO_KWARGS)
         finally:
             _set_eval_frame(compiling)
 
@@ -130,6 +131,8 @@ class DetectorMode(TorchDispatchMode):
 
 
 _BELOW_AUTOGRAD = torch._C.DispatchKey.ADInplaceOrView
+# A call's keywords where it has none: read, never written.
+_NO_KWARGS: dict[str, object] = {}
 
 
 @contextmanager
@@ -163,6 +166,12 @@ class _Tally:
     @property
     def work(self) -> DeviceWork:
         return DeviceWork(self.kernels, self.collectives, self.bytes, self.flops)
+
+
+# One call's work: its result's id, kernels, collectives, bytes and FLOPs.
+_Call = tuple[int, int, int, int, int]
+# Calls whose work waits to be added up, at most.
+_FOLDED_AT = 1024
 
 
 class Op(NamedTuple):
@@ -237,12 +246,15 @@ class Accounting(DetectorMode):
         self.windows: list[Window] = []
         self.step = 0
         # The work up to the host's last wait, and the work queued since: their sum is the total.
+        # Each call's work is appended to `_calls` (an append needs no lock), added up into
+        # `_queued` when read, or when `_FOLDED_AT` calls wait there.
         self._waited = DeviceWork()
         self._total_at_step = DeviceWork()
         self._locate = locate
         self._queued = _Tally()
-        # The last call that launched work: its result's id and its work.
-        self._last: tuple[int, int, int, int, int] | None = None
+        self._calls: deque[_Call] = deque()
+        # The last call that launched work.
+        self._last: _Call | None = None
         self._opening: _Opening | None = None
         self._hosting = 0
         self._per_dispatch = _dispatch_ns()
@@ -253,6 +265,7 @@ class Accounting(DetectorMode):
     def total(self) -> DeviceWork:
         """The device work counted so far."""
         with self._lock:
+            self._fold()
             return self._waited + self._queued.work
 
     def dispatch(self, op: Op, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
@@ -292,32 +305,47 @@ class Accounting(DetectorMode):
         """Count the device work of one call; whether it launched any. Views, allocations and
         work on host memory launch none (all of it while `hosting`); what is computed from host
         memory alone is host memory too."""
-        inputs = _tensor_list(args)
+        tensors = _tensor_list(args)  # its inputs, then its outputs
         if kwargs:
-            inputs += _tensor_list(kwargs.values())
+            tensors += _tensor_list(kwargs.values())
         if op.collective and not self._hosting:
             kernels, collectives, flops = 1, 1, 0
-            moved = sum(tensor.nbytes for tensor in inputs)
+            moved = sum(tensor.nbytes for tensor in tensors)
         else:
-            if inputs and all(map(self.host.holds, inputs)):
+            holds = self.host.holds  # the first called from Python: most are no host memory
+            if tensors and holds(tensors[0]) and all(map(holds, tensors)):
                 self.host.made(result)
                 return False
-            if op.view and inputs:
-                self.host.viewed(inputs[0], result)
+            if op.view and tensors:
+                self.host.viewed(tensors[0], result)
             if not op.launches or self._hosting:
                 return False
-            outputs = [result] if type(result) is torch.Tensor else _tensor_list((result,))
-            if not outputs and op.written:
-                outputs = _written(op, args, kwargs)
-            if not outputs and not op.reads_after_kernels:
-                return False
+            if type(result) is torch.Tensor:
+                tensors.append(result)
+            else:
+                outputs = _tensor_list((result,))
+                if not outputs and op.written:
+                    outputs = _written(op, args, kwargs)
+                if not outputs and not op.reads_after_kernels:
+                    return False
+                tensors += outputs
             kernels, collectives = 1, 0
             flops = int(op.formula(*args, **kwargs, out_val=result)) if op.formula else 0
-            moved = _bytes(inputs + outputs)
-        with self._lock:
-            self._queued.add(kernels, collectives, moved, flops)
-            self._last = (id(result), kernels, collectives, moved, flops)
+            moved = _bytes(tensors)
+        call = self._last = (id(result), kernels, collectives, moved, flops)
+        calls = self._calls
+        calls.append(call)
+        if len(calls) >= _FOLDED_AT:
+            with self._lock:
+                self._fold()
         return True
+
+    def _fold(self) -> None:
+        """The calls appended so far, added up into `_queued` (the lock held)."""
+        calls, queued = self._calls, self._queued
+        while calls:
+            _, kernels, collectives, moved, flops = calls.popleft()
+            queued.add(kernels, collectives, moved, flops)
 
     def drained(self, site: Site) -> None:
         """A stall at `site` has just returned: the device idles from now until the next launch."""
@@ -393,6 +421,7 @@ class Accounting(DetectorMode):
     def waited(self) -> DeviceWork:
         """The host waits for the device now: the work it waits for (empty when free)."""
         with self._lock:
+            self._fold()
             queued, self._queued, self._last = self._queued.work, _Tally(), None
             self._waited += queued
         return queued
