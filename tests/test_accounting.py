@@ -99,6 +99,19 @@ def test_views_and_allocations_queue_nothing():
     assert scope.cost().work.kernels == 2
 
 
+def test_work_queued_over_thousands_of_calls_is_all_waited_for():
+    t = matrix()
+    calls = 2500  # more than the accounting keeps before adding them up
+    with SyncScope(account=True) as scope:
+        total = t.clone()
+        for _ in range(calls):
+            total.add_(t)  # reads both, writes `total`: 64 bytes each, counted once
+        total.sum().item()
+    (event,) = scope.events
+    work = DeviceWork(kernels=calls + 2, bytes=128 + calls * 128 + 68)
+    assert (event.waited_for, scope.work) == (work, work)
+
+
 def test_the_cost_sums_reads_stalls_and_work_by_site():
     t = matrix()
     with SyncScope(account=True) as scope:
