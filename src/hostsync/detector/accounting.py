@@ -36,7 +36,7 @@ import torch
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from hostsync.detector.records import DeviceWork, HostSpan
 from hostsync.detector.sites import Site
@@ -221,7 +221,7 @@ def _op(func: torch._ops.OpOverload) -> Op:
         launches=func not in _NO_KERNEL and not func.is_view,
         reads_after_kernels=func in _READS_AFTER_KERNELS,
         written=written,
-        formula=flop_registry.get(func._overloadpacket),
+        formula=_formula(flop_registry.get(func._overloadpacket)),
     )
     return op
 
@@ -476,6 +476,34 @@ def _written(op: Op, args: tuple[object, ...], kwargs: dict[str, object]) -> lis
     for index, name in op.written:
         found += _tensor_list((args[index] if index < len(args) else kwargs.get(name),))
     return found
+
+
+# torch's wrapper of a formula that takes shapes: pytree's tree_map finds them, slowly.
+_TAKES_SHAPES = shape_wrapper(lambda: 0).__code__
+
+
+def _formula(counts: Callable[..., int] | None) -> Callable[..., int] | None:
+    """torch's FLOP formula of an operator, called with shapes for tensors as its wrapper does."""
+    if counts is None or getattr(counts, "__code__", None) is not _TAKES_SHAPES:
+        return counts
+    formula: Callable[..., int] = counts.__wrapped__  # type: ignore[attr-defined]
+
+    def shaped(*args: object, out_val: object = None, **kwargs: object) -> int:
+        kwargs = {name: _shapes(value) for name, value in kwargs.items()}
+        return formula(*map(_shapes, args), out_shape=_shapes(out_val), **kwargs)
+
+    return shaped
+
+
+def _shapes(value: object) -> object:
+    """`value` with each tensor in it, or in its lists and tuples, replaced by its shape."""
+    if isinstance(value, torch.Tensor):
+        return value.shape
+    if isinstance(value, list):
+        return [_shapes(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_shapes(item) for item in value)
+    return value
 
 
 def _bytes(tensors: list[torch.Tensor]) -> int:
