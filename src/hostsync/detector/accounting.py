@@ -19,6 +19,10 @@ computations on host memory; collectives (c10d's operators: gloo's block the hos
 counted as the kernels NCCL's would be. Each kernel's bytes are those of the tensors it reads
 and writes, its FLOPs torch.utils.flop_counter's formula for the operator (0 where it has none).
 What is computed from host memory alone is host memory too: the accounting tells the detector.
+
+Every aten call pays for this in Python, so a call does little: what an operator is to the
+accounting is decided once, by the operator's id; a call's work is appended without a lock and
+added up when read; FLOP formulas get their shapes without pytree.
 """
 
 from __future__ import annotations
@@ -150,7 +154,7 @@ def _above_autograd(judging: torch._C.DispatchKey) -> Iterator[None]:
 
 
 class _Tally:
-    """Device work added up in place: one call's work costs no new record."""
+    """Device work added up in place."""
 
     __slots__ = ("bytes", "collectives", "flops", "kernels")
 
@@ -312,7 +316,7 @@ class Accounting(DetectorMode):
             kernels, collectives, flops = 1, 1, 0
             moved = sum(tensor.nbytes for tensor in tensors)
         else:
-            holds = self.host.holds  # the first called from Python: most are no host memory
+            holds = self.host.holds  # the first tensor, seldom host memory, decides most calls
             if tensors and holds(tensors[0]) and all(map(holds, tensors)):
                 self.host.made(result)
                 return False
