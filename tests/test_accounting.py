@@ -99,6 +99,38 @@ def test_views_and_allocations_queue_nothing():
     assert scope.cost().work.kernels == 2
 
 
+def test_work_queued_over_thousands_of_calls_is_all_waited_for():
+    t = matrix()
+    calls = 2500  # more than the accounting keeps before adding them up
+    with SyncScope(account=True) as scope:
+        total = t.clone()
+        for _ in range(calls):
+            total.add_(t)  # reads both, writes `total`: 64 bytes each, counted once
+        total.sum().item()
+    (event,) = scope.events
+    work = DeviceWork(kernels=calls + 2, bytes=128 + calls * 128 + 68)
+    assert (event.waited_for, scope.work) == (work, work)
+
+
+def test_the_flops_counted_are_torchs_flop_counter_s():
+    torch.manual_seed(0)
+    conv, linear = torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(36, 8)
+    images, a, b = torch.randn(2, 3, 8, 8), torch.randn(2, 4, 5), torch.randn(2, 5, 3)
+
+    def work() -> None:
+        features = conv(images).flatten(1)[:, :36]
+        linear(features).sum().backward()
+        torch.baddbmm(torch.zeros(2, 4, 3), a, b)
+        torch.nn.functional.scaled_dot_product_attention(a, a, a)
+
+    with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
+        work()
+    with SyncScope(account=True) as scope:
+        work()
+    assert scope.work is not None
+    assert scope.work.flops == counter.get_total_flops() > 0
+
+
 def test_the_cost_sums_reads_stalls_and_work_by_site():
     t = matrix()
     with SyncScope(account=True) as scope:

@@ -19,6 +19,10 @@ computations on host memory; collectives (c10d's operators: gloo's block the hos
 counted as the kernels NCCL's would be. Each kernel's bytes are those of the tensors it reads
 and writes, its FLOPs torch.utils.flop_counter's formula for the operator (0 where it has none).
 What is computed from host memory alone is host memory too: the accounting tells the detector.
+
+Every aten call pays for this in Python, so a call does little: what an operator is to the
+accounting is decided once, by the operator's id; a call's work is appended without a lock and
+added up when read; FLOP formulas get their shapes without pytree.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -35,7 +40,7 @@ import torch
 from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from hostsync.detector.records import DeviceWork, HostSpan
 from hostsync.detector.sites import Site
@@ -116,37 +121,22 @@ class DetectorMode(TorchDispatchMode):
     ) -> object:
         compiling = _set_eval_frame(None)
         try:
-            if self._judging is not None and _decomposes(func):
+            op = _OPS.get(id(func)) or _op(func)
+            if op.decomposes and self._judging is not None:
                 with _above_autograd(self._judging):
-                    return self.dispatch(func, args, kwargs or {})
-            return self.dispatch(func, args, kwargs or {})
+                    return self.dispatch(op, args, kwargs or _NO_KWARGS)
+            return self.dispatch(op, args, kwargs or _NO_KWARGS)
         finally:
             _set_eval_frame(compiling)
 
-    def dispatch(
-        self, func: torch._ops.OpOverload, args: tuple[object, ...], kwargs: dict[str, object]
-    ) -> object:
+    def dispatch(self, op: Op, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
         """One aten call, which the mode runs (torch pops it for the call)."""
-        return func(*args, **kwargs)
+        return op.call(*args, **kwargs)
 
 
-# Operators autograd decomposes before a mode sees them: one reaches a mode only for tensors
-# with no autograd key (made under inference_mode), and the detector's kernels would take its
-# parts for calls below autograd (the mode runs there). Kept once per process.
-_COMPOSITE: dict[object, bool] = {}
 _BELOW_AUTOGRAD = torch._C.DispatchKey.ADInplaceOrView
-
-
-def _decomposes(func: object) -> bool:
-    """Whether `func` is CompositeImplicitAutograd (`item`), kept in `_COMPOSITE`."""
-    composite = _COMPOSITE.get(func)
-    if composite is None:
-        composite = _COMPOSITE[func] = isinstance(
-            func, torch._ops.OpOverload
-        ) and torch._C._dispatch_has_kernel_for_dispatch_key(
-            func.name(), "CompositeImplicitAutograd"
-        )
-    return composite
+# A call's keywords where it has none: read, never written.
+_NO_KWARGS: dict[str, object] = {}
 
 
 @contextmanager
@@ -164,7 +154,7 @@ def _above_autograd(judging: torch._C.DispatchKey) -> Iterator[None]:
 
 
 class _Tally:
-    """Device work added up in place: one call's work costs no new record."""
+    """Device work added up in place."""
 
     __slots__ = ("bytes", "collectives", "flops", "kernels")
 
@@ -182,9 +172,24 @@ class _Tally:
         return DeviceWork(self.kernels, self.collectives, self.bytes, self.flops)
 
 
-class _Op(NamedTuple):
-    """What one operator is to the accounting, decided once per process from its schema."""
+# One call's work: its result's id, kernels, collectives, bytes and FLOPs.
+_Call = tuple[int, int, int, int, int]
+# Calls whose work waits to be added up, at most.
+_FOLDED_AT = 1024
 
+
+class Op(NamedTuple):
+    """What one operator is to the detector's modes, decided once per process from its schema.
+
+    `call` runs it: an OpOverload's C++ callable, without its Python `__call__`. `decomposes`:
+    autograd decomposes it before a mode sees it (CompositeImplicitAutograd, `item`); one
+    reaches a mode only for tensors with no autograd key (made under inference_mode), and the
+    detector's kernels would take its parts for calls below autograd (the mode runs there).
+    """
+
+    func: object  # kept alive, so that its id names it in `_OPS`
+    call: Callable[..., object]
+    decomposes: bool
     higher_order: bool
     collective: bool
     view: bool
@@ -194,27 +199,33 @@ class _Op(NamedTuple):
     formula: Callable[..., int] | None
 
 
-_OPS: dict[torch._ops.OpOverload, _Op] = {}
+# By the operator's id: an operator's own hash is a Python call.
+_OPS: dict[int, Op] = {}
 
 
-def _op(func: torch._ops.OpOverload) -> _Op:
-    """`func` to the accounting, kept in `_OPS`."""
+def _op(func: torch._ops.OpOverload) -> Op:
+    """`func` to the detector's modes, kept in `_OPS`."""
     if isinstance(func, torch._ops.HigherOrderOperator):
-        op = _OPS[func] = _Op(True, False, False, False, False, (), None)
+        op = _OPS[id(func)] = Op(func, func, False, True, False, False, False, False, (), None)
         return op
     written = tuple(
         (index, argument.name)
         for index, argument in enumerate(func._schema.arguments)
         if argument.alias_info is not None and argument.alias_info.is_write
     )
-    op = _OPS[func] = _Op(
+    op = _OPS[id(func)] = Op(
+        func=func,
+        call=func._op if type(func) is torch._ops.OpOverload else func,
+        decomposes=torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), "CompositeImplicitAutograd"
+        ),
         higher_order=False,
         collective=func.namespace == "c10d",
         view=func.is_view,
         launches=func not in _NO_KERNEL and not func.is_view,
         reads_after_kernels=func in _READS_AFTER_KERNELS,
         written=written,
-        formula=flop_registry.get(func._overloadpacket),
+        formula=_formula(flop_registry.get(func._overloadpacket)),
     )
     return op
 
@@ -238,12 +249,16 @@ class Accounting(DetectorMode):
         self.host = host
         self.windows: list[Window] = []
         self.step = 0
-        self._total = _Tally()
+        # The work up to the host's last wait, and the work queued since: their sum is the total.
+        # Each call's work is appended to `_calls` (an append needs no lock), added up into
+        # `_queued` when read, or when `_FOLDED_AT` calls wait there.
+        self._waited = DeviceWork()
         self._total_at_step = DeviceWork()
         self._locate = locate
         self._queued = _Tally()
-        # The last call that launched work: its result's id and its work.
-        self._last: tuple[int, int, int, int, int] | None = None
+        self._calls: deque[_Call] = deque()
+        # The last call that launched work.
+        self._last: _Call | None = None
         self._opening: _Opening | None = None
         self._hosting = 0
         self._per_dispatch = _dispatch_ns()
@@ -253,30 +268,29 @@ class Accounting(DetectorMode):
     @property
     def total(self) -> DeviceWork:
         """The device work counted so far."""
-        return self._total.work
+        with self._lock:
+            self._fold()
+            return self._waited + self._queued.work
 
-    def dispatch(
-        self, func: torch._ops.OpOverload, args: tuple[object, ...], kwargs: dict[str, object]
-    ) -> object:
+    def dispatch(self, op: Op, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
         opening = self._opening
         if opening is not None:
-            return self._in_window(opening, func, args, kwargs)
-        result = func(*args, **kwargs)
-        self._launch(_OPS.get(func) or _op(func), args, kwargs, result)
+            return self._in_window(opening, op, args, kwargs)
+        result = op.call(*args, **kwargs)
+        self._launch(op, args, kwargs, result)
         return result
 
     def _in_window(
         self,
         opening: _Opening,
-        func: torch._ops.OpOverload,
+        op: Op,
         args: tuple[object, ...],
         kwargs: dict[str, object],
     ) -> object:
         """One call while a window is open: the first to launch ends it, the others are the
         host time inside it."""
         entered = time.perf_counter_ns()
-        result = func(*args, **kwargs)
-        op = _OPS.get(func) or _op(func)
+        result = op.call(*args, **kwargs)
         if op.higher_order:
             return result
         returned = time.perf_counter_ns()
@@ -290,38 +304,52 @@ class Accounting(DetectorMode):
         return result
 
     def _launch(
-        self, op: _Op, args: tuple[object, ...], kwargs: dict[str, object], result: object
+        self, op: Op, args: tuple[object, ...], kwargs: dict[str, object], result: object
     ) -> bool:
         """Count the device work of one call; whether it launched any. Views, allocations and
         work on host memory launch none (all of it while `hosting`); what is computed from host
         memory alone is host memory too."""
-        inputs = _tensor_list(args)
+        tensors = _tensor_list(args)  # its inputs, then its outputs
         if kwargs:
-            inputs += _tensor_list(kwargs)
+            tensors += _tensor_list(kwargs.values())
         if op.collective and not self._hosting:
             kernels, collectives, flops = 1, 1, 0
-            moved = sum(tensor.nbytes for tensor in inputs)
+            moved = sum(tensor.nbytes for tensor in tensors)
         else:
-            if inputs and all(map(self.host.holds, inputs)):
+            holds = self.host.holds  # the first tensor, seldom host memory, decides most calls
+            if tensors and holds(tensors[0]) and all(map(holds, tensors)):
                 self.host.made(result)
                 return False
-            if op.view and inputs:
-                self.host.viewed(inputs[0], result)
+            if op.view and tensors:
+                self.host.viewed(tensors[0], result)
             if not op.launches or self._hosting:
                 return False
-            outputs = [result] if type(result) is torch.Tensor else _tensor_list(result)
-            if not outputs and op.written:
-                outputs = _written(op, args, kwargs)
-            if not outputs and not op.reads_after_kernels:
-                return False
+            if type(result) is torch.Tensor:
+                tensors.append(result)
+            else:
+                outputs = _tensor_list((result,))
+                if not outputs and op.written:
+                    outputs = _written(op, args, kwargs)
+                if not outputs and not op.reads_after_kernels:
+                    return False
+                tensors += outputs
             kernels, collectives = 1, 0
             flops = int(op.formula(*args, **kwargs, out_val=result)) if op.formula else 0
-            moved = _bytes(inputs + outputs)
-        with self._lock:
-            self._total.add(kernels, collectives, moved, flops)
-            self._queued.add(kernels, collectives, moved, flops)
-            self._last = (id(result), kernels, collectives, moved, flops)
+            moved = _bytes(tensors)
+        call = self._last = (id(result), kernels, collectives, moved, flops)
+        calls = self._calls
+        calls.append(call)
+        if len(calls) >= _FOLDED_AT:
+            with self._lock:
+                self._fold()
         return True
+
+    def _fold(self) -> None:
+        """The calls appended so far, added up into `_queued` (the lock held)."""
+        calls, queued = self._calls, self._queued
+        while calls:
+            _, kernels, collectives, moved, flops = calls.popleft()
+            queued.add(kernels, collectives, moved, flops)
 
     def drained(self, site: Site) -> None:
         """A stall at `site` has just returned: the device idles from now until the next launch."""
@@ -397,7 +425,9 @@ class Accounting(DetectorMode):
     def waited(self) -> DeviceWork:
         """The host waits for the device now: the work it waits for (empty when free)."""
         with self._lock:
+            self._fold()
             queued, self._queued, self._last = self._queued.work, _Tally(), None
+            self._waited += queued
         return queued
 
     def retract(self, made: torch.Tensor) -> None:
@@ -405,7 +435,6 @@ class Accounting(DetectorMode):
         with self._lock:
             if self._last is not None and self._last[0] == id(made):
                 kernels, collectives, moved, flops = self._last[1:]
-                self._total.add(-kernels, -collectives, -moved, -flops)
                 self._queued.add(-kernels, -collectives, -moved, -flops)
                 self._last = None
 
@@ -430,31 +459,64 @@ def _dispatch_ns() -> float:
     return max(0.0, (passed - plain) / calls)
 
 
-def _tensor_list(values: object) -> list[torch.Tensor]:
-    """The tensors in `values`, or in its lists, tuples and dicts."""
-    if isinstance(values, torch.Tensor):
-        return [values]
+_NESTED = (list, tuple, dict)
+
+
+def _tensor_list(values: Iterable[object]) -> list[torch.Tensor]:
+    """The tensors among `values`, and in their lists, tuples and dicts, in order."""
     found: list[torch.Tensor] = []
-    if isinstance(values, dict):
-        values = tuple(values.values())
-    if isinstance(values, list | tuple):
-        for value in values:
-            if isinstance(value, torch.Tensor):
-                found.append(value)
-            elif isinstance(value, list | tuple | dict):
-                found += _tensor_list(value)
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, _NESTED):
+            found += _tensor_list(value.values() if isinstance(value, dict) else value)
     return found
 
 
-def _written(op: _Op, args: tuple[object, ...], kwargs: dict[str, object]) -> list[torch.Tensor]:
+def _written(op: Op, args: tuple[object, ...], kwargs: dict[str, object]) -> list[torch.Tensor]:
     """The tensors a call writes in place: what `_foreach_*_` and the fused optimizers update,
     though they return nothing."""
     found: list[torch.Tensor] = []
     for index, name in op.written:
-        found += _tensor_list(args[index] if index < len(args) else kwargs.get(name))
+        found += _tensor_list((args[index] if index < len(args) else kwargs.get(name),))
     return found
+
+
+# torch's wrapper of a formula that takes shapes: pytree's tree_map finds them, slowly.
+_TAKES_SHAPES = shape_wrapper(lambda: 0).__code__
+
+
+def _formula(counts: Callable[..., int] | None) -> Callable[..., int] | None:
+    """torch's FLOP formula of an operator, called with shapes for tensors as its wrapper does."""
+    if counts is None or getattr(counts, "__code__", None) is not _TAKES_SHAPES:
+        return counts
+    formula: Callable[..., int] = counts.__wrapped__  # type: ignore[attr-defined]
+
+    def shaped(*args: object, out_val: object = None, **kwargs: object) -> int:
+        kwargs = {name: _shapes(value) for name, value in kwargs.items()}
+        return formula(*map(_shapes, args), out_shape=_shapes(out_val), **kwargs)
+
+    return shaped
+
+
+def _shapes(value: object) -> object:
+    """`value` with each tensor in it, or in its lists and tuples, replaced by its shape."""
+    if isinstance(value, torch.Tensor):
+        return value.shape
+    if isinstance(value, list):
+        return [_shapes(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_shapes(item) for item in value)
+    return value
 
 
 def _bytes(tensors: list[torch.Tensor]) -> int:
     """The bytes of `tensors`, each counted once."""
-    return sum({id(tensor): tensor.nbytes for tensor in tensors}.values())
+    seen = set()
+    moved = 0
+    for tensor in tensors:
+        key = id(tensor)
+        if key not in seen:
+            seen.add(key)
+            moved += tensor.nbytes
+    return moved

@@ -17,7 +17,7 @@ from types import FrameType
 import torch
 
 from hostsync.detector import frames
-from hostsync.detector.accounting import DetectorMode
+from hostsync.detector.accounting import DetectorMode, Op
 from hostsync.detector.sites import Site
 
 # Tensors known to live in host memory, by id, process-wide (see HostMemory).
@@ -182,13 +182,11 @@ class HostPropagation(DetectorMode):
         super().__init__(judging)
         self.host = host
 
-    def dispatch(
-        self, func: torch._ops.OpOverload, args: tuple[object, ...], kwargs: dict[str, object]
-    ) -> object:
-        result = func(*args, **kwargs)
+    def dispatch(self, op: Op, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+        result = op.call(*args, **kwargs)
         inputs = [*tensors_in(args), *tensors_in(list(kwargs.values()))]
         if inputs and all(self.host.holds(tensor) for tensor in inputs):
             self.host.add(result)
-        elif inputs and isinstance(func, torch._ops.OpOverload) and func.is_view:
+        elif inputs and op.view:
             self.host.viewed(inputs[0], result)
         return result
