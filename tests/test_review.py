@@ -619,22 +619,16 @@ def test_a_card_s_callers_the_release_contradicts_are_refused(
         review.review(made.case_of(drafted))
 
 
-def test_calls_are_said_by_release_the_unsure_apart_and_none_as_nowhere() -> None:
+def test_calls_are_said_by_release_the_unsure_only_without_a_sure_one() -> None:
     call = {"file": "pkg/a.py", "function": "A.step", "sure": True}
+    unsure = call | {"line": 20, "function": "loop", "sure": False}
     releases = [
-        {
-            "project": "deepspeed",
-            "version": "0.19.8",
-            "calls": [
-                call | {"line": 3},
-                call | {"line": 9},
-                call | {"line": 20, "function": "loop", "sure": False},
-            ],
-        },
+        {"project": "deepspeed", "version": "0.19.8", "calls": [call | {"line": 3}, unsure]},
+        {"project": "accelerate", "version": "1.16.0", "calls": [unsure]},
         {"project": "trl", "version": "1.16.0", "calls": []},
     ]
 
     assert review.fill("{{callers:f|callers}}", {"callers": {"f": releases}}) == (
-        "in deepspeed 0.19.8 at `pkg/a.py:3`, `pkg/a.py:9` (`step`), and maybe at `pkg/a.py:20`"
-        " (`loop`), on a receiver of unknown class; in trl 1.16.0 nowhere"
+        "in deepspeed 0.19.8 at `pkg/a.py:3` (`step`); in accelerate 1.16.0 maybe at"
+        " `pkg/a.py:20` (`loop`), on a receiver of unknown class; in trl 1.16.0 nowhere"
     )

@@ -364,19 +364,21 @@ def _shown(value: Any) -> str:
 
 
 def said_callers(releases: list[Any]) -> str:
-    """Where each release searched calls the function, those whose receiver's class is not
-    known apart: "in transformers 5.24.0 at `transformers/trainer.py:2787` (`_clip_grad_norm`);
-    in trl 1.16.0 nowhere"."""
+    """Where each release searched calls the function: "in transformers 5.24.0 at
+    `transformers/trainer.py:2787` (`_clip_grad_norm`); in trl 1.16.0 nowhere". A call whose
+    receiver's class is not known is said only where no call is sure: a maintainer disproves a
+    "maybe" in a minute where another class's method of that name is what it calls."""
     said = []
     for release in releases:
         sure = [call for call in release["calls"] if call["sure"]]
         unsure = [call for call in release["calls"] if not call["sure"]]
-        where = [f"at {_listed(sure)}"] if sure else []
-        if unsure:
-            where.append(f"maybe at {_listed(unsure)}, on a receiver of unknown class")
-        said.append(
-            f"in {release['project']} {release['version']} {', and '.join(where) or 'nowhere'}"
-        )
+        if sure:
+            where = f"at {_listed(sure)}"
+        elif unsure:
+            where = f"maybe at {_listed(unsure)}, on a receiver of unknown class"
+        else:
+            where = "nowhere"
+        said.append(f"in {release['project']} {release['version']} {where}")
     return "; ".join(said)
 
 
