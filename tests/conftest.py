@@ -127,24 +127,30 @@ CPU_BOUND = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == pa
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Before the first test, in every process that runs tests: dynamo imported, and the suite's
-    tools left out of the runs tests start (the workers' controller runs none: it keeps them to
-    start its workers, and starts them without waiting on dynamo). In the session alone: an
-    unknown `-m` marker refused in one line (each worker would otherwise fail on it alone), and
-    the loaded lane's CPU-bound processes started."""
+    """Before the first test, in every process that runs tests: what a compiled call imports
+    imported, and the suite's tools left out of the runs tests start (the workers' controller
+    runs none: it keeps them to start its workers, and starts them without waiting on torch). In
+    the session alone: an unknown `-m` marker refused in one line (each worker would otherwise
+    fail on it alone), and the loaded lane's CPU-bound processes started."""
     worker = hasattr(config, "workerinput")
     if not worker:
         refuse_unknown_markers(config)
     if worker or not config.getoption("numprocesses", None):
-        # Outside any scope: which test would import dynamo first depends on the worker it lands
-        # on, and an import that fails halfway (inside a scope) cannot be redone.
-        import torch._dynamo  # noqa: F401
-
+        compile_once()
         leave_the_tools_out()
     config.cpu_load = [
         subprocess.Popen([sys.executable, "-c", CPU_BOUND, str(os.getpid())])
         for _ in range(0 if worker else config.getoption("cpu_load"))
     ]
+
+
+def compile_once() -> None:
+    """A compiled call, outside any test: which test would compile first depends on its worker.
+    Inside a scope, an import that fails halfway cannot be redone; inside pytester's in-process
+    run, what it imports is dropped after, and inductor refuses a second import."""
+    import torch
+
+    torch.compile(torch.neg, backend="eager")(torch.ones(1))
 
 
 def leave_the_tools_out() -> None:
@@ -196,6 +202,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """The suite's workers take a file of `SHARED_RUNS` whole, and any other test alone; the
     longest first, by the seconds they took last time, so that none starts at the end."""
     from xdist.scheduler import LoadScopeScheduling
+    from xdist.workermanage import WorkerController
 
     cache = getattr(config, "cache", None)  # none where `-p no:cacheprovider`
     seconds: dict[str, float] = cache.get(SECONDS, {}) if cache else {}
@@ -205,7 +212,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             file = nodeid.split("::", 1)[0]
             return file if file in SHARED_RUNS else nodeid
 
-        def _assign_work_unit(self, node: object) -> None:
+        def _assign_work_unit(self, node: WorkerController) -> None:
             def took(scope: str) -> float:
                 return sum(seconds.get(nodeid, 0.0) for nodeid in self.workqueue[scope])
 
