@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -101,7 +101,7 @@ def processes_running(text: str) -> dict[int, str]:
 class OwnEnvironment(Run):
     """A run of a command that is no rank: this process's variables, no tree."""
 
-    def environment(self, extra=None) -> dict[str, str]:
+    def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         return dict(os.environ)
 
 
@@ -124,6 +124,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 # Busy on one core until the test session that started it is gone, however it ends.
 CPU_BOUND = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == parent:\n    pass\n"
+CPU_LOAD = pytest.StashKey[list["subprocess.Popen[bytes]"]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -138,7 +139,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker or not config.getoption("numprocesses", None):
         compile_once()
         leave_the_tools_out()
-    config.cpu_load = [
+    config.stash[CPU_LOAD] = [
         subprocess.Popen([sys.executable, "-c", CPU_BOUND, str(os.getpid())])
         for _ in range(0 if worker else config.getoption("cpu_load"))
     ]
@@ -173,13 +174,13 @@ def refuse_unknown_markers(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for process in getattr(config, "cpu_load", ()):
+    for process in config.stash.get(CPU_LOAD, []):
         process.kill()
         process.wait()
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
-    load = getattr(config, "cpu_load", ())
+    load = config.stash.get(CPU_LOAD, [])
     return f"loaded lane: {len(load)} CPU-bound processes run beside the tests" if load else None
 
 
@@ -207,7 +208,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     cache = getattr(config, "cache", None)  # none where `-p no:cacheprovider`
     seconds: dict[str, float] = cache.get(SECONDS, {}) if cache else {}
 
-    class SharedRunsTogether(LoadScopeScheduling):
+    class SharedRunsTogether(LoadScopeScheduling):  # type: ignore[misc]  # xdist has no types
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::", 1)[0]
             return file if file in SHARED_RUNS else nodeid
