@@ -188,7 +188,8 @@ WORKERS = ("-n", "3")
 
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
-    """The workspace's tests (fast lane: `-- -m "not distributed and not network"`)."""
+    """The workspace's tests (the fast lane:
+    `-- -m "not distributed and not network and not long_run"`)."""
     tools = env(session, "--tools", *SUITE_TOOLS)
     run_module(session, "pytest", *WORKERS, *session.posargs, path=tools)
 

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -101,7 +101,7 @@ def processes_running(text: str) -> dict[int, str]:
 class OwnEnvironment(Run):
     """A run of a command that is no rank: this process's variables, no tree."""
 
-    def environment(self, extra=None) -> dict[str, str]:
+    def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         return dict(os.environ)
 
 
@@ -124,26 +124,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 # Busy on one core until the test session that started it is gone, however it ends.
 CPU_BOUND = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == parent:\n    pass\n"
+CPU_LOAD = pytest.StashKey[list["subprocess.Popen[bytes]"]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Before the first test, in every process: dynamo imported, and the suite's tools left out
-    of the runs tests start (the workers' controller keeps them to start its workers). In the
-    session alone: an unknown `-m` marker refused in one line (each worker would otherwise fail
-    on it alone), and the loaded lane's CPU-bound processes started."""
+    """Before the first test, in every process that runs tests: what a compiled call imports
+    imported, and the suite's tools left out of the runs tests start (the workers' controller
+    runs none: it keeps them to start its workers, and starts them without waiting on torch). In
+    the session alone: an unknown `-m` marker refused in one line (each worker would otherwise
+    fail on it alone), and the loaded lane's CPU-bound processes started."""
     worker = hasattr(config, "workerinput")
     if not worker:
         refuse_unknown_markers(config)
-    # Outside any scope: which test would import dynamo first depends on the worker it lands on,
-    # and an import that fails halfway (inside a scope) cannot be redone.
-    import torch._dynamo  # noqa: F401
-
     if worker or not config.getoption("numprocesses", None):
+        compile_once()
         leave_the_tools_out()
-    config.cpu_load = [
+    config.stash[CPU_LOAD] = [
         subprocess.Popen([sys.executable, "-c", CPU_BOUND, str(os.getpid())])
         for _ in range(0 if worker else config.getoption("cpu_load"))
     ]
+
+
+def compile_once() -> None:
+    """A compiled call, outside any test: which test would compile first depends on its worker.
+    Inside a scope, an import that fails halfway cannot be redone; inside pytester's in-process
+    run, what it imports is dropped after, and inductor refuses a second import."""
+    import torch
+
+    torch.compile(torch.neg, backend="eager")(torch.ones(1))
 
 
 def leave_the_tools_out() -> None:
@@ -166,13 +174,13 @@ def refuse_unknown_markers(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for process in getattr(config, "cpu_load", ()):
+    for process in config.stash.get(CPU_LOAD, []):
         process.kill()
         process.wait()
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
-    load = getattr(config, "cpu_load", ())
+    load = config.stash.get(CPU_LOAD, [])
     return f"loaded lane: {len(load)} CPU-bound processes run beside the tests" if load else None
 
 
@@ -186,17 +194,47 @@ SHARED_RUNS = (
 )
 
 
+# Each test's seconds in the last session that ran it (setup, call and teardown), in pytest's cache.
+SECONDS = "hostsync/seconds"
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """The suite's workers take a file of `SHARED_RUNS` whole, and any other test alone."""
+    """The suite's workers take a file of `SHARED_RUNS` whole, and any other test alone; the
+    longest first, by the seconds they took last time, so that none starts at the end."""
     from xdist.scheduler import LoadScopeScheduling
+    from xdist.workermanage import WorkerController
 
-    class SharedRunsTogether(LoadScopeScheduling):
+    cache = getattr(config, "cache", None)  # none where `-p no:cacheprovider`
+    seconds: dict[str, float] = cache.get(SECONDS, {}) if cache else {}
+
+    class SharedRunsTogether(LoadScopeScheduling):  # type: ignore[misc]  # xdist has no types
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::", 1)[0]
             return file if file in SHARED_RUNS else nodeid
 
+        def _assign_work_unit(self, node: WorkerController) -> None:
+            def took(scope: str) -> float:
+                return sum(seconds.get(nodeid, 0.0) for nodeid in self.workqueue[scope])
+
+            self.workqueue.move_to_end(max(self.workqueue, key=took), last=False)
+            super()._assign_work_unit(node)
+
     return SharedRunsTogether(config, log)
+
+
+def remember_seconds(session: pytest.Session) -> None:
+    """Each test's seconds in this session, kept in pytest's cache for the next one's order."""
+    cache = getattr(session.config, "cache", None)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if cache is None or reporter is None:
+        return
+    took: dict[str, float] = {}
+    for reports in reporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                took[report.nodeid] = took.get(report.nodeid, 0.0) + report.duration
+    cache.set(SECONDS, cache.get(SECONDS, {}) | took)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -211,6 +249,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not hasattr(session.config, "workerinput"):
+        remember_seconds(session)
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         session.config.get_terminal_writer().line(
             "error: pytest collected no tests (exit code 5): check the paths and the -k/-m"

@@ -194,6 +194,7 @@ def test_the_plugin_and_its_detector_load_nothing_else_of_the_package(tmp_path):
     assert run.stdout.strip() == "['hostsync']", run.stderr[-2000:]
 
 
+@pytest.mark.long_run("pip builds the wheel and installs it, then a project's pytest runs")
 def test_the_installed_package_registers_the_plugin_for_any_project(tmp_path):
     """Built offline from the checkout and installed into a folder: a project's pytest run picks
     the plugin up by its entry point, without -p."""

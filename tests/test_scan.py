@@ -570,6 +570,7 @@ def test_deepspeeds_launcher_starts_a_script_that_expects_it(
     assert clip and clip[0].site.function == "is_invalid_grad_norm"
 
 
+@pytest.mark.long_run("bench times whole runs of the script with and without scan, interleaved")
 def test_bench_prints_what_scan_adds_to_a_whole_run_and_where_it_goes(
     workspace: Layout, tmp_path: Path
 ) -> None:

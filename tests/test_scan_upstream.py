@@ -87,6 +87,7 @@ def trl_args(tiny_model: Path, data: Path, out: Path) -> list[str]:
     ]
 
 
+@pytest.mark.long_run("TRL's own SFT trainer, end to end, on a tiny Llama")
 def test_trl_sft_finds_the_carried_metric_reads_and_the_trainers_own(
     workspace: Layout, tmp_path: Path, tiny_model: Path
 ) -> None:
@@ -108,6 +109,7 @@ def test_trl_sft_finds_the_carried_metric_reads_and_the_trainers_own(
     assert logged and all(s.allowed and "logging step" in s.allowed for s in logged)
 
 
+@pytest.mark.long_run("TRL's own DPO trainer, end to end, on a tiny Llama")
 def test_trl_dpo_finds_the_metric_reads_left_not_carried_with_why(
     workspace: Layout, tmp_path: Path, tiny_model: Path
 ) -> None:

@@ -60,6 +60,7 @@ SUITE = """
 """
 
 
+@pytest.mark.long_run("seven pytest runs of a suite that compiles: a warm-up, then 2 rounds of 3")
 def test_a_survey_compares_each_outcome_and_ranks_the_sites(workspace):
     root = workspace.work / "stepper-1.0"
     for path, text in (("src/stepper/__init__.py", PACKAGE), ("tests/test_steps.py", SUITE)):

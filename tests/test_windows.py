@@ -105,13 +105,17 @@ def test_a_host_memory_factory_inside_a_window_launches_nothing_and_does_not_end
 
 def test_a_factory_on_the_device_ends_the_window():
     t = matrix()
-    with SyncScope(account=True) as scope:
-        (t @ t).sum().item()
-        torch.zeros(3, device=DEVICE)  # a fill kernel: ends the window
-        host_work()
-        t + 1
-    (window,) = scope.windows
-    assert window.us * 20 < _host_work_us(), window
+    windows = []
+    # The least of three: on a loaded machine the host may be preempted inside one window.
+    for _ in range(3):
+        with SyncScope(account=True) as scope:
+            (t @ t).sum().item()
+            torch.zeros(3, device=DEVICE)  # a fill kernel: ends the window
+            host_work()
+            t + 1
+        (window,) = scope.windows
+        windows.append(window)
+    assert min(window.us for window in windows) * 20 < _host_work_us(), windows
 
 
 def _line_of(code: str) -> int:
