@@ -26,9 +26,9 @@ Trees that share an environment share one interpreter too (`shared_imports`): a
 its own variables, and where how it ended goes) imports once what the script imports before the
 project under test (torch, DeepSpeed, accelerate for sp-loss: most of the 7 s), and the torch
 modules projects import lazily (`LAZY_TORCH`), then forks one child per tree, which puts the tree on
-sys.path, imports the script and runs the tree's plan: the import order is the script's own, and no
-tree's project is ever imported where another tree runs. The trees run in turn; a failed one stops
-the next.
+sys.path and imports the script: the import order is the script's own, and no tree's project is
+ever imported where another tree runs. The forks import side by side, then run their plans in turn;
+a failed one stops the next.
 
 The snippet, a one-process script an issue quotes, runs last, as `python SNIPPET` would run it
 (as `__main__`, its output in its log) but forked from this interpreter, whose imports it
@@ -208,13 +208,15 @@ def run_trees(plan: SharedForkPlan) -> int:
             " itself: its trees cannot share one interpreter (give each tree its own launch)"
         )
     load_deepspeed_ops()
-    trees = [_TreeFork(tree) for tree in plan.trees]
-    for tree in trees:
-        tree.imported()
-    for index, tree in enumerate(trees):
-        code = tree.run()
+    forks: list[_TreeFork] = []
+    for tree in plan.trees:
+        forks.append(_TreeFork(tree, forks))
+    for fork in forks:
+        fork.imported()
+    for index, fork in enumerate(forks):
+        code = fork.run()
         if code:
-            for later in trees[index + 1 :]:
+            for later in forks[index + 1 :]:
                 later.stop()
             return code if code > 0 else 128 - code
     return 0
@@ -222,9 +224,10 @@ def run_trees(plan: SharedForkPlan) -> int:
 
 class _TreeFork:
     """A fork that puts its tree on sys.path, imports the script, says so, and runs the tree's
-    plan when the parent lets it (one byte on its pipe); a closed pipe ends it unrun."""
+    plan when the parent lets it (one byte on its pipe); a closed pipe ends it unrun. It closes
+    the parent's ends of the `earlier` forks' pipes: only the parent may let those run or end."""
 
-    def __init__(self, tree: ForkTree) -> None:
+    def __init__(self, tree: ForkTree, earlier: list[_TreeFork]) -> None:
         self.tree = tree
         self.alive = False
         self.ready, ready = os.pipe()
@@ -233,10 +236,9 @@ class _TreeFork:
         sys.stderr.flush()
         self.pid = os.fork()
         if self.pid == 0:
-            for inherited in _PARENT_ENDS:  # only the parent may let an earlier fork run or end
-                os.close(inherited)
-            os.close(self.ready)
-            os.close(self.turn)
+            for fork in [*earlier, self]:
+                os.close(fork.ready)
+                os.close(fork.turn)
             engine = sys.path.index(str(Path(__file__).resolve().parents[2]))  # hostsync's folder
             sys.path[engine:engine] = tree.path
             os.environ.update(tree.env)
@@ -250,7 +252,6 @@ class _TreeFork:
             _run_rank(rank)
         os.close(ready)
         os.close(turn)
-        _PARENT_ENDS.extend((self.ready, self.turn))
 
     def imported(self) -> None:
         """Wait until the fork has imported its script, or has ended trying."""
@@ -273,10 +274,6 @@ class _TreeFork:
     def _ended(self) -> int:
         _, status = os.waitpid(self.pid, 0)
         return os.waitstatus_to_exitcode(status)
-
-
-# The pipe ends this interpreter keeps for the forks it made, which later forks close.
-_PARENT_ENDS: list[int] = []
 
 
 def imported_main(plan: ForkPlan) -> Callable[[], object]:
