@@ -15,12 +15,11 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from hostsync.detector.sites import Site
+from hostsync.detector.sites import Site, suffix_matches
+from hostsync.upstream.presence import Sources
 from hostsync.workspace.errors import WorkspaceError
 from hostsync.workspace.projects import PROJECTS
 
-# A release's package source, by path from the tree's top (`upstream.presence.Sources`).
-Sources = dict[str, str]
 # `deepspeed/runtime/utils.py:887`, `trainer.py:2747`, `stage_1_and_2.py:3042-3044`.
 CITED = re.compile(r"(?<![\w/.])(?P<file>[\w./-]*\w\.py):(?P<line>\d+)(?:-(?P<end>\d+))?")
 
@@ -62,7 +61,7 @@ def check_lines(
         owner = path.split("/")[0] if path.split("/")[0] in PROJECTS else project
         of = _release_of(name, cited, owner, releases)
         source = release(of.project, of.version)
-        held = [file for file in source if file == path or file.endswith("/" + path)]
+        held = [file for file in source if suffix_matches(file, path)]
         if len(held) != 1:
             said = "is not in it" if not held else f"is {len(held)} files there"
             raise WorkspaceError(

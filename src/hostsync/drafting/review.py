@@ -59,10 +59,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hostsync.detector.codec import dump
-from hostsync.detector.sites import Site
+from hostsync.detector.sites import Site, suffix_matches
 from hostsync.drafting import drafts, sites
 from hostsync.drafting.claims import check_claims
-from hostsync.drafting.lines import Sources, check_lines
+from hostsync.drafting.lines import check_lines
 from hostsync.history.records import BisectResult
 from hostsync.measure import provenance
 from hostsync.measure.records import Outcome, ReproResult, TestPatchResult, Verdict
@@ -70,7 +70,7 @@ from hostsync.measure.test_patch import RED_TREE, SERIES
 from hostsync.profiling.records import GpuResult, ProfileResult
 from hostsync.upstream import patchqueue
 from hostsync.upstream.callers import calls, parameters
-from hostsync.upstream.presence import sdist_sources
+from hostsync.upstream.presence import Sources, sdist_sources
 from hostsync.upstream.sdists import pypi_sdist
 from hostsync.workspace import results
 from hostsync.workspace.cases import Case
@@ -401,7 +401,7 @@ def shortest(path: str, files: Iterable[str]) -> str:
     parts = PurePosixPath(path).parts
     for n in range(1, len(parts)):
         end = "/".join(parts[-n:])
-        if sum(1 for file in files if file == end or file.endswith("/" + end)) == 1:
+        if sum(1 for file in files if suffix_matches(file, end)) == 1:
             return end
     return path
 

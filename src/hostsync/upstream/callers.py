@@ -19,14 +19,12 @@ import ast
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from hostsync.detector.codec import Record
+from hostsync.upstream.presence import Sources, import_path
 from hostsync.workspace.projects import Project
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
-# A release's package source, by path from the tree's top (`upstream.presence.Sources`).
-Sources = dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -65,7 +63,7 @@ def calls(
         tree = _parsed(text) if f"{name}(" in text else None
         if tree is None:
             continue
-        file = str(PurePosixPath(path).relative_to(PurePosixPath(project.import_root)))
+        file = import_path(path, project)
         lines, modules = text.splitlines(), _modules(tree)
         for call, scope, within in _calls_named(tree, name):
             reaches = _reaches(call, owner, within, classes, modules)

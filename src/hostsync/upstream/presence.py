@@ -140,7 +140,7 @@ class _Parsed:
         return Site(self.path, line, scope.qualname if scope else "", self.lines[line - 1].strip())
 
 
-def _import_path(path: str, project: Project) -> str:
+def import_path(path: str, project: Project) -> str:
     """A path from the tree's top as the detector names a site's file: from the import root."""
     return str(PurePosixPath(path).relative_to(PurePosixPath(project.import_root)))
 
@@ -169,7 +169,7 @@ def _parse(path: str, text: str, project: Project) -> _Parsed:
     visit(tree, "")
     module_names = frozenset(_defined_names(tree.body) - {"__getattr__"})
     return _Parsed(
-        path, _import_path(path, project), text.splitlines(), scopes, calls, module_names, parses
+        path, import_path(path, project), text.splitlines(), scopes, calls, module_names, parses
     )
 
 
@@ -327,7 +327,7 @@ class _Tree:
             path
             for path, text in sorted(self.sources.items())
             if holding in text
-            and (not suffix or suffix_matches(_import_path(path, self.project), suffix))
+            and (not suffix or suffix_matches(import_path(path, self.project), suffix))
         ]
         for path in paths:
             if path not in self._parsed:
