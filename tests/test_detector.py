@@ -471,3 +471,23 @@ def test_a_factory_inside_a_device_context_is_host_memory_and_judged_once():
         made.tolist()
 
     assert scope.events == []
+
+
+def test_a_model_loaded_with_scopes_open_is_the_model_loaded_without(tmp_path):
+    """transformers builds a model on the meta device, then fills what its checkpoint holds and
+    initializes the rest (a Llama's rotary buffers). torch's device context knows its factories
+    by a set cached at first use: made first inside a scope, the replaced factories escape it."""
+    transformers = pytest.importorskip("transformers")
+    from torch.utils._device import _device_constructors
+
+    config = transformers.LlamaConfig(
+        vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    _device_constructors.cache_clear()  # the scope's device context is the first one here
+    with SyncScope():
+        model = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
+
+    rotary = model.model.rotary_emb
+    assert torch.equal(rotary.inv_freq, rotary.compute_default_rope_parameters(config)[0])

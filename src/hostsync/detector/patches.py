@@ -20,7 +20,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any, cast
 
 import torch
-from torch.utils._device import DeviceContext
+from torch.utils._device import DeviceContext, _device_constructors
 
 from hostsync.detector import kernels, ops
 from hostsync.detector.host import FROM_FILES, HostMemory
@@ -323,7 +323,12 @@ def _device_storages(value: object, host: HostMemory, seen: set[int]) -> int:
 def prepare() -> list[tuple[object, str, object]]:
     """Build what every scope of this process installs, without installing it: the kernels, and
     each observed function's replacement (owner, name, replacement). A process that forks ranks
-    calls it first, so that each fork finds them built."""
+    calls it first, so that each fork finds them built.
+
+    `with torch.device(...)` knows torch's factories by a set it caches at first use: built
+    here, before any factory is replaced, it holds torch's own (else a model built on the meta
+    device gets host buffers, which its loader never fills)."""
+    _device_constructors()
     kernels.registered()
     replacements: list[tuple[object, str, object]] = []
     for qualified, rules in _observed_functions().items():
