@@ -328,6 +328,18 @@ def test_a_number_reducer_cites_that_value_of_the_matching_ones() -> None:
     assert filled == f"0.22.0 {drafts.NOT_MEASURED}"
 
 
+def test_a_site_is_found_by_how_its_code_starts_where_its_line_moves() -> None:
+    """A patch moves the log's read from line 2257 to 2259: its code names it in both trees."""
+    sites = [
+        {"tree": "pinned", "line": 2257, "code": "tr_loss_scalar = nested_gather(tr_loss)"},
+        {"tree": "patched", "line": 2259, "code": "tr_loss_scalar = nested_gather(tr_loss)"},
+        {"tree": "patched", "line": 2266, "code": "logs['grad_norm'] = grad_norm.item()"},
+    ]
+    template = "{{repro:sites[tree=patched,code^=tr_loss_scalar].line|join}}"
+
+    assert review.fill(template, {"repro": {"sites": sites}}) == "2259"
+
+
 def test_a_mean_per_step_is_cited_to_the_hundredth_and_a_whole_one_as_a_whole_number() -> None:
     verdicts = {"verdicts": [{"kernels": [299.0, 279.0]}, {"kernels": [311.75, 0.125]}]}
     template = " ".join(f"{{{{repro:verdicts.kernels|{n}}}}}" for n in ("first", "2", "3", "last"))

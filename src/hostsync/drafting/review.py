@@ -18,8 +18,9 @@ template), with every figure a query over the latest results:
     {{callers:'Accelerator.clip_grad_norm_'|callers}}       who calls the changed function
 
 A path walks dicts by key and maps over lists; `[key=value,...]` keeps the list items that
-match. Reducers: first (the default), last, max, min, sum, count, join, and a number n: the n-th
-value (`|2`); `reads`, `copies`, `waits` and `stalls` list a repro's sites
+match (`[code^=value]`: those whose code starts with the value, where a line moves between
+trees). Reducers: first (the default), last, max, min, sum, count, join, and a number n: the
+n-th value (`|2`); `reads`, `copies`, `waits` and `stalls` list a repro's sites
 (`hostsync.drafting.sites`), so that what a fix leaves and where a wait goes are the
 accounting's, not a draft's, and a read is never counted as a copy. Who calls the function a
 fix changes is never typed either: `callers` lists, for each function of the card's
@@ -321,7 +322,13 @@ def lookup(value: Any, path: list[tuple[str, dict[str, str]]]) -> list[Any]:
 
 
 def _matches(item: Any, filters: dict[str, str]) -> bool:
-    return isinstance(item, dict) and all(str(item.get(k)) == v for k, v in filters.items())
+    """`key=value` keeps the items whose key is the value; `key^=value`, whose key starts so."""
+    return isinstance(item, dict) and all(
+        str(item.get(key.removesuffix("^"))).startswith(value)
+        if key.endswith("^")
+        else str(item.get(key)) == value
+        for key, value in filters.items()
+    )
 
 
 def figure(match: re.Match[str], documents: dict[str, Any]) -> str:
