@@ -152,6 +152,7 @@ def main() -> ReproRank:
             "accumulation": args.accumulation,
             "world_size": accelerator.num_processes,
             "device": str(accelerator.device),
+            "precision": args.precision,
             "max_grad_norm": MAX_GRAD_NORM,
             "clip_reads_per_step": [step["clip_reads"] for step in steps],
             "reads_per_step": [step["step_reads"] for step in steps],
