@@ -47,18 +47,23 @@ def transformers_files(version: str, trainer: str) -> dict[str, str]:
 @pytest.fixture
 def watched(tmp_path: Path):
     """A workspace holding the trainer-nan-filter case only, with downloads of its own, and an
-    index of transformers 5.24.0 and 5.25.0 and every other project as pinned; yields the
-    workspace and a function that serves the index with 5.25.0's trainer.py given."""
+    index of transformers 5.24.0 and 5.25.0 (the card and pin.toml at 5.24.0) and every other
+    project as pinned; yields the workspace and a function that serves the index with 5.25.0's
+    trainer.py given."""
     layout = own_downloads(make_workspace(tmp_path / "workspace")).for_case(CASE)
     for other in cases.names(layout.root):
         if other != CASE:
             (layout.root / "cases" / f"{other}.toml").unlink()
     pinned_at(layout.root / "cases" / f"{CASE}.toml", "5.24.0")
+    pin = layout.root / "pin.toml"
+    pin.write_text(
+        re.sub(r'(?m)^(transformers = \{ install = )"[^"]*"', r'\1"5.24.0"', pin.read_text())
+    )
     files = tmp_path / "index" / "files"
     make_sdist(
         files / "transformers", "transformers", "5.24.0", transformers_files("5.24.0", TRAINER)
     )
-    make_sdist(files / "accelerate", "accelerate", "1.15.0", {"src/accelerate/__init__.py": ""})
+    make_sdist(files / "accelerate", "accelerate", "1.16.0", {"src/accelerate/__init__.py": ""})
     make_sdist(files / "deepspeed", "deepspeed", "0.19.8", {"version.txt": "0.19.8\n"})
     make_sdist(files / "trl", "trl", "1.16.0", {"trl/__init__.py": ""})
     make_sdist(files / "peft", "peft", "0.21.2", {"src/peft/__init__.py": ""})
@@ -108,7 +113,7 @@ def test_the_digest_names_the_newest_releases_and_where_a_cases_read_still_is(wa
     digest = (layout.watch / "watch.md").read_text()
     assert "- transformers 5.25.0 (" in digest
     assert "pin.toml installs 5.24.0; 1 newer: 5.25.0." in digest
-    assert "- accelerate 1.15.0 (" in digest and "): as pinned." in digest
+    assert "- accelerate 1.16.0 (" in digest and "): as pinned." in digest
     assert (
         f"- **{CASE}** (transformers 5.25.0, pinned 5.24.0;"
         f" behind: `nox -s repin -- --case {CASE}`):"
