@@ -705,6 +705,7 @@ def test_an_older_release_is_judged_beside_the_pinned_projects_of_its_day(
         "accelerate": {"1.5.2": "2025-03-14", "1.6.0": "2025-04-01", "1.15.0": "2026-09-09"},
         "deepspeed": {"0.16.4": "2025-02-26", "0.19.8": "2026-10-20"},
         "peft": {"0.21.2": "2026-10-01"},  # none of that day: the pin stays
+        "datasets": {"3.4.1": "2025-03-18", "5.2.0": "2026-11-20"},  # pin.toml: of its day
     }
     for project, released in days.items():
         for version, day in released.items():
@@ -716,7 +717,12 @@ def test_an_older_release_is_judged_beside_the_pinned_projects_of_its_day(
         old = envs.companions_of_its_day(layout, get("trl"), "0.16.0")
         pinned = envs.companions_of_its_day(layout, get("trl"), "1.16.0")
 
-    assert old == {"transformers": "4.50.0", "accelerate": "1.5.2", "deepspeed": "0.16.4"}
+    assert old == {
+        "transformers": "4.50.0",
+        "accelerate": "1.5.2",
+        "deepspeed": "0.16.4",
+        "datasets": "3.4.1",
+    }
     assert pinned == {}
 
 

@@ -126,7 +126,7 @@ class Reader:
     def releases(self, project: Project) -> list[Published]:
         if project.name not in self._releases:
             since, until = (self.since, self.until) if project == self.bounded else (None, None)
-            found = [r for r in sdists.published(project) if _within(r.version, since, until)]
+            found = [r for r in sdists.published(project.name) if _within(r.version, since, until)]
             if not found:
                 raise WorkspaceError(
                     f"{sdists.index_url()} lists no final release of {project.name} with an sdist"

@@ -44,7 +44,7 @@ class Repin:
 
 def newest(case: Case) -> Published:
     """The project's newest final release on the index."""
-    releases = published(case.project)
+    releases = published(case.project.name)
     if not releases:
         raise WorkspaceError(f"{index_url()} lists no release of {case.project.name}")
     return releases[-1]
@@ -54,7 +54,7 @@ def chosen(case: Case, version: str | None) -> Published:
     """The release asked for, or the newest; never one older than the pin."""
     if version is None:
         return newest(case)
-    found = [r for r in published(case.project) if r.version == version]
+    found = [r for r in published(case.project.name) if r.version == version]
     if not found:
         raise WorkspaceError(
             f"{index_url()} has no final release {case.project.name} {version}: check the number"

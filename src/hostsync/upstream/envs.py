@@ -160,15 +160,17 @@ def _unmet(installed: dict[str, str], name: str, specifier: SpecifierSet) -> lis
 
 def companions_of_its_day(layout: Layout, project: Project, version: str) -> dict[str, str]:
     """For a release older than pin.toml's own pin of its project, the other projects pin.toml
-    pins at their newest release uploaded by that release's day: what it was made to run with
-    (TRL 0.16.0 with transformers 4.50, not 5.24). None for the pinned release or a newer one,
-    or a project pin.toml does not pin, or in a prepared environment (it is what it is)."""
+    pins, and the packages it marks `of_its_day`, at their newest release uploaded by that
+    release's day: what it was made to run with (TRL 0.16.0 with transformers 4.50, not 5.24).
+    None for the pinned release or a newer one, or a project pin.toml does not pin, or in a
+    prepared environment (it is what it is)."""
     if prepared():
         return {}
-    pinned = pinning.load(layout.pin_file).installs
+    pin = pinning.load(layout.pin_file)
+    pinned = pin.installs
     if project.name not in pinned or Version(version) >= Version(pinned[project.name]):
         return {}
-    days = {r.version: r.uploaded for r in published(project)}
+    days = {r.version: r.uploaded for r in published(project.name)}
     day = days.get(version)
     if not day:
         raise WorkspaceError(
@@ -176,8 +178,8 @@ def companions_of_its_day(layout: Layout, project: Project, version: str) -> dic
             " that day cannot be chosen"
         )
     companions = {}
-    for name in pinned.keys() & PROJECTS.keys() - {project.name}:
-        before = [r.version for r in published(PROJECTS[name]) if r.uploaded and r.uploaded <= day]
+    for name in (pinned.keys() & PROJECTS.keys() | pin.of_its_day) - {project.name}:
+        before = [r.version for r in published(name) if r.uploaded and r.uploaded <= day]
         if before and before[-1] != pinned[name]:
             companions[name] = before[-1]
     return companions

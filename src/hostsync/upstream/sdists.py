@@ -118,7 +118,7 @@ def _mismatch(path: Path, sdist: Sdist) -> str | None:
 def pypi_sdist(project: Project, version: str) -> Sdist:
     """The sdist of a release as PyPI's JSON simple index describes it."""
     wanted = f"{project.name}-{version}.tar.gz"
-    for entry in pypi_files(project):
+    for entry in pypi_files(project.name):
         if entry["filename"] == wanted:
             return _sdist(entry)
     raise WorkspaceError(f"{index_url()} has no sdist {wanted}: check the version number")
@@ -138,18 +138,18 @@ class Published:
     uploaded: str
 
 
-def published(project: Project) -> list[Published]:
-    """The project's final releases with a `.tar.gz` sdist, oldest first: pre-, dev- and
+def published(package: str) -> list[Published]:
+    """A package's final releases with a `.tar.gz` sdist, oldest first: pre-, dev- and
     yanked releases are left out, as pip leaves them out of a plain install."""
     found = {}
-    for entry in pypi_files(project):
+    for entry in pypi_files(package):
         if not entry["filename"].endswith(".tar.gz") or entry.get("yanked"):
             continue
         try:
             name, version = parse_sdist_filename(entry["filename"])
         except InvalidSdistFilename:
             continue
-        if name == canonicalize_name(project.name) and not version.is_prerelease:
+        if name == canonicalize_name(package) and not version.is_prerelease:
             found[version] = Published(
                 str(version), _sdist(entry), entry.get("upload-time", "")[:10]
             )
@@ -165,10 +165,10 @@ def index_url() -> str:
     return os.environ.get(INDEX_ENV, PYPI).rstrip("/")
 
 
-def pypi_files(project: Project) -> list[Json]:
-    """Every file the package index lists for the project (PEP 691, JSON)."""
+def pypi_files(package: str) -> list[Json]:
+    """Every file the package index lists for a package (PEP 691, JSON)."""
     request = urllib.request.Request(
-        f"{index_url()}/{project.name}/",
+        f"{index_url()}/{package}/",
         headers={"Accept": "application/vnd.pypi.simple.v1+json"},
     )
     try:
@@ -177,7 +177,7 @@ def pypi_files(project: Project) -> list[Json]:
             return files
     except OSError as error:
         raise WorkspaceError(
-            f"cannot read the package index for {project.name} at {index_url()} ({error}): check"
+            f"cannot read the package index for {package} at {index_url()} ({error}): check"
             f" the network, or set {INDEX_ENV}"
         ) from None
 
