@@ -213,6 +213,20 @@ def test_a_result_stays_fresh_when_only_what_upstream_knows_changes(workspace: L
     assert provenance.stale_reasons(workspace, result) == []
 
 
+def test_a_comment_in_pin_toml_leaves_a_result_fresh_and_a_new_pin_makes_it_stale(
+    workspace: Layout,
+) -> None:
+    result = hunt_result(workspace)
+    pin = workspace.pin_file.read_text()
+    workspace.pin_file.write_text("# why the pins are what they are\n" + pin)
+    assert provenance.stale_reasons(workspace, result) == []
+
+    workspace.pin_file.write_text(
+        pin.replace('pytest = { install = "', 'pytest = { install = "1', 1)
+    )
+    assert provenance.stale_reasons(workspace, result) == ["pin.toml changed"]
+
+
 def measured_by_another_detector(stamp):
     other = dataclasses.replace(stamp.provenance, detector_sha256="0" * 64)
     return dataclasses.replace(stamp, provenance=other)

@@ -18,7 +18,7 @@ from hostsync.detector.sites import AllowRule
 from hostsync.launch import devices, launchers, processes, trainer_step
 from hostsync.launch.launchers import LaunchPlan
 from hostsync.launch.processes import RankResults, RunFailed, read_ranks
-from hostsync.measure.provenance import detector_digest
+from hostsync.measure.provenance import detector_digest, pin_digest
 from hostsync.sites.known import carried_rules, host_memory_args, load_known_sites
 from hostsync.sites.records import HuntTree, TrainerRank
 from hostsync.sites.summary import rank_records, steady_cost, summarize
@@ -184,7 +184,7 @@ def inputs(layout: Layout, stacked: list[Case]) -> Provenance:
     """What a census result depends on: pin.toml, census.toml, the series it stacks and the
     worker, by sha256."""
     return Provenance(
-        pin_sha256=sha256(layout.pin_file),
+        pin_sha256=pin_digest(layout.pin_file),
         case_sha256=sha256(layout.root / setups.FILE),
         patches={
             f"{case.name}/{patch.name}": sha256(patch)

@@ -1,7 +1,8 @@
 """What a result depends on, and whether it still describes the workspace.
 
-A result records, by sha256, pin.toml, the case card (less its `[upstream]` table, which only
-the drafts read: refreshing what upstream knows leaves every measurement standing), each patch of
+A result records, by sha256, pin.toml and the case card as parsed (comments do not count; nor
+does the card's `[upstream]` table, which only the drafts read: refreshing what upstream knows
+leaves every measurement standing), each patch of
 the series and each of the case's scripts (what its ranks run, the snippet an issue quotes) as
 they were when the run started, and the detector with its op table. When any of them changed
 since, the result is stale: the drafts refuse it. The detector counts only for results whose
@@ -43,6 +44,15 @@ def card_digest(card: Path) -> str:
     drafts' record of upstream's state, which no run reads); comments do not count."""
     told = tomllib.loads(card.read_text(encoding="utf-8"))
     told.pop("upstream", None)
+    return _digest(told)
+
+
+def pin_digest(pin: Path) -> str:
+    """One sha256 over pin.toml as parsed: comments do not count."""
+    return _digest(tomllib.loads(pin.read_text(encoding="utf-8")))
+
+
+def _digest(told: dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(told, sort_keys=True).encode()).hexdigest()
 
 
@@ -50,7 +60,7 @@ def inputs(layout: Layout) -> Provenance:
     """The case's inputs now: take them when a run starts, so an edit during it makes the
     result stale rather than invisible."""
     return Provenance(
-        pin_sha256=sha256(layout.pin_file),
+        pin_sha256=pin_digest(layout.pin_file),
         case_sha256=card_digest(layout.case_file),
         patches={path.name: sha256(path) for path in series(layout)},
         scripts={path.name: sha256(path) for path in sorted(layout.repro.glob("*.py"))},
@@ -62,7 +72,7 @@ def workspace_inputs(layout: Layout) -> Provenance:
     """What a result that belongs to no one case depends on: pin.toml (each case it judges
     records its own inputs beside)."""
     return Provenance(
-        pin_sha256=sha256(layout.pin_file),
+        pin_sha256=pin_digest(layout.pin_file),
         case_sha256="",
         patches={},
         scripts={},

@@ -34,6 +34,7 @@ from hostsync.detector.baseline import Baseline
 from hostsync.detector.codec import Strict
 from hostsync.detector.sites import COMPILED, Site
 from hostsync.launch import devices, processes
+from hostsync.measure.provenance import pin_digest
 from hostsync.measure.records import SurveyMode, SurveyPass, SurveyResult, SurveySite, TestOutcome
 from hostsync.measure.test_patch import read_junit
 from hostsync.upstream.sdists import fetch_sdist
@@ -252,7 +253,7 @@ def inputs(layout: Layout) -> Provenance:
     engine: tuple[str, ...] = ("pytest_plugin.py", "baseline.py", "scope.py", "observer.py")
     engine += ("frames.py", "host.py", "kernels.py", "patches.py", "ops.py")
     return Provenance(
-        pin_sha256=sha256(layout.pin_file),
+        pin_sha256=pin_digest(layout.pin_file),
         case_sha256=sha256(layout.root / FILE),
         patches={},
         scripts={name: sha256(ENGINE / name) for name in engine},
