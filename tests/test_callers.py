@@ -32,14 +32,14 @@ def found(sources: dict[str, str], project: str, target: str) -> list[tuple[str,
 
 
 def test_the_trainer_calls_clip_grad_norm_and_trl_never_does(workspace: Layout) -> None:
-    """transformers 5.24.0 calls `Accelerator.clip_grad_norm_` twice, each on
+    """transformers 5.25.0 calls `Accelerator.clip_grad_norm_` twice, each on
     `self.accelerator`; TRL 1.16.0's package calls no `clip_grad_norm_` at all."""
     transformers = pinned(workspace, "trainer-grad-norm")
     trl = pinned(workspace, "trl-sft-metrics")
 
     assert found(transformers, "transformers", "Accelerator.clip_grad_norm_") == [
-        ("transformers/trainer.py", 2787, "Trainer._clip_grad_norm", True),
-        ("transformers/trainer.py", 2796, "Trainer._get_grad_norm", True),
+        ("transformers/trainer.py", 2831, "Trainer._clip_grad_norm", True),
+        ("transformers/trainer.py", 2840, "Trainer._get_grad_norm", True),
     ]
     assert "accelerator.clip_grad_norm_(" in transformers["src/transformers/trainer.py"]
     assert not any("clip_grad_norm_(" in text for text in trl.values())
