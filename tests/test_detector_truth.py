@@ -33,8 +33,9 @@ def test_an_undecided_case_says_why_and_is_not_scored():
     assert not {case.name for case in UNDECIDED} & {case.name for case in EXAMPLES}
 
 
-def test_the_detector_finds_every_labelled_sync_at_its_line_and_nothing_else():
-    result = score()
+@pytest.mark.parametrize("account", [False, True], ids=["gate", "accounting"])
+def test_the_detector_finds_every_labelled_sync_at_its_line_and_nothing_else(account):
+    result = score(account=account)
 
     assert result.wrong_lines == []
     assert result.precision == 1.0

@@ -296,6 +296,7 @@ def test_profiler_reads_beyond_the_twin_step_are_listed_with_their_kernel() -> N
         ("return norm.item()", ["scalar_read"], "keep the tensor"),
         ("if good_tokens_per_rank[rank] > 0", ["scalar_read"], "torch.where"),
         ("ids = mask.nonzero()", ["nonzero"], "output size depends on the data"),
+        ("x = batch.to(device)", ["device_copy"], "a blocking copy, not a read"),
     ],
 )
 def test_each_reading_names_why_it_syncs(code: str, kinds: list[str], expected: str) -> None:
@@ -479,5 +480,22 @@ def test_two_series_of_one_release_stack_on_one_tree(workspace: Layout) -> None:
     expected = [p for name in names for p in series(workspace.for_case(name))]
     assert len(applied.stdout.splitlines()) == len(expected)
     pinned = cases.load(ROOT, names[0]).pin.version
-    assert tree.label == f"{pinned}+trainer-nan-filter+trainer-grad-norm"
+    assert tree.label == f"transformers-{pinned}+trainer-nan-filter+trainer-grad-norm"
     assert tree.role == TreeRole.PATCHED
+
+
+@pytest.mark.network
+def test_two_projects_pinned_at_one_version_stack_on_a_tree_each(workspace: Layout) -> None:
+    """accelerate and TRL both at 1.16.0: neither tree replaces the other."""
+    loaded = [
+        cases.load(workspace.root, name) for name in ("accelerate-grad-norm", "trl-sft-metrics")
+    ]
+    assert len({case.pin.version for case in loaded}) == 1
+
+    trees = stack_trees(workspace, loaded, fixes=False)
+
+    assert [tree.label for tree in trees] == [
+        f"{case.project.name}-{case.pin.version}" for case in loaded
+    ]
+    assert (trees[0].src / "accelerate").is_dir()
+    assert (trees[1].src / "trl").is_dir()

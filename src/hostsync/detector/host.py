@@ -79,9 +79,10 @@ class HostMemory:
             _keep(ON_HOST, value)
 
     def moved(self, tensor: torch.Tensor) -> None:
-        """`tensor.to(device)` returned `tensor` itself: on a GPU box it is a copy on the device
-        (the stand-in's device is the host), which is what the code goes on to use. A view's
-        own views are followed from then on: their base is still host memory."""
+        """`tensor` is what a call to a device returned (`.to(device)`): device memory on a GPU
+        box. On CPU it is the source itself, or a copy (`.to("cpu:0")`) made from host memory,
+        and is what the code goes on to use. A view's own views are followed from then on:
+        their base is still host memory."""
         ON_HOST.pop(id(tensor), None)
         if tensor._base is not None and self.holds(tensor):
             _keep(ON_DEVICE, tensor)

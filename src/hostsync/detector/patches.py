@@ -272,8 +272,8 @@ def _observing(
             host.add(result)
         elif made and (by_default or (where is None and not makes and host.holds(source))):
             host.made(result)
-        elif not made and where is not None and not named:
-            host.moved(cast(torch.Tensor, result))
+        elif where is not None and not named and isinstance(result, torch.Tensor):
+            host.moved(result)
         if accounting is not None:
             if made and (named or by_default):
                 accounting.retract(cast(torch.Tensor, result))

@@ -637,6 +637,18 @@ def factory_on_a_device_tensors_device():
     return torch.as_tensor([0.5], device=t.device)  # sync
 
 
+# A rank's device with its index (accelerate names `cpu:0` on a CPU rank): on CPU, `.to` then
+# makes a copy from host memory, which stands for the device's copy as the tensor itself does.
+INDEXED = torch.device(DEVICE.type, 0)
+
+
+@example("device_copy", TO_DEVICE + " (to an indexed device; the copy is on the device after)")
+def host_to_indexed_device_then_again():
+    host = torch.tensor([1.0, 2.0])
+    moved = host.to(INDEXED)  # sync
+    return moved.to(INDEXED)
+
+
 @example("scalar_read", SCALAR + " (a view of host memory copied to the device, then viewed)")
 def read_of_moved_host_view():
     host = torch.zeros(4)
@@ -1441,9 +1453,10 @@ class Score:
         return self.true / (self.true + self.missed) if self.true + self.missed else 1.0
 
 
-def detected(case: Example) -> tuple[Counter[int], list[str]]:
-    """Events at this file's lines, and the description of any event elsewhere."""
-    with SyncScope() as scope:
+def detected(case: Example, account: bool = False) -> tuple[Counter[int], list[str]]:
+    """Events at this file's lines, and the description of any event elsewhere; with
+    `account`, under the accounting that repro, the census and scan run."""
+    with SyncScope(account=account) as scope:
         case.function()
     here = Path(__file__).name
     lines: Counter[int] = Counter()
@@ -1456,11 +1469,11 @@ def detected(case: Example) -> tuple[Counter[int], list[str]]:
     return lines, elsewhere
 
 
-def score(cases: list[Example] = EXAMPLES) -> Score:
+def score(cases: list[Example] = EXAMPLES, account: bool = False) -> Score:
     result = Score(cases=len(cases))
     for one in cases:
         expected = one.expected()
-        found, elsewhere = detected(one)
+        found, elsewhere = detected(one, account)
         result.false += len(elsewhere)
         result.wrong_lines += elsewhere
         for line in expected.keys() | found.keys():

@@ -69,6 +69,9 @@ _READINGS = (
     (r"\.shape\b|!=|==|<|>", "a comparison with a tensor operand is read on the host"),
 )
 _KIND_READINGS = {
+    "device_copy": "a blocking copy, not a read: from pageable host memory to the device, the"
+    " host waits for the stream's queued work and the copy",
+    "host_copy": "copying device values into host memory reads them: the host waits for the device",
     "tolist": "`.tolist()` copies the tensor to the host",
     "cpu": "`.cpu()` copies a device tensor to the host and waits for it",
     "numpy": "`.numpy()` needs the tensor on the host",

@@ -183,7 +183,8 @@ def prepare_stack(
     if not repo.exists():
         materialise(layout, first.project, release, repo)
     patches = [patch for case in loaded for patch in series(case.layout)] if fixes else []
-    label = "+".join([release.version, *names]) if fixes else release.version
+    # Two projects may pin one version (accelerate and TRL 1.16.0): each tree names its project.
+    label = "+".join([f"{first.project.name}-{release.version}", *(names if fixes else [])])
     where = f"{first.project.name} {release.version}"
     try:
         root = _worktree(layout, repo, release.tag, patches, layout.stacks / label, where)
