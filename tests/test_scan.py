@@ -193,6 +193,9 @@ def test_a_compiled_call_is_reported_compiled_not_judged(workspace: Layout, tmp_
 # --- the gate ------------------------------------------------------------------------------------
 
 
+@pytest.mark.long_run(
+    "two scans, each a fresh interpreter importing torch: the baseline's, then the gate's"
+)
 def test_fail_on_new_fails_a_ci_run_on_a_planted_read_the_baseline_does_not_hold(
     workspace: Layout, tmp_path: Path
 ) -> None:
@@ -215,6 +218,9 @@ def test_fail_on_new_fails_a_ci_run_on_a_planted_read_the_baseline_does_not_hold
     assert f"loop.py:{line}" in failures[1]
 
 
+@pytest.mark.long_run(
+    "two scans, each a fresh interpreter importing torch: the baseline's, then the gate's"
+)
 def test_a_baseline_holding_the_read_passes_and_lines_that_move_still_match(
     workspace: Layout, tmp_path: Path
 ) -> None:
@@ -228,6 +234,9 @@ def test_a_baseline_holding_the_read_passes_and_lines_that_move_still_match(
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.long_run(
+    "four scans, each a fresh interpreter importing torch: one per way to type the path"
+)
 def test_the_baseline_key_does_not_depend_on_how_the_path_was_typed(
     workspace: Layout, tmp_path: Path
 ) -> None:
@@ -361,7 +370,13 @@ HANGS = """
     [
         (RAISES, (), "raised ValueError: the loss diverged (train.py:10 in <module>)", 3),
         (NEVER_STEPS, (), "without a step", 0),
-        (HANGS, ("--timeout", "15"), "run hung: no exit after 15 s", 3),
+        pytest.param(
+            HANGS,
+            ("--timeout", "15"),
+            "run hung: no exit after 15 s",
+            3,
+            marks=pytest.mark.long_run("the script hangs until scan's 15 s timeout stops it"),
+        ),
     ],
     ids=["raises", "never-steps", "hangs"],
 )
