@@ -41,6 +41,10 @@ LOOP = """
         PLANTED
 """
 READ = 'print(f"loss {loss.item():.3f}")'
+# Why a gate test is long: it scans twice.
+BASELINE_THEN_GATE = (
+    "two scans, each a fresh interpreter importing torch: the baseline's, then the gate's"
+)
 
 
 def script(folder: Path, name: str, text: str, planted: str = "pass") -> Path:
@@ -193,9 +197,7 @@ def test_a_compiled_call_is_reported_compiled_not_judged(workspace: Layout, tmp_
 # --- the gate ------------------------------------------------------------------------------------
 
 
-@pytest.mark.long_run(
-    "two scans, each a fresh interpreter importing torch: the baseline's, then the gate's"
-)
+@pytest.mark.long_run(BASELINE_THEN_GATE)
 def test_fail_on_new_fails_a_ci_run_on_a_planted_read_the_baseline_does_not_hold(
     workspace: Layout, tmp_path: Path
 ) -> None:
@@ -218,9 +220,7 @@ def test_fail_on_new_fails_a_ci_run_on_a_planted_read_the_baseline_does_not_hold
     assert f"loop.py:{line}" in failures[1]
 
 
-@pytest.mark.long_run(
-    "two scans, each a fresh interpreter importing torch: the baseline's, then the gate's"
-)
+@pytest.mark.long_run(BASELINE_THEN_GATE)
 def test_a_baseline_holding_the_read_passes_and_lines_that_move_still_match(
     workspace: Layout, tmp_path: Path
 ) -> None:
