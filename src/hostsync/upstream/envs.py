@@ -178,7 +178,7 @@ def companions_of_its_day(layout: Layout, project: Project, version: str) -> dic
             " that day cannot be chosen"
         )
     companions = {}
-    for name in (pinned.keys() & PROJECTS.keys() | pin.of_its_day) - {project.name}:
+    for name in ((pinned.keys() & PROJECTS.keys()) | pin.of_its_day) - {project.name}:
         before = [r.version for r in published(name) if r.uploaded and r.uploaded <= day]
         if before and before[-1] != pinned[name]:
             companions[name] = before[-1]
