@@ -121,7 +121,6 @@ class Reader:
         self._releases: dict[str, list[Published]] = {}
         self._findings: dict[tuple[str, str, AllowRule], Finding] = {}
         self._references: dict[AllowRule, presence.Body | None] = {}
-        self._last: tuple[tuple[str, str], presence.Sources] | None = None
 
     def releases(self, project: Project) -> list[Published]:
         if project.name not in self._releases:
@@ -136,12 +135,8 @@ class Reader:
         return self._releases[project.name]
 
     def sources(self, project: Project, release: Published) -> presence.Sources:
-        """The release's package source; the last one read is kept (a transformers release's
-        is tens of megabytes)."""
-        key = (project.name, release.version)
-        if self._last is None or self._last[0] != key:
-            self._last = (key, presence.sdist_sources(self.layout, release.sdist, project))
-        return self._last[1]
+        """The release's package source (`presence.sdist_sources` keeps the last few read)."""
+        return presence.sdist_sources(self.layout, release.sdist, project)
 
     def follow(self, project: Project, release: Published, site: AllowRule) -> None:
         """Follow the site's function by the body it has in `release` (which carries it)."""

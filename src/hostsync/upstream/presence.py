@@ -32,6 +32,7 @@ import ast
 import builtins
 import dataclasses
 import difflib
+import functools
 import re
 import tarfile
 import tempfile
@@ -72,8 +73,16 @@ def read_package(tar: tarfile.TarFile, project: Project) -> Sources:
 
 def sdist_sources(layout: Layout, sdist: Sdist, project: Project) -> Sources:
     """The package's source in a release's sdist, downloaded once into the shared cache and
-    verified against the index's sha256."""
-    with tarfile.open(fetch_sdist(layout, sdist)) as tar:
+    verified against the index's sha256. The last four read are kept, shared read-only by their
+    callers: a verified sdist never changes, and a transformers release's source is tens of
+    megabytes."""
+    return _verified_sources(fetch_sdist(layout, sdist).resolve(), sdist.sha256, project)
+
+
+@functools.lru_cache(maxsize=4)
+def _verified_sources(path: Path, sha256: str, project: Project) -> Sources:
+    """The package's source in the sdist at `path`, whose content `sha256` names."""
+    with tarfile.open(path) as tar:
         return read_package(tar, project)
 
 
