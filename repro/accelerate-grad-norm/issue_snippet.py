@@ -22,4 +22,4 @@ model, optimizer, loader = accelerator.prepare(model, torch.optim.AdamW(model.pa
 accelerator.backward(model(next(iter(loader))).pow(2).mean())  # the engine's step runs here
 with CountHostReads() as reads:  # the clip a training loop makes after backward, each optimizer step
     grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm=1.0)
-print(f"accelerate {accelerate.__version__}, deepspeed {deepspeed.__version__}, torch {torch.__version__}: {reads.count} host read(s) in clip_grad_norm_, which returned a {type(grad_norm).__name__}")
+print(f"accelerate {accelerate.__version__}, deepspeed {deepspeed.__version__}, torch {torch.__version__}: host reads in clip_grad_norm_: {reads.count}; it returned a {type(grad_norm).__name__}")

@@ -16,4 +16,4 @@ optimizer.clip_grad, optimizer.custom_loss_scaler, optimizer.device = 1.0, False
 optimizer.loss_scaler = SimpleNamespace(cur_scale=1.0)
 with CountHostReads() as reads:  # step() calls it once per parameter group
     optimizer.unscale_and_clip_grads([torch.ones(4)], total_norm=torch.tensor(4.0))
-print(f"deepspeed {deepspeed.__version__}, torch {torch.__version__}: {reads.count} host read(s) per call of unscale_and_clip_grads")
+print(f"deepspeed {deepspeed.__version__}, torch {torch.__version__}: host reads per call of unscale_and_clip_grads: {reads.count}")
