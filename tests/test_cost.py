@@ -141,7 +141,7 @@ def test_a_fix_that_removes_the_read_but_multiplies_every_step_costs_more_naming
 
     assert judgement.stalls == (1.0, 0.0)
     assert judgement.kernels[1] > judgement.kernels[0]
-    assert judgement.reason == ("bytes up beyond the bound, though it saves 1 stall(s) per step")
+    assert judgement.reason == ("bytes up beyond the bound, though it saves 1 stall per step")
 
 
 def test_trees_are_compared_with_the_first_per_scenario_and_printed_with_the_bound():
@@ -240,4 +240,4 @@ def test_test_patch_prints_the_verdicts_of_the_newest_fresh_repro(tmp_path):
     printed = cost.case_verdicts(workspace)
 
     assert printed.startswith(f"fix verdicts, from {path.name}:")
-    assert "pinned -> patched" in printed and "cleanup: 1 wait(s) per step fewer" in printed
+    assert "pinned -> patched" in printed and "cleanup: 1 wait per step fewer" in printed

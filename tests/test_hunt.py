@@ -214,7 +214,7 @@ def test_a_trees_cost_is_every_ranks_steps_after_the_warm_up_and_judged_against_
     assert rows[0] == ("pinned", 3.75, 1.75, 0.0, 17.5, "-")
     assert rows[1][:5] == ("patched", 2.0, 0.0, 0.0, 10.0)
     assert rows[1][5] == (
-        "moves the wait: 1.75 stall(s) per step fewer, but idle 0 -> 0 us per step (host time,"
+        "moves the wait: 1.75 stalls per step fewer, but idle 0 -> 0 us per step (host time,"
         " measured on CPU), idle time not measured"
     )
 

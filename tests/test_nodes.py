@@ -97,7 +97,7 @@ def test_ranks_the_nodes_cannot_share_evenly_are_refused_before_anything_runs() 
     case = cases.load(Layout().root, "trainer-nan-filter")
     settings = repro.ReproSettings(None, None, None, "cpu", 60, False, layout_of(nnodes=2))
 
-    with pytest.raises(WorkspaceError, match=r"train\.py x1 runs 1 rank\(s\), which 2 nodes"):
+    with pytest.raises(WorkspaceError, match=r"train\.py x1 runs 1 rank, which 2 nodes"):
         repro.check_nodes(case, settings, list(case.scenarios), [])
     repro.check_nodes(case, settings, ["sp"], [2])  # the 2-rank launch: one rank a node
 

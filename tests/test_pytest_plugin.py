@@ -59,7 +59,7 @@ def test_a_marked_test_fails_naming_each_unexpected_sync_with_its_line_and_code(
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*2 unexpected host sync(s):",
+            "*2 unexpected host syncs:",
             "*test_gate.py:7: return total / max(total, 1)  (1x in loss_step)",
             "*test_gate.py:13: t.tolist()  (1x in test_the_step_stays_on_the_device)",
         ]
@@ -147,10 +147,10 @@ def test_the_report_surveys_every_test_and_fails_none(pytester):
     result.stdout.fnmatch_lines(
         [
             "*host syncs per test*",
-            "test_survey.py::test_reads: 2 host sync(s)",
+            "test_survey.py::test_reads: 2 host syncs",
             "  test_survey.py:5: if t.sum() > 0:  (1x, scalar_read)",
             "  test_survey.py:6: t.tolist()  (1x, tolist)",
-            "1 of 2 test(s) made no host sync",
+            "1 of 2 tests made no host sync",
         ]
     )
 
@@ -294,7 +294,7 @@ def test_the_report_records_a_compiled_call_and_changes_no_outcome(pytester):
     result.stdout.fnmatch_lines(
         [
             "*CompiledInScope: a torch.compile'd function was called inside a SyncScope*",
-            "test_compiled.py::test_calls_compiled_code: 2 host sync(s)",
+            "test_compiled.py::test_calls_compiled_code: 2 host syncs",
             "  test_compiled.py:7: total = double(torch.ones(3))  (1x, compiled, not judged)",
             "  test_compiled.py:8: assert total.item() == 6.0  (1x, scalar_read)",
         ]
@@ -344,7 +344,7 @@ def test_a_baseline_gates_new_syncs_only_and_lists_those_gone(pytester):
     first = pytester.runpytest_subprocess(*options)
 
     first.assert_outcomes(passed=2)
-    first.stdout.fnmatch_lines(["wrote the host syncs of 1 test(s) to syncs.json: review*"])
+    first.stdout.fnmatch_lines(["wrote the host syncs of 1 test to syncs.json: review*"])
     written = json.loads((pytester.path / "syncs.json").read_text())
     assert [
         (entry["function"], entry["code"], entry["kinds"], entry["count"])
@@ -360,7 +360,7 @@ def test_a_baseline_gates_new_syncs_only_and_lists_those_gone(pytester):
     second.assert_outcomes(passed=1, failed=1)
     second.stdout.fnmatch_lines(
         [
-            "*1 unexpected host sync(s):",
+            "*1 unexpected host sync:",
             "*test_adopt.py:10: if t.sum() > 0:  (1x in test_step)",
             "*1 baseline entries of syncs.json no longer occur*",
             "  test_adopt.py::test_step: test_adopt.py:9: t.tolist()  (in test_step)",
@@ -497,7 +497,7 @@ def test_threads_the_test_did_not_open_and_dataloader_workers_are_not_counted(py
     result.stdout.fnmatch_lines(
         [
             "*_ test_a_dataloader_without_workers_reads_in_the_test _*",
-            "4 unexpected host sync(s):",
+            "4 unexpected host syncs:",
             "*test_threads.py:16: return torch.ones(2).sum().item() + index  (4x in __getitem__)",
         ]
     )

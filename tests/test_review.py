@@ -120,7 +120,7 @@ def test_drafts_are_filled_from_the_results(drafted: Layout) -> None:
             "issue.md",
             "gives the platform 'Linux-6.18.44-fc-x86_64-with-glibc2.36', the machine",
         ),
-        ("With the fix, 3 fewer reads.\n", "issue.md", r"types the figure\(s\) 3 by hand"),
+        ("With the fix, 3 fewer reads.\n", "issue.md", r"types 1 figure by hand \(3\)"),
         ("Run `nox -s repro` to see it.\n", "issue.md", "a word of this workspace"),
         (
             "As #47073 did, and #12345.\n",

@@ -77,7 +77,7 @@ def test_sarif_validates_and_each_result_says_where_how_often_what_and_what_to_d
     remedy = "device-accumulator: accumulate on the device"
     assert result["properties"]["remedy"].startswith(remedy)
     assert f"What to do: {remedy}" in result["message"]["text"]
-    assert result["message"]["text"].startswith(f"`{READ}`: 1 wait(s) per step, every step;")
+    assert result["message"]["text"].startswith(f"`{READ}`: 1 wait per step, every step;")
 
 
 @pytest.mark.network

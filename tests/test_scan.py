@@ -598,7 +598,7 @@ def test_bench_prints_what_scan_adds_to_a_whole_run_and_where_it_goes(
     )
 
     assert done.returncode == 0, done.stderr
-    assert "1 run(s) each way, interleaved" in done.stdout
+    assert "1 run each way, interleaved" in done.stdout
     row = next(line for line in done.stdout.splitlines() if line.startswith("loop.py"))
     _, steps, python, scanned, ratio, *_, writing, share, timed, _, detected = row.split()
     assert steps == "5" and float(scanned) / float(python) == pytest.approx(float(ratio[1:]), 0.01)
@@ -657,7 +657,7 @@ def test_the_summary_says_when_each_site_is_made_and_what_to_change(
 
     (every,) = [n for n, line in enumerate(lines) if line.startswith("every step (mean")]
     (apart,) = [n for n, line in enumerate(lines) if line.startswith("not every step:")]
-    assert "12 step(s) measured per rank" in done.stdout and "(the mean)" in done.stdout
+    assert "12 steps measured per rank" in done.stdout and "(the mean)" in done.stdout
     assert every < lines.index(row("if loss > 100:")) < apart
     assert row("if loss > 100:").split()[:2] == ["1", "1"]
     assert row("if loss > 100:").endswith("if-tensor")

@@ -669,7 +669,7 @@ def test_nothing_to_send_is_an_answer_saying_why_and_what_was_checked(
     assert "- the results the drafts cite, fresh: repro-" in said
     assert "- the drafts, written for reading and not sent: comment.md" in said
     assert (
-        "- all_tokens (every rank; 2 rank(s)), pinned → patched: saves idle time; per step, all"
+        "- all_tokens (every rank; 2 ranks), pinned → patched: saves idle time; per step, all"
         " ranks together: stalls (reads and copies that found device work queued) 7.75 → 4,"
         " device operators 614 → 622"
     ) in said

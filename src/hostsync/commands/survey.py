@@ -8,6 +8,7 @@ import shlex
 import sys
 
 from hostsync.commands.options import add_timeout, positive_count
+from hostsync.detector.words import counted
 from hostsync.measure.records import SurveyResult
 from hostsync.measure.survey import (
     FILE,
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> int:
     print(summary(result))
     if result.differences:
         print(
-            f"error: the plugin changed {len(result.differences)} outcome(s):"
+            f"error: the plugin changed {counted(len(result.differences), 'outcome')}:"
             f" {'; '.join(result.differences[:5])}",
             file=sys.stderr,
         )

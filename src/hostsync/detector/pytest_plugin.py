@@ -34,6 +34,7 @@ import pytest
 
 from hostsync.detector.baseline import Baseline, BaselineError
 from hostsync.detector.sites import COMPILED, SiteCount
+from hostsync.detector.words import counted
 
 if TYPE_CHECKING:
     from hostsync.detector import AllowRule, SyncScope
@@ -161,7 +162,7 @@ def _allowed(item: pytest.Item) -> list[AllowRule]:
 
 def unexpected_syncs(found: list[SiteCount], baseline: Path | None) -> str:
     """Each unexpected sync as `file:line` with its code and count, for a failure."""
-    lines = [f"{sum(synced.count for synced in found)} unexpected host sync(s):"]
+    lines = [f"{counted(sum(synced.count for synced in found), 'unexpected host sync')}:"]
     for synced in found:
         site = synced.site
         lines.append(
@@ -213,8 +214,9 @@ def pytest_terminal_summary(
     if run.writes_baseline:
         terminalreporter.section("host-sync baseline")
         terminalreporter.write_line(
-            f"wrote the host syncs of {sum(1 for sites in run.surveyed.values() if sites)}"
-            f" test(s) to {run.baseline_path}: review and commit it; later runs with it fail"
+            f"wrote the host syncs of"
+            f" {counted(sum(1 for sites in run.surveyed.values() if sites), 'test')} to"
+            f" {run.baseline_path}: review and commit it; later runs with it fail"
             " gated tests on new syncs only"
         )
     elif run.baseline is not None:
@@ -245,7 +247,7 @@ def _write_survey(
     for nodeid, found in surveyed.items():
         if found:
             total = sum(synced.count for synced in found)
-            terminalreporter.write_line(f"{nodeid}: {total} host sync(s)")
+            terminalreporter.write_line(f"{nodeid}: {counted(total, 'host sync')}")
             for synced in found:
                 site = synced.site
                 kinds = ", ".join(_KIND_SHOWN.get(kind, kind) for kind in synced.kinds)
@@ -253,4 +255,4 @@ def _write_survey(
                     f"  {site.file}:{site.line}: {site.code}  ({synced.count}x, {kinds})"
                 )
     quiet = sum(1 for sites in surveyed.values() if not sites)
-    terminalreporter.write_line(f"{quiet} of {len(surveyed)} test(s) made no host sync")
+    terminalreporter.write_line(f"{quiet} of {counted(len(surveyed), 'test')} made no host sync")

@@ -23,6 +23,7 @@ import textwrap
 from collections.abc import Collection
 from pathlib import Path
 
+from hostsync.detector.words import counted
 from hostsync.workspace.errors import WorkspaceError
 
 # The line of a PR template where the project's own template begins (left out of the count).
@@ -78,7 +79,8 @@ def check_template(template: Path, text: str) -> None:
     typed = sorted(set(HAND_TYPED.findall(prose)))
     if typed:
         raise WorkspaceError(
-            f"cases/.../{template.name} types the figure(s) {', '.join(typed)} by hand: take each"
+            f"cases/.../{template.name} types {counted(len(typed), 'figure')} by hand"
+            f" ({', '.join(typed)}): take each"
             " from a result with a placeholder, or write it as a word"
         )
 

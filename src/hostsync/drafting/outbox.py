@@ -35,6 +35,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from hostsync.detector.words import counted
 from hostsync.drafting import drafts, review
 from hostsync.measure.records import ReproResult
 from hostsync.upstream.git import git
@@ -216,8 +217,9 @@ def measured(repro: ReproResult) -> list[str]:
             for pair in (judged.stalls, judged.kernels)
         )
         lines.append(
-            f"- {compared.scenario} ({repro.scenarios[compared.scenario]}; {compared.ranks}"
-            f" rank(s)), {compared.before} → {compared.after}: {judged.verdict}; per step, all"
+            f"- {compared.scenario} ({repro.scenarios[compared.scenario]};"
+            f" {counted(compared.ranks, 'rank')}), {compared.before} → {compared.after}:"
+            f" {judged.verdict}; per step, all"
             f" ranks together: stalls (reads and copies that found device work queued) {stalls},"
             f" device operators {kernels}"
         )

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from hostsync.detector.codec import RecordError, read_file, write_file
+from hostsync.detector.words import counted
 from hostsync.launch.records import NodeNote
 from hostsync.rank.records import RankReport, RanOn
 from hostsync.workspace.errors import WorkspaceError
@@ -71,8 +72,9 @@ class NodeLayout:
         """The ranks each node runs of a world of `ranks`; refused when they do not divide."""
         if ranks % self.count:
             raise WorkspaceError(
-                f"{what} runs {ranks} rank(s), which {self.count} nodes cannot share evenly:"
-                f" choose rank counts that {self.count} divides (--ranks), or fewer --nnodes"
+                f"{what} runs {counted(ranks, 'rank')}, which {self.count} nodes cannot share"
+                f" evenly: choose rank counts that {self.count} divides (--ranks), or fewer"
+                " --nnodes"
             )
         return ranks // self.count
 

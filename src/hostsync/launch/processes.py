@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from hostsync.detector.codec import R, RecordError, read_file
+from hostsync.detector.words import counted
 from hostsync.rank.protocol import RUN_DIR_ENV, TREE_PACKAGE_ENV, TREE_SRC_ENV
 from hostsync.rank.records import RankReport
 from hostsync.workspace import locks
@@ -338,13 +339,14 @@ def describe_failure(run: Run, returncode: int, folder: Path | None = None) -> s
     if not errors:
         reported = len(list(run.run_dir.rglob("rank-*.json")))
         return (
-            f"launcher exited with status {returncode}, {reported} rank(s) having reported a"
-            f" result and none an error; see {run.log_file}"
+            f"launcher exited with status {returncode}, {counted(reported, 'rank')} having"
+            f" reported a result and none an error; see {run.log_file}"
         )
     first = errors[0]
     rank = first.stem.split("-")[1]
     summary = first.read_text().splitlines()[0]
-    others = f" ({len(errors) - 1} more rank(s) failed after it)" if len(errors) > 1 else ""
+    more = len(errors) - 1
+    others = f" ({counted(more, 'more rank')} failed after it)" if more else ""
     return f"rank {rank} raised {summary}{others}; traceback in {first}"
 
 

@@ -76,7 +76,7 @@ def logged_losses(result: TrainerRank, steps: int) -> list[float]:
     logged = result.logged
     missing = [step for step in range(1, steps + 1) if str(step) not in logged]
     if missing:
-        raise RunFailed(f"the Trainer logged no loss at step(s) {missing}: the run is incomplete")
+        raise RunFailed(f"the Trainer logged no loss at steps {missing}: the run is incomplete")
     return [logged[str(step)].loss for step in range(1, steps + 1)]
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from hostsync.detector.codec import read_file
+from hostsync.detector.words import counted
 from hostsync.launch import devices
 from hostsync.launch.processes import ENGINE_SRC, RankResults, Run, run_group
 from hostsync.measure import provenance, repro
@@ -351,8 +352,8 @@ def print_scan_overhead(found: dict[Path, ScanTimes], runs: int) -> None:
             ]
         )
     print(
-        f"scan against `python SCRIPT`, whole runs: {runs} run(s) each way, interleaved over the"
-        " scripts and the ways, on a machine shared with other work (medians)"
+        f"scan against `python SCRIPT`, whole runs: {counted(runs, 'run')} each way, interleaved"
+        " over the scripts and the ways, on a machine shared with other work (medians)"
     )
     print(
         table.text(
@@ -509,9 +510,10 @@ def bench_runs(
     wall = {detector: statistics.median(s) for detector, s in wall_s.items()}
     call_ms = {d: 1000 * statistics.median(s) for d, s in call_s.items() if s}
     print(
-        f"bench: {case.name}, {tree.label} ({tree.project.name} {tree.version}), {sp_size}"
-        f" rank(s), {device}, {len(scenarios)} scenario(s) per run, {settings.warm_runs} warm"
-        f" run(s) each way, {len(call_s[True])} timed calls each way"
+        f"bench: {case.name}, {tree.label} ({tree.project.name} {tree.version}),"
+        f" {counted(sp_size, 'rank')}, {device}, {counted(len(scenarios), 'scenario')} per run,"
+        f" {counted(settings.warm_runs, 'warm run')} each way, {len(call_s[True])} timed calls"
+        " each way"
     )
     print(f"cold run (empty extensions cache, detector on): {cold_s:.1f} s")
     print_whole_repro(case, by_path)

@@ -26,6 +26,7 @@ import statistics
 from collections.abc import Sequence
 
 from hostsync.detector.records import Cost
+from hostsync.detector.words import counted
 from hostsync.measure import provenance
 from hostsync.measure.records import (
     CostComparison,
@@ -98,7 +99,9 @@ def assess(before: Cost, after: Cost) -> FixAssessment:
     if grown:
         verdict = FixVerdict.COSTS_MORE
         reason = f"{' and '.join(grown)} up beyond the bound" + (
-            f", though it saves {saved:g} stall(s) per step" if saved > 0 else ", no stall saved"
+            f", though it saves {counted(saved, 'stall')} per step"
+            if saved > 0
+            else ", no stall saved"
         )
     elif saved > 0 and spread is not None and idle_before - idle_after > max(spread, IDLE_FLOOR_US):
         verdict = FixVerdict.SAVES_IDLE
@@ -111,10 +114,10 @@ def assess(before: Cost, after: Cost) -> FixAssessment:
             beyond = "one step measured, no spread to judge by"
         else:
             beyond = f"within the spread of {spread:g} us between steps"
-        reason = f"{saved:g} stall(s) per step fewer, but {windows}, {beyond}"
+        reason = f"{counted(saved, 'stall')} per step fewer, but {windows}, {beyond}"
     elif reads[1] < reads[0]:
         verdict = FixVerdict.CLEANUP
-        reason = f"{reads[0] - reads[1]:g} wait(s) per step fewer, each free: no stall saved"
+        reason = f"{counted(reads[0] - reads[1], 'wait')} per step fewer, each free: no stall saved"
     else:
         verdict, reason = FixVerdict.NO_CHANGE, "neither waits nor stalls down"
     return FixAssessment(verdict, reads, stalls, kernels, moved, flops, BOUND, reason, idle, spread)

@@ -506,7 +506,7 @@ def parse_scenarios(case: Case, text: str | None) -> list[str]:
     unknown = [name for name in scenarios if name not in case.scenarios]
     if unknown:
         raise WorkspaceError(
-            f"unknown scenario(s) {', '.join(unknown)} of case {case.name}: choose from"
+            f"case {case.name} has no scenario {', '.join(unknown)}: choose from"
             f" {', '.join(case.scenarios)}"
         )
     return scenarios

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from hostsync.detector.words import counted
 from hostsync.launch.processes import Run, run_group
 from hostsync.measure import cost, judge, linters, provenance
 from hostsync.measure.records import (
@@ -348,7 +349,7 @@ def check_lint(case: cases.Case, workdir: Path, tree: Tree) -> Check:
             if status != 0:
                 failures.append(f"{step.name}: {message} (see {run.log_file})")
         check.verdict = WRONG if failures else OK
-        check.reason = "; ".join(failures) or f"{len(files)} file(s): {', '.join(files)}"
+        check.reason = "; ".join(failures) or f"{counted(len(files), 'file')}: {', '.join(files)}"
     return check
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from hostsync.detector.baseline import Baseline
 from hostsync.detector.codec import Json
 from hostsync.detector.sites import Site, SiteCount
+from hostsync.detector.words import counted
 from hostsync.measure.records import ScanResult
 from hostsync.scan.report import compiled_only, scan_sites
 from hostsync.sites.dispositions import Disposed, Disposition
@@ -94,8 +95,8 @@ def unmatched(result: ScanResult, baseline: Baseline, path: Path) -> str | None:
 
 def rate_text(site: HuntSite) -> str:
     if site.when == "warm-up only":
-        return f"{site.per_step} wait(s) in the warm-up"
-    return f"{site.rate:.2f}".rstrip("0").rstrip(".") + f" wait(s) per step, {site.when}"
+        return f"{counted(site.per_step, 'wait')} in the warm-up"
+    return f"{counted(round(site.rate, 2), 'wait')} per step, {site.when}"
 
 
 def over_budget(result: ScanResult, max_waits: int) -> list[str]:

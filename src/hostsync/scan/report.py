@@ -22,6 +22,7 @@ from pathlib import Path
 
 from hostsync.detector.records import DeviceWork
 from hostsync.detector.sites import COMPILED, Site
+from hostsync.detector.words import counted
 from hostsync.measure.cost import idle_per_step
 from hostsync.measure.records import ScanRank, ScanResult, ScanStep
 from hostsync.scan.measure import hunt_ranks
@@ -134,13 +135,13 @@ def measured_steps(result: ScanResult) -> int:
 
 
 def what_ran(result: ScanResult) -> str:
-    ranks = f"{result.world_size} rank(s) under {result.launcher}"
+    ranks = f"{counted(result.world_size, 'rank')} under {result.launcher}"
     options = f" ({' '.join(result.launcher_args)})" if result.launcher_args else ""
     steps = f"each call of `{result.step_fn}`" if result.step_fn else "each optimizer step"
     return (
         f"`python {' '.join([result.script, *result.args])}` on {ranks}{options}, {steps} a"
-        f" step under `hostsync.detector`; {measured_steps(result)} step(s) measured per rank"
-        f" after {result.warmup} warm-up step(s); {threads_text(result)}"
+        f" step under `hostsync.detector`; {counted(measured_steps(result), 'step')} measured"
+        f" per rank after {counted(result.warmup, 'warm-up step')}; {threads_text(result)}"
     )
 
 
@@ -189,14 +190,16 @@ def summary(result: ScanResult, rules: KnownSites, remedies: Remedies) -> str:
         headers = (WAITS, STALLS, IDLE_MEAN, "site", DISPOSITION, WHAT_TO_DO)
         lines.append(table.text(headers, rows))
         if len(every) > SUMMARY_SITES:
-            lines.append(f"... and {len(every) - SUMMARY_SITES} more site(s) in the report")
+            lines.append(
+                f"... and {counted(len(every) - SUMMARY_SITES, 'more site')} in the report"
+            )
     if apart or after:
         lines.append(f"{APART} (mean per rank per step over all the measured steps):")
         steady = steady_steps(result)
         rows = [(when_text(s.hunted, steady), *rates(s), *known(s)) for s in apart[:SUMMARY_SITES]]
         rows += [
             (
-                f"{AFTER_TRAINING} ({a.waits} wait{'s' * (a.waits > 1)})",
+                f"{AFTER_TRAINING} ({counted(a.waits, 'wait')})",
                 "-",
                 "-",
                 where(a.site),
@@ -209,7 +212,7 @@ def summary(result: ScanResult, rules: KnownSites, remedies: Remedies) -> str:
         lines.append(table.text(headers, rows))
         more = max(len(apart) - SUMMARY_SITES, 0) + max(len(after) - SUMMARY_SITES, 0)
         if more:
-            lines.append(f"... and {more} more site(s) in the report")
+            lines.append(f"... and {counted(more, 'more site')} in the report")
     if not (every or apart or after):
         lines.append("no wait in the measured steps")
     lines += [
@@ -398,7 +401,7 @@ def render(
     else:
         out.append("No wait on every measured step.")
     if len(sites) > TOP:
-        out.append(f"\n... and {len(sites) - TOP} more site(s): see the JSON result.")
+        out.append(f"\n... and {counted(len(sites) - TOP, 'more site')}: see the JSON result.")
     if apart or after_sites:
         out += [
             "",
@@ -447,7 +450,7 @@ def render(
         for rank, step in after:
             where = ", ".join(f"{s.site.file}:{s.site.line} x{s.count}" for s in step.hunt.sites)
             where = where or "none"
-            out.append(f"- rank {rank}: {len(step.waits)} wait(s) ({where})")
+            out.append(f"- rank {rank}: {counted(len(step.waits), 'wait')} ({where})")
     return "\n".join(out) + "\n"
 
 
@@ -564,7 +567,9 @@ def _steps_table(result: ScanResult) -> str:
         ("step", "", "waits (all ranks)", "stalls (all ranks)", "kernels", "host s"), rows
     )
     more = len(by_step) - STEP_ROWS
-    return shown + (f"\n\n... and {more} more step(s): see the JSON result." if more > 0 else "")
+    return shown + (
+        f"\n\n... and {counted(more, 'more step')}: see the JSON result." if more > 0 else ""
+    )
 
 
 def heat_map(result: ScanResult, path: Path, rules: KnownSites) -> bool:

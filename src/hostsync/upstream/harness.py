@@ -11,6 +11,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from hostsync.detector.words import counted
 from hostsync.upstream.git import git, rev
 from hostsync.upstream.records import UpstreamTests
 from hostsync.workspace.errors import WorkspaceError
@@ -69,4 +70,4 @@ def copy_into(tests: UpstreamTests, root: Path) -> None:
             f" {tests.committed})\n\n{len(copied)} file(s) the release's tree lacks.\n"
         )
         git(root, "commit", "--quiet", "--no-verify", "--message", message, env=stamp)
-    log.info("copied %d file(s) of upstream's %s/ into %s", len(copied), TESTS, root)
+    log.info("copied %s of upstream's %s/ into %s", counted(len(copied), "file"), TESTS, root)
