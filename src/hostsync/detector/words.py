@@ -1,5 +1,5 @@
 """Counts in words, as a person writes them: `1 wait`, `3 waits`, `0.5 waits`. Every report's
-plurals come from here; the detector's own messages need it too, so it lives below them."""
+plurals come from here; the pytest plugin's messages need it too, so it lives in the detector."""
 
 from __future__ import annotations
 
