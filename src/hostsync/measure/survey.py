@@ -337,9 +337,9 @@ def render(result: SurveyResult, path: Path) -> str:
         f"**What ran.** `{shlex.join(result.tests)}` of the {result.origin}, at its root with its"
         f" package imported from there (`{shlex.join(result.options)}`), in"
         f" {counted(result.rounds, 'round')} after one unmeasured run that takes the cold start;"
-        " each round runs it"
-        " without the plugin, with `--host-sync-report` (writing a baseline) and with"
-        " `--host-sync-gate all` against the baseline of the first round, one after the other.",
+        " each round runs it without the plugin, with `--host-sync-report` (writing a baseline)"
+        " and with `--host-sync-gate all` against the baseline of the first round, one after the"
+        " other.",
         "",
         "**How the cost is measured.** Each run's ratio is over the run without the plugin of its"
         " own round (runs side by side share the machine's load); a mode's cost is the median of"
